@@ -1,0 +1,16 @@
+"""Text generation with no Django in sight: load a model, stream, stop, queue.
+
+Usable from plain Python::
+
+    from chat.engine.loading import load_backend
+    backend = load_backend()
+    req = backend.request([{"role": "user", "content": "Hi"}], max_new_tokens=20)
+    result = backend.generate(req, on_text=print)
+"""
+
+import os
+
+# Spin-waiting OpenMP threads steal the core the event loop and the streamer
+# need; PASSIVE cuts streaming overhead from ~30 % to ~3 % on 2 cores. It only
+# takes effect if set before torch loads its OpenMP runtime, hence here.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

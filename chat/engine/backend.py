@@ -1,0 +1,218 @@
+"""The local transformers model: render the chat template, generate, stream, stop."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    StoppingCriteriaList,
+    StopStringCriteria,
+    TextStreamer,
+)
+
+from .loading import EngineConfig, Progress, weights_fingerprint
+from .stopping import CancelledCriteria, StopStringHoldback
+from .types import GenerationRequest, GenerationResult, PromptTooLong
+
+log = logging.getLogger(__name__)
+
+OnText = Callable[[str], None]
+
+
+def pick_device(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    if torch.cuda.is_available():
+        return "cuda"
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def pick_dtype(requested: str, device: str) -> torch.dtype:
+    if requested != "auto":
+        return getattr(torch, requested)
+    # bf16 decodes faster than fp32 on CPUs with AVX-512 bf16 and halves memory.
+    return torch.float32 if device == "mps" else torch.bfloat16
+
+
+class _CallbackStreamer(TextStreamer):
+    """transformers' TextStreamer, but handing finished text to a callback instead of stdout.
+
+    It keeps TextStreamer's word-boundary buffering, so a chunk is never half a
+    multi-byte character; it also notes when the first new token arrived.
+    """
+
+    def __init__(self, tokenizer, on_text: OnText):
+        super().__init__(tokenizer, skip_prompt=True, skip_special_tokens=True)
+        self.on_text = on_text
+        self.first_token_at: float | None = None
+        self.token_count = 0
+
+    def put(self, value):
+        if not self.next_tokens_are_prompt:
+            self.token_count += value.numel()
+            if self.first_token_at is None:
+                self.first_token_at = time.perf_counter()
+        super().put(value)
+
+    def on_finalized_text(self, text: str, stream_end: bool = False):
+        if text:
+            self.on_text(text)
+
+
+class LocalBackend:
+    """A Hugging Face causal LM held in this process.
+
+    Args:
+        model: the loaded model, in eval mode on its device.
+        tokenizer: its tokenizer, with a chat template.
+        config: the engine settings it was loaded with.
+        model_id: a readable name (folder name).
+        fingerprint: sha256 of the weight files; part of every cache key.
+    """
+
+    def __init__(self, model, tokenizer, config: EngineConfig, *, model_id: str, fingerprint: str):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config
+        self.model_id = model_id
+        self.fingerprint = fingerprint
+        self.device = model.device
+        self.context_length = int(getattr(model.config, "max_position_embeddings", 2048))
+        self.eos_token_ids = self._model_eos_ids()
+
+    @classmethod
+    def from_folder(cls, folder: str | Path, config: EngineConfig, progress: Progress = log.info) -> "LocalBackend":
+        folder = Path(folder)
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        device = pick_device(config.device)
+        dtype = pick_dtype(config.dtype, device)
+        started = time.perf_counter()
+        progress(f"Loading {folder.name} ({dtype}, {device}, {torch.get_num_threads()} threads)...")
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).to(device).eval()
+        fingerprint = weights_fingerprint(folder, config.data_dir)
+        progress(f"  model ready in {time.perf_counter() - started:.1f} s")
+        return cls(model, tokenizer, config, model_id=folder.name, fingerprint=fingerprint)
+
+    # -- prompts --------------------------------------------------------------
+
+    def render(self, messages: list[dict]) -> str:
+        """The exact model input for a conversation, via the tokenizer's chat template."""
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def encode(self, rendered: str) -> list[int]:
+        return self.tokenizer(rendered, add_special_tokens=False)["input_ids"]
+
+    def token_count(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        """Refuse, rather than truncate, a prompt that leaves no room for the answer."""
+        if prompt_tokens + max_new_tokens > self.context_length:
+            raise PromptTooLong(
+                f"the prompt is {prompt_tokens} tokens; with room for {max_new_tokens} new tokens "
+                f"that exceeds the model's context of {self.context_length} tokens"
+            )
+
+    def request(self, messages: list[dict], **options) -> GenerationRequest:
+        """Render and tokenize `messages` into a request (convenience for plain Python)."""
+        options.setdefault("max_new_tokens", min(256, self.config.max_new_tokens_cap))
+        return GenerationRequest(input_ids=self.encode(self.render(messages)), **options)
+
+    # -- eos ------------------------------------------------------------------
+
+    def _model_eos_ids(self) -> list[int]:
+        configured = self.model.generation_config.eos_token_id
+        ids = configured if isinstance(configured, list) else [configured]
+        ids = [i for i in ids if i is not None]
+        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in ids:
+            ids.append(self.tokenizer.eos_token_id)
+        return ids
+
+    def token_id(self, token: str) -> int | None:
+        """Id of a single token (e.g. "<|im_end|>"), or None if the vocabulary lacks it."""
+        token_id = self.tokenizer.convert_tokens_to_ids(token)
+        if token_id is None or (token_id == self.tokenizer.unk_token_id and token != self.tokenizer.unk_token):
+            return None
+        return token_id
+
+    # -- generation -----------------------------------------------------------
+
+    def generate(self, request: GenerationRequest, on_text: OnText = lambda _text: None) -> GenerationResult:
+        """Generate one answer in the calling thread, handing visible text to `on_text`.
+
+        The text handed out, concatenated, is exactly `result.text`.
+        """
+        max_new = max(1, min(request.max_new_tokens, self.config.max_new_tokens_cap))
+        prompt_tokens = len(request.input_ids)
+        self.check_fits(prompt_tokens, max_new)
+
+        holdback = StopStringHoldback(request.stop_strings)
+        shown: list[str] = []
+
+        def emit(text: str) -> None:
+            visible = holdback.feed(text)
+            if visible:
+                shown.append(visible)
+                on_text(visible)
+
+        streamer = _CallbackStreamer(self.tokenizer, emit)
+        criteria = StoppingCriteriaList([CancelledCriteria(request.cancel)])
+        if request.stop_strings:
+            criteria.append(StopStringCriteria(self.tokenizer, list(request.stop_strings)))
+        eos_ids = list(dict.fromkeys([*self.eos_token_ids, *request.eos_token_ids]))
+        sampling = (
+            {"do_sample": True, "temperature": request.temperature, "top_p": request.top_p}
+            if request.temperature > 0
+            else {"do_sample": False}
+        )
+        input_ids = torch.tensor([request.input_ids], device=self.device)
+        started = time.perf_counter()
+        with torch.inference_mode():
+            output = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                max_new_tokens=max_new,
+                eos_token_id=eos_ids,
+                pad_token_id=self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos_ids[0],
+                stopping_criteria=criteria,
+                streamer=streamer,
+                **sampling,
+            )
+        tail = holdback.finish()
+        if tail:
+            shown.append(tail)
+            on_text(tail)
+        finished = time.perf_counter()
+        new_ids = output[0, prompt_tokens:].tolist()
+        return GenerationResult(
+            text="".join(shown),
+            finish_reason=self._finish_reason(new_ids, eos_ids, holdback.stopped, request, max_new),
+            new_tokens=len(new_ids),
+            prompt_tokens=prompt_tokens,
+            started_at=started,
+            first_token_at=streamer.first_token_at,
+            finished_at=finished,
+        )
+
+    @staticmethod
+    def _finish_reason(new_ids, eos_ids, hit_stop_string, request, max_new) -> str:
+        # A natural end wins over a cancel that arrived in the same step.
+        if new_ids and new_ids[-1] in eos_ids:
+            return "eos"
+        if hit_stop_string:
+            return "stop_string"
+        if request.cancel.is_set():
+            return "cancelled"
+        if len(new_ids) >= max_new:
+            return "length"
+        return "eos"

