@@ -1,0 +1,82 @@
+"""The WebSocket endpoint: parse a frame, call services, send events. Nothing else."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+
+from . import services
+from .protocol import Cancel, Ping, Prompt, ProtocolError, error_event, parse_frame
+
+log = logging.getLogger(__name__)
+
+
+class ChatConsumer(AsyncWebsocketConsumer):
+    """Speaks the chat protocol at /ws/chat/; one running answer per connection."""
+
+    async def connect(self):
+        """Accept, and make sure the visitor has a session their conversations belong to."""
+        self.turns: dict[str, services.Turn] = {}
+        self.owner = await self._owner()
+        await self.accept()
+
+    async def disconnect(self, code):
+        """A closed tab stops its generation; the partial answer is still stored."""
+        for turn in self.turns.values():
+            turn.detach()
+            if not turn.finished:
+                turn.cancel()
+
+    async def receive(self, text_data=None, bytes_data=None):
+        """Dispatch on the frame's type; every bad frame gets an `error`, never a close."""
+        try:
+            command = parse_frame(text_data, max_prompt_chars=settings.CHAT_MAX_PROMPT_CHARS)
+        except ProtocolError as exc:
+            await self.send_event(error_event(exc.code, exc.message, exc.request_id))
+            return
+        if isinstance(command, Ping):
+            await self.send_event({"type": "pong"})
+        elif isinstance(command, Cancel):
+            await self.cancel(command)
+        elif isinstance(command, Prompt):
+            await self.prompt(command)
+
+    async def prompt(self, prompt: Prompt):
+        if prompt.request_id in self.turns:
+            await self.send_event(error_event("duplicate_request_id", "request_id was already used on this connection", prompt.request_id))
+            return
+        running = [t for t in self.turns.values() if not t.finished]
+        if running:
+            await self.send_event(
+                error_event("busy", f"request {running[0].request_id} is still running; wait for it or cancel it", prompt.request_id)
+            )
+            return
+        try:
+            turn = await services.turn_start(owner=self.owner, prompt=prompt, send=self.send_event)
+        except services.TurnError as exc:
+            await self.send_event(error_event(exc.code, exc.message, prompt.request_id))
+            return
+        self.turns[prompt.request_id] = turn
+
+    async def cancel(self, command: Cancel):
+        turn = self.turns.get(command.request_id)
+        if turn is None:
+            await self.send_event(error_event("unknown_request", "no such request on this connection", command.request_id))
+        elif not turn.finished:  # a Stop racing the last chunk is not an error
+            turn.cancel()
+
+    async def send_event(self, event: dict):
+        await self.send(text_data=json.dumps(event, ensure_ascii=False))
+
+    @database_sync_to_async
+    def _owner(self) -> services.Owner:
+        user = self.scope.get("user")
+        session = self.scope["session"]
+        if session.session_key is None:
+            session.save()  # a client without the page's cookie still gets a private session
+        user_id = user.pk if user is not None and user.is_authenticated else None
+        return services.Owner(user_id=user_id, session_key=session.session_key)

@@ -1,0 +1,45 @@
+"""Readiness of the three things a chat turn needs: the model, Redis, the database."""
+
+from __future__ import annotations
+
+import redis
+from django.conf import settings
+from django.db import connection
+
+from .runtime import runtime
+
+
+def redis_status() -> str:
+    try:
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=0.5, socket_timeout=0.5)
+        client.ping()
+        client.close()
+        return "ok"
+    except (redis.RedisError, OSError) as exc:
+        return f"unavailable: {exc}"
+
+
+def database_status() -> str:
+    try:
+        connection.ensure_connection()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        return "ok"
+    except Exception as exc:  # any driver error means "not ready", with its text
+        return f"unavailable: {exc}"
+
+
+def health() -> tuple[bool, dict]:
+    model = "ready" if runtime.state == "ready" else runtime.state
+    report = {
+        "status": "ok",
+        "model": model,
+        "model_name": runtime.backend.model_id if runtime.backend else None,
+        "detail": runtime.detail,
+        "redis": redis_status(),
+        "database": database_status(),
+    }
+    ready = model == "ready" and report["database"] == "ok" and report["redis"] == "ok"
+    if not ready:
+        report["status"] = "loading" if runtime.state in {"idle", "loading"} else "unavailable"
+    return ready, report

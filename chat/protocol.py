@@ -1,0 +1,87 @@
+"""The WebSocket wire protocol (DESIGN.md section 4): parse client frames, build server events.
+
+A contract: fields and event types may be added, never renamed or removed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+MAX_FRAME_BYTES = 64 * 1024
+MAX_REQUEST_ID = 100
+
+
+class ProtocolError(ValueError):
+    """A frame the server will not act on; becomes an `error` event, the socket stays open."""
+
+    def __init__(self, code: str, message: str, request_id: str | None = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+
+
+@dataclass(frozen=True)
+class Prompt:
+    request_id: str
+    text: str
+    conversation: int | None
+    policy: str | None
+
+
+@dataclass(frozen=True)
+class Cancel:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Ping:
+    pass
+
+
+def _request_id(frame: dict) -> str:
+    value = frame.get("request_id")
+    if not isinstance(value, str) or not value or len(value) > MAX_REQUEST_ID:
+        raise ProtocolError("bad_request_id", f"request_id must be a non-empty string of at most {MAX_REQUEST_ID} characters")
+    return value
+
+
+def parse_frame(text: str | None, *, max_prompt_chars: int) -> Prompt | Cancel | Ping:
+    """Turn one text frame into a command, or raise ProtocolError saying what is wrong."""
+    if text is None:
+        raise ProtocolError("binary_frame", "binary frames are not supported; send JSON text frames")
+    if len(text) > MAX_FRAME_BYTES:
+        raise ProtocolError("frame_too_large", f"frames are limited to {MAX_FRAME_BYTES} bytes")
+    try:
+        frame = json.loads(text)
+    except ValueError as exc:
+        raise ProtocolError("bad_json", f"the frame is not valid JSON: {exc}") from None
+    if not isinstance(frame, dict):
+        raise ProtocolError("bad_frame", "a frame must be a JSON object")
+    kind = frame.get("type")
+    if kind == "ping":
+        return Ping()
+    if kind == "cancel":
+        return Cancel(_request_id(frame))
+    if kind != "prompt":
+        raise ProtocolError("unknown_type", f"unknown frame type {kind!r}; expected prompt, cancel or ping")
+    request_id = _request_id(frame)
+    prompt_text = frame.get("text")
+    if not isinstance(prompt_text, str) or not prompt_text.strip():
+        raise ProtocolError("bad_prompt", "text must be a non-empty string", request_id)
+    if len(prompt_text) > max_prompt_chars:
+        raise ProtocolError(
+            "prompt_too_long", f"the prompt is {len(prompt_text)} characters; the limit is {max_prompt_chars}", request_id
+        )
+    conversation = frame.get("conversation")
+    if conversation is not None and (not isinstance(conversation, int) or isinstance(conversation, bool) or conversation < 1):
+        raise ProtocolError("bad_conversation", "conversation must be a conversation id or null", request_id)
+    policy = frame.get("policy")
+    if policy is not None and (not isinstance(policy, str) or not policy or len(policy) > 50):
+        raise ProtocolError("bad_policy", "policy must be a policy slug or omitted", request_id)
+    return Prompt(request_id=request_id, text=prompt_text, conversation=conversation, policy=policy)
+
+
+def error_event(code: str, message: str, request_id: str | None = None) -> dict:
+    return {"type": "error", "request_id": request_id, "code": code, "message": message}

@@ -1,0 +1,86 @@
+"""The process's one model and scheduler, loaded in the background so the server answers at once.
+
+/healthz reports 503 with the loading step until `state` is "ready".
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from django.conf import settings
+
+log = logging.getLogger(__name__)
+
+
+class NotReady(RuntimeError):
+    code = "model_loading"
+
+
+class Runtime:
+    def __init__(self):
+        self.state = "idle"  # idle -> loading -> ready | failed
+        self.detail = ""
+        self.backend = None
+        self.scheduler = None
+        self.load_seconds: float | None = None
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+
+    def engine_config(self):
+        from .engine.loading import EngineConfig
+
+        return EngineConfig(
+            model_path=settings.CHAT_MODEL_PATH,
+            data_dir=str(settings.DATA_DIR),
+            dtype=settings.CHAT_MODEL_DTYPE,
+            device=settings.CHAT_MODEL_DEVICE,
+            threads=settings.CHAT_TORCH_THREADS,
+            max_new_tokens_cap=settings.CHAT_MAX_NEW_TOKENS_CAP,
+        )
+
+    def start(self) -> None:
+        """Begin loading on a daemon thread; calling it again does nothing."""
+        with self._lock:
+            if self.state != "idle":
+                return
+            self.state, self.detail = "loading", "starting"
+        threading.Thread(target=self._load, name="model-loader", daemon=True).start()
+
+    def _progress(self, line: str) -> None:
+        self.detail = line.strip()
+        log.info("%s", line)  # the newcomer watching `make run` sees each step
+
+    def _load(self) -> None:
+        from .engine.loading import load_backend
+        from .engine.scheduler import Scheduler
+
+        started = time.perf_counter()
+        try:
+            backend = load_backend(self.engine_config(), progress=self._progress)
+            self.scheduler = Scheduler(backend, max_waiting=settings.CHAT_MAX_QUEUE)
+            self.backend = backend
+        except Exception as exc:
+            log.exception("model failed to load")
+            self.state, self.detail = "failed", f"{type(exc).__name__}: {exc}"
+        else:
+            self.load_seconds = time.perf_counter() - started
+            self.state, self.detail = "ready", f"{backend.model_id} loaded in {self.load_seconds:.1f} s"
+        finally:
+            self._ready.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self._ready.wait(timeout)
+        return self.state == "ready"
+
+    def require(self):
+        """(backend, scheduler), or NotReady with a message a user can read."""
+        if self.state == "ready":
+            return self.backend, self.scheduler
+        if self.state == "failed":
+            raise NotReady(f"the model failed to load: {self.detail}")
+        raise NotReady(f"the model is still loading ({self.detail}); try again in a few seconds")
+
+
+runtime = Runtime()

@@ -1,0 +1,45 @@
+"""Reads for the page and the JSON API, always scoped to the asking owner."""
+
+from __future__ import annotations
+
+from .models import Conversation, Message
+from .services import Owner, conversations_for
+
+
+def owner_of_request(request) -> Owner:
+    """The Owner for an HTTP request, creating the visitor's session if needed."""
+    if request.session.session_key is None:
+        request.session.save()
+    user_id = request.user.pk if request.user.is_authenticated else None
+    return Owner(user_id=user_id, session_key=request.session.session_key)
+
+
+def conversation_list(owner: Owner, limit: int = 50) -> list[dict]:
+    return [
+        {"id": c.pk, "title": c.title or f"Conversation {c.pk}", "updated_at": c.updated_at.isoformat()}
+        for c in conversations_for(owner).order_by("-updated_at")[:limit]
+    ]
+
+
+def message_as_dict(message: Message) -> dict:
+    return {
+        "id": message.pk,
+        "role": message.role,
+        "text": message.text,
+        "status": message.status,
+        "finish_reason": message.finish_reason or None,
+        "json": None,
+        "metrics": message.metrics,
+        "created_at": message.created_at.isoformat(),
+    }
+
+
+def conversation_detail(owner: Owner, conversation_id: int) -> dict | None:
+    conversation = conversations_for(owner).filter(pk=conversation_id).first()
+    if conversation is None:
+        return None
+    return {
+        "id": conversation.pk,
+        "title": conversation.title or f"Conversation {conversation.pk}",
+        "messages": [message_as_dict(m) for m in conversation.messages.all()],
+    }
