@@ -1,0 +1,535 @@
+// Chat page: streams answers over a WebSocket. Model and user text are only
+// ever written with textContent, never innerHTML, so markup renders literally.
+(() => {
+  'use strict';
+
+  const $ = (id) => document.getElementById(id);
+  const els = {
+    prompt: $('prompt'), send: $('send'), stop: $('stop'), form: $('composer'),
+    messages: $('messages'), conversations: $('conversations'), newChat: $('new-chat'),
+    connection: $('connection'), connectionLabel: $('connection-label'),
+    health: $('health-banner'), healthDetail: $('health-detail'),
+    banners: $('banners'), counter: $('char-count'),
+  };
+
+  // finish_reason -> data-state and badge text.
+  const FINISH = {
+    eos: { state: 'done', badge: '' },
+    stop_string: { state: 'done', badge: '' },
+    length: { state: 'done', badge: 'Cut off (token limit)' },
+    cancelled: { state: 'cancelled', badge: 'Stopped' },
+    invalid: { state: 'invalid', badge: 'Invalid answer' },
+    moderated: { state: 'retracted', badge: 'Withdrawn' },
+  };
+  const BACKOFF_MIN_MS = 500;
+  const BACKOFF_MAX_MS = 8000;
+  const PING_MS = 25000;
+
+  const config = readConfig();
+  const state = {
+    ws: null, backoff: BACKOFF_MIN_MS, pingTimer: null,
+    ready: false, conversation: config.conversation,
+    running: null, // the one live answer, if any
+    answers: new Map(), // request_id -> answer
+    counter: 0,
+  };
+
+  function toId(value) { return value == null || value === '' ? null : Number(value); }
+
+  function readConfig() {
+    let cfg = null;
+    try { cfg = JSON.parse($('chat-config')?.textContent || 'null'); } catch { cfg = null; }
+    cfg = cfg || {};
+    const urlId = Number(new URLSearchParams(location.search).get('c')) || null;
+    return {
+      maxPromptChars: Number(cfg.maxPromptChars) || Number(els.prompt.dataset.maxPromptChars) || 4000,
+      conversation: toId('conversation' in cfg ? cfg.conversation : urlId),
+      wsPath: cfg.wsPath || '/ws/chat/',
+    };
+  }
+
+  // ---- small DOM helpers -------------------------------------------------
+
+  function el(tag, className, text) {
+    const node = document.createElement(tag);
+    if (className) node.className = className;
+    if (text != null) node.textContent = text;
+    return node;
+  }
+
+  // Sets text and hides the node when there is nothing to show.
+  function show(node, text) {
+    node.textContent = text || '';
+    node.hidden = !text;
+  }
+
+  // Keep the list pinned to the bottom only if the reader is already there.
+  function keepScrolled(update) {
+    const m = els.messages;
+    const nearBottom = m.scrollHeight - m.scrollTop - m.clientHeight < 80;
+    update();
+    if (nearBottom) m.scrollTop = m.scrollHeight;
+  }
+
+  function secs(ms) { return (ms / 1000).toFixed(2); }
+
+  function formatMetrics({ firstMs, lastMs, tokens, tps }) {
+    const parts = [];
+    if (typeof firstMs === 'number') parts.push(`first character ${secs(firstMs)} s`);
+    if (typeof lastMs === 'number') parts.push(`last ${secs(lastMs)} s`);
+    if (typeof tokens === 'number') parts.push(`${tokens} ${tokens === 1 ? 'token' : 'tokens'}`);
+    if (typeof tps === 'number') parts.push(`${tps.toFixed(1)} tok/s`);
+    return parts.join(' · ');
+  }
+
+  function withdrawnText(reason) {
+    return reason ? `Answer withdrawn: ${reason}` : 'Answer withdrawn';
+  }
+
+  // Python counts code points, so count them here too (not UTF-16 units).
+  function charCount(text) { return [...text].length; }
+
+  function showBanner(message, code) {
+    const banner = el('div', 'banner error');
+    banner.setAttribute('role', 'alert');
+    banner.append(el('span', 'banner-text', message));
+    if (code) banner.append(el('small', 'code', code));
+    const close = el('button', 'banner-close', '×');
+    close.type = 'button';
+    close.setAttribute('aria-label', 'Dismiss');
+    close.addEventListener('click', () => banner.remove());
+    banner.append(close);
+    els.banners.append(banner);
+    while (els.banners.children.length > 3) els.banners.firstElementChild.remove();
+  }
+
+  // ---- message elements --------------------------------------------------
+
+  function buildUser(text) {
+    const root = el('article', 'message user');
+    root.append(el('div', 'meta', 'You'), el('div', 'text', text));
+    return root;
+  }
+
+  function buildAnswer() {
+    const root = el('article', 'message assistant');
+    const meta = el('div', 'meta');
+    const parts = {
+      badge: el('span', 'badge'),
+      queue: el('div', 'queue'),
+      status: el('div', 'status'),
+      text: el('div', 'text'),
+      json: el('pre', 'json'),
+      error: el('div', 'error'),
+      metrics: el('div', 'metrics'),
+    };
+    for (const key of ['badge', 'queue', 'status', 'json', 'error', 'metrics']) parts[key].hidden = true;
+    meta.append(el('span', 'role', 'Assistant'), parts.badge);
+    root.append(meta, parts.queue, parts.status, parts.text, parts.json, parts.error, parts.metrics);
+    return { root, parts, text: '' };
+  }
+
+  function setState(answer, value) { answer.root.dataset.state = value; }
+
+  function setText(answer, text) {
+    answer.text = text;
+    answer.parts.text.textContent = text;
+  }
+
+  function setStatus(answer, text, kind) {
+    show(answer.parts.status, text);
+    answer.parts.status.dataset.kind = kind || '';
+  }
+
+  function showError(answer, msg) {
+    const box = answer.parts.error;
+    box.replaceChildren(el('span', 'error-message', msg.message || 'Something went wrong.'));
+    if (msg.code) box.append(el('small', 'code', msg.code));
+    box.hidden = false;
+  }
+
+  function renderHistoryMessage(m) {
+    if (m.role === 'user') {
+      const node = buildUser(m.text || '');
+      node.dataset.messageId = m.id;
+      return node;
+    }
+    const answer = buildAnswer();
+    const finish = FINISH[m.finish_reason] || FINISH.eos;
+    let value = finish.state;
+    let badge = finish.badge;
+    if (m.status === 'cancelled') { value = 'cancelled'; badge = 'Stopped'; }
+    if (m.status === 'failed') { value = 'error'; badge = 'Failed'; }
+    if (m.status === 'streaming') { value = 'streaming'; badge = ''; setStatus(answer, 'Still being written…'); }
+    setState(answer, value);
+    answer.root.dataset.messageId = m.id;
+    setText(answer, value === 'retracted' ? withdrawnText('') : (m.text || ''));
+    if (value === 'retracted') answer.root.classList.add('withdrawn');
+    show(answer.parts.badge, badge);
+    if (m.json != null && value !== 'retracted') show(answer.parts.json, JSON.stringify(m.json, null, 2));
+    if (m.metrics) {
+      const x = m.metrics;
+      show(answer.parts.metrics, formatMetrics({ firstMs: x.ttft_ms, lastMs: x.total_ms, tokens: x.new_tokens, tps: x.tokens_per_s }));
+    }
+    return answer.root;
+  }
+
+  // ---- composer ----------------------------------------------------------
+
+  function updateControls() {
+    const len = charCount(els.prompt.value);
+    const over = len > config.maxPromptChars;
+    els.counter.textContent = `${len} / ${config.maxPromptChars}`;
+    els.counter.classList.toggle('over', over);
+    els.prompt.setAttribute('aria-invalid', String(over));
+    els.send.disabled = !state.ready || Boolean(state.running) || over;
+    els.stop.hidden = !state.running;
+    els.stop.disabled = Boolean(state.running?.stopping);
+  }
+
+  function autosize() {
+    els.prompt.style.height = 'auto';
+    els.prompt.style.height = `${Math.min(els.prompt.scrollHeight, 240)}px`;
+  }
+
+  function socketOpen() { return state.ws?.readyState === WebSocket.OPEN; }
+
+  function newRequestId() {
+    state.counter += 1;
+    return `r${state.counter}-${Math.random().toString(36).slice(2, 8)}`;
+  }
+
+  function sendPrompt() {
+    const text = els.prompt.value;
+    if (els.send.disabled || !text.trim()) return;
+    if (!socketOpen()) {
+      showBanner('Not connected to the server yet. Reconnecting…', 'offline');
+      return;
+    }
+    const answer = buildAnswer();
+    answer.requestId = newRequestId();
+    answer.prompt = text;
+    answer.live = true;
+    answer.root.dataset.requestId = answer.requestId;
+    setState(answer, 'queued');
+    state.answers.set(answer.requestId, answer);
+    state.running = answer;
+    keepScrolled(() => els.messages.append(buildUser(text), answer.root));
+    els.messages.scrollTop = els.messages.scrollHeight;
+
+    answer.t0 = performance.now();
+    state.ws.send(JSON.stringify({
+      type: 'prompt', request_id: answer.requestId, text, conversation: state.conversation,
+    }));
+    els.prompt.value = '';
+    autosize();
+    updateControls();
+  }
+
+  function stopRunning() {
+    const answer = state.running;
+    if (!answer || !socketOpen()) return;
+    answer.stopping = true;
+    state.ws.send(JSON.stringify({ type: 'cancel', request_id: answer.requestId }));
+    updateControls();
+  }
+
+  // Ends the live phase of an answer and frees the composer.
+  function finish(answer, value) {
+    answer.live = false;
+    setState(answer, value);
+    answer.parts.queue.hidden = true;
+    if (state.running === answer) state.running = null;
+    updateControls();
+  }
+
+  // ---- server events -----------------------------------------------------
+
+  function onAccepted(answer, msg) {
+    answer.messageId = msg.message;
+    adoptConversation(msg.conversation, answer);
+    onQueued(answer, msg);
+  }
+
+  function onQueued(answer, msg) {
+    if (answer.started) return; // position no longer matters once text flows
+    const ahead = Number(msg.queue_position) || 0;
+    if (ahead > 0) {
+      setState(answer, 'queued');
+      show(answer.parts.queue, `Waiting in queue: ${ahead} ahead`);
+    } else {
+      setState(answer, 'streaming');
+      answer.parts.queue.hidden = true;
+    }
+  }
+
+  function onChunk(answer, msg) {
+    if (answer.retracted) return;
+    const piece = typeof msg.text === 'string' ? msg.text : '';
+    if (piece && answer.tFirst == null) answer.tFirst = performance.now();
+    answer.started = true;
+    answer.parts.queue.hidden = true;
+    setStatus(answer, '');
+    setState(answer, 'streaming');
+    keepScrolled(() => setText(answer, answer.text + piece));
+  }
+
+  function onBuffering(answer, msg) {
+    answer.parts.queue.hidden = true;
+    setState(answer, 'validating');
+    setStatus(answer, msg.reason ? `Validating… ${msg.reason}` : 'Validating…', 'validating');
+  }
+
+  function onRetract(answer, msg) {
+    answer.retracted = true;
+    answer.retractReason = msg.reason || '';
+    setStatus(answer, '');
+    answer.root.classList.add('withdrawn');
+    answer.parts.json.hidden = true;
+    setState(answer, 'retracted');
+    setText(answer, withdrawnText(answer.retractReason));
+  }
+
+  function onDone(answer, msg) {
+    const now = performance.now();
+    const info = FINISH[msg.finish_reason] || FINISH.eos;
+    let value = info.state;
+    if (answer.retracted && value === 'done') value = 'retracted';
+    setStatus(answer, '');
+    keepScrolled(() => {
+      if (value === 'retracted') {
+        answer.root.classList.add('withdrawn');
+        setText(answer, withdrawnText(answer.retractReason));
+      } else {
+        setText(answer, typeof msg.text === 'string' ? msg.text : answer.text);
+        // A retract followed by e.g. "invalid": keep the reason visible.
+        if (answer.retracted) setStatus(answer, withdrawnText(answer.retractReason), 'withdrawn');
+        if (msg.json != null) show(answer.parts.json, JSON.stringify(msg.json, null, 2));
+      }
+      show(answer.parts.badge, [info.badge, msg.cached ? 'cached' : ''].filter(Boolean).join(' · '));
+      if (answer.tFirst == null) answer.tFirst = now;
+      const m = msg.metrics || {};
+      show(answer.parts.metrics, formatMetrics({
+        firstMs: answer.tFirst - answer.t0, lastMs: now - answer.t0,
+        tokens: m.new_tokens, tps: m.tokens_per_s,
+      }));
+    });
+    answer.messageId = msg.message ?? answer.messageId;
+    finish(answer, value);
+    refreshConversations();
+  }
+
+  function onError(msg) {
+    const answer = msg.request_id != null ? state.answers.get(msg.request_id) : null;
+    if (!answer) {
+      showBanner(msg.message || 'Something went wrong.', msg.code);
+      return;
+    }
+    keepScrolled(() => showError(answer, msg));
+    // An error after the answer ended (e.g. a late cancel) must not rewrite its outcome.
+    if (answer.live) {
+      setStatus(answer, '');
+      finish(answer, 'error');
+    }
+  }
+
+  const HANDLERS = {
+    accepted: onAccepted, queued: onQueued, chunk: onChunk,
+    buffering: onBuffering, retract: onRetract, done: onDone,
+  };
+
+  function handleEvent(raw) {
+    let msg;
+    try { msg = JSON.parse(raw); } catch { return; }
+    if (!msg || typeof msg !== 'object' || msg.type === 'pong') return;
+    if (msg.type === 'error') { onError(msg); return; }
+    const handler = HANDLERS[msg.type];
+    const answer = state.answers.get(msg.request_id);
+    if (handler && answer) handler(answer, msg);
+  }
+
+  // ---- connection --------------------------------------------------------
+
+  function setConnection(open) {
+    els.connection.dataset.state = open ? 'open' : 'closed';
+    els.connectionLabel.textContent = open ? 'connected' : 'reconnecting…';
+  }
+
+  function connect() {
+    const scheme = location.protocol === 'https:' ? 'wss' : 'ws';
+    let ws;
+    try {
+      ws = new WebSocket(`${scheme}://${location.host}${config.wsPath}`);
+    } catch {
+      scheduleReconnect();
+      return;
+    }
+    state.ws = ws;
+    ws.addEventListener('open', () => {
+      state.backoff = BACKOFF_MIN_MS;
+      setConnection(true);
+      clearInterval(state.pingTimer);
+      state.pingTimer = setInterval(() => {
+        if (socketOpen()) state.ws.send(JSON.stringify({ type: 'ping' }));
+      }, PING_MS);
+    });
+    ws.addEventListener('message', (event) => handleEvent(event.data));
+    ws.addEventListener('close', () => {
+      if (state.ws !== ws) return;
+      clearInterval(state.pingTimer);
+      setConnection(false);
+      markRunningLost();
+      scheduleReconnect();
+    });
+  }
+
+  function scheduleReconnect() {
+    setTimeout(connect, state.backoff);
+    state.backoff = Math.min(state.backoff * 2, BACKOFF_MAX_MS);
+  }
+
+  // The server forgets a request when its socket goes; don't wait for it.
+  function markRunningLost() {
+    const answer = state.running;
+    if (!answer) return;
+    setStatus(answer, 'Connection lost', 'lost');
+    finish(answer, 'lost');
+  }
+
+  // ---- health ------------------------------------------------------------
+
+  async function pollHealth() {
+    let detail = '';
+    try {
+      const res = await fetch('/healthz', { cache: 'no-store', headers: { Accept: 'application/json' } });
+      if (res.ok) {
+        state.ready = true;
+        els.health.hidden = true;
+        updateControls();
+        return;
+      }
+      const body = await res.json().catch(() => ({}));
+      detail = body.detail || body.status || `HTTP ${res.status}`;
+    } catch {
+      detail = 'server unreachable';
+    }
+    state.ready = false;
+    els.healthDetail.textContent = detail;
+    els.health.hidden = false;
+    updateControls();
+    setTimeout(pollHealth, 1000);
+  }
+
+  // ---- conversations -----------------------------------------------------
+
+  function conversationItem(c) {
+    const li = el('li');
+    const a = el('a', '', c.title || 'Untitled chat');
+    a.href = `/?c=${c.id}`;
+    a.dataset.id = String(c.id);
+    if (c.updated_at) a.title = new Date(c.updated_at).toLocaleString();
+    li.append(a);
+    return li;
+  }
+
+  function markCurrent() {
+    for (const a of els.conversations.querySelectorAll('a')) {
+      if (Number(a.dataset.id) === state.conversation) a.setAttribute('aria-current', 'page');
+      else a.removeAttribute('aria-current');
+    }
+  }
+
+  async function refreshConversations() {
+    try {
+      const res = await fetch('/api/conversations/', { headers: { Accept: 'application/json' } });
+      if (!res.ok) return;
+      const data = await res.json();
+      if (!Array.isArray(data.conversations)) return;
+      els.conversations.replaceChildren(...data.conversations.map(conversationItem));
+      markCurrent();
+    } catch { /* the list is a convenience; keep the old one */ }
+  }
+
+  // A first prompt creates the conversation server-side; make the page point at it.
+  function adoptConversation(id, answer) {
+    if (id == null || state.conversation != null || !answer.root.isConnected) return;
+    state.conversation = toId(id);
+    history.replaceState({ c: id }, '', `/?c=${id}`);
+    if (!els.conversations.querySelector(`a[data-id="${id}"]`)) {
+      els.conversations.prepend(conversationItem({ id, title: answer.prompt.trim().slice(0, 60) }));
+    }
+    markCurrent();
+  }
+
+  // mode "prepend" keeps anything the user sent while history was loading.
+  async function loadConversation(id, mode = 'replace') {
+    let res;
+    try {
+      res = await fetch(`/api/conversations/${id}/`, { headers: { Accept: 'application/json' } });
+    } catch {
+      showBanner('Could not load the conversation.', 'network');
+      return false;
+    }
+    if (!res.ok) {
+      showBanner(res.status === 404 ? 'That conversation no longer exists.' : 'Could not load the conversation.', `http_${res.status}`);
+      return false;
+    }
+    const data = await res.json();
+    const nodes = (data.messages || []).map(renderHistoryMessage);
+    state.conversation = toId(data.id ?? id);
+    if (mode === 'prepend') els.messages.prepend(...nodes);
+    else els.messages.replaceChildren(...nodes);
+    els.messages.scrollTop = els.messages.scrollHeight;
+    markCurrent();
+    return true;
+  }
+
+  function startNewChat() {
+    state.conversation = null;
+    els.messages.replaceChildren();
+    history.pushState({ c: null }, '', '/');
+    markCurrent();
+    els.prompt.focus();
+  }
+
+  function onConversationClick(event) {
+    const a = event.target.closest('a[data-id]');
+    // Let modified clicks and clicks during a running answer do a normal navigation.
+    if (!a || event.button !== 0 || event.metaKey || event.ctrlKey || event.shiftKey || event.altKey) return;
+    if (state.running) return;
+    event.preventDefault();
+    const id = Number(a.dataset.id);
+    loadConversation(id).then((ok) => { if (ok) history.pushState({ c: id }, '', `/?c=${id}`); });
+  }
+
+  function onPopState() {
+    const id = Number(new URLSearchParams(location.search).get('c')) || null;
+    if (id) loadConversation(id);
+    else { state.conversation = null; els.messages.replaceChildren(); markCurrent(); }
+  }
+
+  // ---- wiring ------------------------------------------------------------
+
+  function init() {
+    els.form.addEventListener('submit', (event) => { event.preventDefault(); sendPrompt(); });
+    els.prompt.addEventListener('keydown', (event) => {
+      if (event.key === 'Enter' && !event.shiftKey && !event.isComposing) {
+        event.preventDefault();
+        sendPrompt();
+      }
+    });
+    els.prompt.addEventListener('input', () => { autosize(); updateControls(); });
+    els.stop.addEventListener('click', stopRunning);
+    els.newChat.addEventListener('click', startNewChat);
+    els.conversations.addEventListener('click', onConversationClick);
+    window.addEventListener('popstate', onPopState);
+
+    updateControls();
+    pollHealth();
+    connect();
+    if (state.conversation != null) loadConversation(state.conversation, 'prepend');
+    markCurrent();
+  }
+
+  init();
+})();
