@@ -1,0 +1,98 @@
+"""Shared test actors: the real model (loaded once), real Redis, WebSocket clients."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from channels.testing import WebsocketCommunicator
+
+ORIGIN = (b"origin", b"http://localhost")
+
+
+@pytest.fixture(scope="session")
+def runtime():
+    """The process's real model and scheduler, loaded once for the whole session."""
+    from chat.runtime import runtime as chat_runtime
+
+    chat_runtime.start()
+    assert chat_runtime.wait(timeout=600), chat_runtime.detail
+    return chat_runtime
+
+
+@pytest.fixture(scope="session")
+def backend(runtime):
+    return runtime.backend
+
+
+@pytest.fixture
+def application(runtime):
+    from project.asgi import application as asgi_application
+
+    return asgi_application
+
+
+class ChatClient:
+    """A WebSocket client speaking the chat protocol through Channels' communicator."""
+
+    def __init__(self, application, *, session_key: str | None = None, origin: bytes = b"http://localhost"):
+        headers = [(b"origin", origin)]
+        if session_key:
+            headers.append((b"cookie", f"sessionid={session_key}".encode()))
+        self.communicator = WebsocketCommunicator(application, "/ws/chat/", headers=headers)
+        self.counter = 0
+
+    async def connect(self):
+        connected, _ = await self.communicator.connect()
+        assert connected
+        return self
+
+    async def send(self, frame: dict):
+        await self.communicator.send_to(text_data=json.dumps(frame))
+
+    async def prompt(self, text: str, *, request_id: str | None = None, conversation=None, **extra) -> str:
+        self.counter += 1
+        request_id = request_id or f"r{self.counter}"
+        await self.send({"type": "prompt", "request_id": request_id, "text": text, "conversation": conversation, **extra})
+        return request_id
+
+    async def receive(self, timeout: float = 120) -> dict:
+        return json.loads(await self.communicator.receive_from(timeout=timeout))
+
+    async def receive_until(self, kind: str, request_id: str | None = None, timeout: float = 120) -> list[dict]:
+        """Every event up to and including the first `kind` event (for `request_id`)."""
+        events = []
+        while True:
+            event = await self.receive(timeout)
+            events.append(event)
+            if event["type"] == kind and (request_id is None or event.get("request_id") == request_id):
+                return events
+
+    async def close(self):
+        await self.communicator.disconnect()
+
+
+@pytest.fixture
+async def client(application):
+    chat = await ChatClient(application).connect()
+    yield chat
+    await chat.close()
+
+
+@pytest.fixture
+async def make_client(application):
+    """Factory for further clients (other visitors, or the same one via session_key)."""
+    made: list[ChatClient] = []
+
+    async def factory(**kwargs) -> ChatClient:
+        chat = await ChatClient(application, **kwargs).connect()
+        made.append(chat)
+        return chat
+
+    yield factory
+    for chat in made:
+        await chat.close()
+
+
+def chunks_text(events: list[dict]) -> str:
+    return "".join(e["text"] for e in events if e["type"] == "chunk")
