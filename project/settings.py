@@ -135,6 +135,7 @@ STORAGES = {
     },
 }
 WHITENOISE_USE_FINDERS = DEBUG
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # also creates DATA_DIR for the SQLite file
 
 SESSION_COOKIE_SECURE = envbool("SESSION_COOKIE_SECURE", not DEBUG)
 CSRF_COOKIE_SECURE = envbool("CSRF_COOKIE_SECURE", not DEBUG)
