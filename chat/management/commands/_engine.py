@@ -1,0 +1,9 @@
+"""Shared by the terminal commands: load the engine synchronously with progress on stderr."""
+
+from chat.runtime import runtime
+
+
+def load(command):
+    from chat.engine.loading import load_backend
+
+    return load_backend(runtime.engine_config(), progress=lambda line: command.stderr.write(line))
