@@ -96,3 +96,36 @@ async def make_client(application):
 
 def chunks_text(events: list[dict]) -> str:
     return "".join(e["text"] for e in events if e["type"] == "chunk")
+
+
+@pytest.fixture(scope="session")
+def daphne_server(tmp_path_factory):
+    """One real daphne for the session (its own database, the already converted model)."""
+    from tests.live import LiveServer
+
+    server = LiveServer(tmp_path_factory.mktemp("live")).start()
+    yield server
+    server.stop()
+
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Debian's Chromium driven by Playwright (the driver ships in the wheel; no browser download)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1100, "height": 760})
+    page = context.new_page()
+    yield page
+    context.close()

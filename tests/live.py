@@ -1,0 +1,74 @@
+"""A real daphne process on loopback, for tests that need a real socket or a real browser."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LiveServer:
+    """daphne serving project.asgi on a free port with its own SQLite database."""
+
+    def __init__(self, workdir: Path, **env: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.ws_url = f"ws://127.0.0.1:{self.port}/ws/chat/"
+        self.log_path = workdir / f"daphne-{self.port}.log"
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": f"sqlite:///{workdir / 'live.sqlite3'}",
+            "PYTHONUNBUFFERED": "1",
+            **env,
+        }
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 180) -> "LiveServer":
+        subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=self.env, check=True)
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "project.asgi:application"],
+            cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"daphne exited with {self.process.returncode}:\n{self.log()}")
+            if self.health()[0] == 200:
+                return self
+            time.sleep(0.25)
+        raise RuntimeError(f"daphne not ready after {timeout} s:\n{self.log()}")
+
+    def health(self) -> tuple[int, dict | None]:
+        try:
+            with urllib.request.urlopen(self.url + "/healthz", timeout=2) as response:
+                return response.status, json.load(response)
+        except urllib.error.HTTPError as exc:
+            return exc.code, None
+        except OSError:
+            return 0, None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()

@@ -1,0 +1,56 @@
+"""The chat page in a real browser against a live daphne."""
+
+import os
+from pathlib import Path
+
+from playwright.sync_api import expect
+
+SCREENSHOT_DIR = Path(os.environ.get("SCREENSHOT_DIR", Path(__file__).resolve().parent.parent / "var" / "screenshots"))
+
+
+def open_chat(page, server):
+    page.goto(server.url + "/")
+    expect(page.locator("#health-banner")).to_be_hidden(timeout=60_000)
+    expect(page.locator("#connection")).to_have_attribute("data-state", "open")
+
+
+def test_typing_a_prompt_streams_text_and_stop_marks_it_stopped(page, daphne_server):
+    """Type, see the answer grow chunk by chunk, press Stop, see it marked stopped."""
+    open_chat(page, daphne_server)
+    page.fill("#prompt", "Write a very long story about a dragon who learns to bake bread.")
+    page.click("#send")
+    answer = page.locator(".message.assistant").last
+    text = answer.locator(".text")
+    expect(text).not_to_be_empty(timeout=30_000)
+    first_length = len(text.inner_text())
+    page.wait_for_function(
+        "([el, n]) => el.textContent.length > n + 20",
+        arg=[text.element_handle(), first_length],
+        timeout=30_000,
+    )
+    expect(page.locator("#stop")).to_be_visible()
+    page.click("#stop")
+    expect(answer).to_have_attribute("data-state", "cancelled", timeout=10_000)
+    expect(answer.locator(".badge")).to_contain_text("Stopped")
+    expect(answer.locator(".metrics")).to_contain_text("first character")
+    expect(page.locator("#stop")).to_be_hidden()
+    expect(page.locator("#send")).to_be_enabled()
+    SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOT_DIR / "chat-stopped.png"))
+
+
+def test_a_finished_answer_shows_its_timings_and_survives_a_reload(page, daphne_server):
+    """A complete answer is marked done with first/last character times, and is in the history after reload."""
+    open_chat(page, daphne_server)
+    page.fill("#prompt", "Count from 1 to 10, separated by commas.")
+    page.keyboard.press("Enter")
+    answer = page.locator(".message.assistant").last
+    expect(answer).to_have_attribute("data-state", "done", timeout=60_000)
+    expect(answer.locator(".text")).to_have_text("1, 2, 3, 4, 5, 6, 7, 8, 9, 10")
+    expect(answer.locator(".metrics")).to_contain_text("last")
+    expect(page.locator("#conversations a")).not_to_have_count(0)
+    assert "?c=" in page.url
+    page.reload()
+    expect(page.locator(".message.assistant .text").last).to_have_text("1, 2, 3, 4, 5, 6, 7, 8, 9, 10", timeout=10_000)
+    SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOT_DIR / "chat-done.png"))

@@ -1,0 +1,46 @@
+"""The terminal commands, on the real model."""
+
+import io
+
+import pytest
+from django.core.management import call_command
+
+from chat.engine.eos import eos_report
+
+
+def test_checkeos_reports_agreement_for_the_default_model():
+    out = io.StringIO()
+    call_command("checkeos", stdout=out)
+    text = out.getvalue()
+    assert "'<|im_end|>' (id 2)" in text and "OK: they agree" in text
+
+
+def test_eos_report_finds_a_template_generation_config_mismatch(backend):
+    """A generation config whose eos is not the template's end marker is reported."""
+    from transformers import GenerationConfig
+
+    report = eos_report(backend.tokenizer, GenerationConfig(eos_token_id=0))
+    assert not report.agree
+    assert any("'<|im_end|>' (id 2)" in p for p in report.problems)
+
+
+def test_system_check_is_silent_when_eos_agrees():
+    from chat.checks import check_eos
+
+    assert check_eos() == []
+
+
+def test_chat_command_streams_an_answer_to_stdout(capsys, backend):
+    call_command("chat", "Count from 1 to 10, separated by commas.", "--max-new-tokens", "12")
+    captured = capsys.readouterr()
+    assert captured.out.startswith("1, 2, 3")
+    assert "[length; 12 tokens;" in captured.err
+
+
+def test_streamtiming_prints_streamed_and_plain_side_by_side(backend):
+    out = io.StringIO()
+    call_command("streamtiming", "--tokens", "8", stdout=out, stderr=io.StringIO())
+    text = out.getvalue()
+    for row in ("model.generate, not streamed", "engine streamer (server path)", "TextIteratorStreamer + thread (seed)", "cancel:"):
+        assert row in text
+    assert "8 new tokens" in text

@@ -1,0 +1,80 @@
+"""HTTP: the page, the conversation API's privacy, /healthz."""
+
+import json
+
+import pytest
+from django.test import Client
+
+from chat.models import Conversation, Message
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def visitor():
+    client = Client()
+    client.get("/")  # the page gives every visitor a session
+    return client
+
+
+def make_conversation(client, text="hello") -> Conversation:
+    conversation = Conversation.objects.create(session_key=client.session.session_key, title=text)
+    Message.objects.create(conversation=conversation, role="user", text=text)
+    Message.objects.create(conversation=conversation, role="assistant", text="<b>hi</b>", finish_reason="eos")
+    return conversation
+
+
+def test_page_renders_with_the_visitors_conversations(visitor):
+    """The page lists the visitor's own conversations and the config the script needs."""
+    conversation = make_conversation(visitor, "about owls")
+    page = visitor.get(f"/?c={conversation.pk}")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "about owls" in html and 'id="prompt"' in html and 'id="chat-config"' in html
+    assert f'"conversation": {conversation.pk}' in html
+
+
+def test_conversation_api_returns_messages_to_their_owner(visitor):
+    conversation = make_conversation(visitor)
+    body = visitor.get(f"/api/conversations/{conversation.pk}/").json()
+    assert [m["role"] for m in body["messages"]] == ["user", "assistant"]
+    assert body["messages"][1]["text"] == "<b>hi</b>" and body["messages"][1]["finish_reason"] == "eos"
+    listing = visitor.get("/api/conversations/").json()
+    assert [c["id"] for c in listing["conversations"]] == [conversation.pk]
+
+
+def test_another_visitor_can_neither_read_nor_list_a_conversation(visitor):
+    """Someone else's conversation is a 404, and absent from their list."""
+    conversation = make_conversation(visitor)
+    stranger = Client()
+    stranger.get("/")
+    assert stranger.get(f"/api/conversations/{conversation.pk}/").status_code == 404
+    assert stranger.get("/api/conversations/").json() == {"conversations": []}
+    page = stranger.get(f"/?c={conversation.pk}").content.decode()
+    assert '"conversation": null' in page
+
+
+def test_healthz_is_ok_once_the_model_is_ready(runtime):
+    response = Client().get("/healthz")
+    body = response.json()
+    assert response.status_code == 200, body
+    assert body["status"] == "ok" and body["model"] == "ready" and body["redis"] == "ok" and body["database"] == "ok"
+    assert body["model_name"] == "SmolLM2-135M-Instruct"
+
+
+def test_healthz_is_503_with_the_same_shape_while_loading(runtime, monkeypatch):
+    """Before the model is ready the answer is 503 and says what is not ready."""
+    monkeypatch.setattr(runtime, "state", "loading")
+    monkeypatch.setattr(runtime, "detail", "Converting SmolLM2 ...")
+    response = Client().get("/healthz")
+    body = json.loads(response.content)
+    assert response.status_code == 503
+    assert set(body) >= {"status", "model", "redis", "database"}
+    assert (body["status"], body["model"], body["detail"]) == ("loading", "loading", "Converting SmolLM2 ...")
+
+
+def test_healthz_reports_redis_unavailable(runtime, settings):
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    response = Client().get("/healthz")
+    assert response.status_code == 503
+    assert response.json()["redis"].startswith("unavailable")
