@@ -1,0 +1,65 @@
+"""Output policy for chat answers: what the user sees during generation, and whether it stands.
+
+A gate (`gate_for`) is fed the generated chunks of one answer and replies with actions:
+`Emit` text now, `Hold` the rest back, or `Retract` everything (and stop generating).
+`finish()` gives the `Outcome`: "ok", "invalid" (JSON parse/schema failure; re-ask with
+`reask_message`) or "moderated" (a `ModerationHook` vetoed it). Pure stdlib + jsonschema,
+so it is testable without Django or a model.
+"""
+
+from .extraction import ExtractionError, extract_json
+from .gate import (
+    MODES,
+    Action,
+    AutoGate,
+    BufferGate,
+    Emit,
+    Gate,
+    Hold,
+    Outcome,
+    Retract,
+    StreamGate,
+    gate_for,
+)
+from .moderation import (
+    ALLOWED,
+    HOOKS,
+    BlocklistHook,
+    HookConfigError,
+    ModerationHook,
+    RepetitionHook,
+    Verdict,
+    load_hook,
+    moderate,
+)
+from .retry import reask_message
+from .validation import instance_errors, json_path, schema_errors
+
+__all__ = [
+    "ALLOWED",
+    "HOOKS",
+    "MODES",
+    "Action",
+    "AutoGate",
+    "BlocklistHook",
+    "BufferGate",
+    "Emit",
+    "ExtractionError",
+    "Gate",
+    "Hold",
+    "HookConfigError",
+    "ModerationHook",
+    "Outcome",
+    "RepetitionHook",
+    "Retract",
+    "StreamGate",
+    "Verdict",
+    "extract_json",
+    "gate_for",
+    "instance_errors",
+    "json_path",
+    "load_hook",
+    "moderate",
+    "reask_message",
+    "schema_errors",
+]

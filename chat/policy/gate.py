@@ -1,0 +1,252 @@
+"""Per-answer gates: fed chunks, they decide what the user sees, and judge the whole at the end."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .extraction import ExtractionError, extract_json
+from .moderation import ModerationHook, Verdict, moderate
+from .structure import scan
+from .validation import instance_errors
+
+__all__ = [
+    "Emit",
+    "Hold",
+    "Retract",
+    "Action",
+    "Outcome",
+    "Gate",
+    "StreamGate",
+    "BufferGate",
+    "AutoGate",
+    "gate_for",
+    "MODES",
+]
+
+# A re-ask prompt for a 135M model must stay short; the first few errors carry the signal.
+_MAX_REASONS = 5
+
+
+@dataclass(frozen=True)
+class Emit:
+    """Send this text to the user now."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Hold:
+    """From here on text is held back; sent once so the UI can say why it waits."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Retract:
+    """Withdraw everything shown; the caller must stop generating."""
+
+    reason: str
+
+
+Action = Emit | Hold | Retract
+
+
+@dataclass
+class Outcome:
+    """The verdict on the whole answer; held_text is what to show now, on "ok" only."""
+
+    status: str  # "ok" | "invalid" | "moderated"
+    text: str
+    json: object | None = None
+    reason: str = ""
+    held_text: str = ""
+    categories: tuple[str, ...] = ()
+
+
+class Gate:
+    """Shared bookkeeping: assembled text, what was shown, windowed moderation, retraction."""
+
+    hold_reason = "validating structured answer"
+
+    def __init__(self, hooks: Iterable[ModerationHook], *, window_chars: int = 64) -> None:
+        if isinstance(window_chars, bool) or not isinstance(window_chars, int) or window_chars < 1:
+            raise ValueError(f"window_chars must be a positive integer, not {window_chars!r}")
+        self._hooks = tuple(hooks)
+        self._window_chars = window_chars
+        self._text = ""
+        self._shown: list[str] = []
+        self._checked = 0  # length of text at the last windowed check
+        self._outcome: Outcome | None = None
+
+    @property
+    def text(self) -> str:
+        """Everything generated so far (up to a retraction)."""
+        return self._text
+
+    @property
+    def shown(self) -> str:
+        """Everything emitted so far; after a Retract, this is what must be withdrawn."""
+        return "".join(self._shown)
+
+    @property
+    def retracted(self) -> bool:
+        """True once the gate has said Retract; further chunks are ignored."""
+        return self._outcome is not None and self._outcome.status == "moderated"
+
+    def feed(self, chunk: str) -> list[Action]:
+        """Take the next chunk (any size, any boundary) and say what to do now."""
+        if self._outcome is not None or not chunk:
+            return []
+        self._text += chunk
+        if len(self._text) - self._checked >= self._window_chars:
+            # Per-window, not per-chunk: chunks can be one character and hooks scan everything.
+            self._checked = len(self._text)
+            verdict = moderate(self._hooks, self._text, final=False)
+            if not verdict.allowed:
+                return self._retract(verdict)
+        return self._after_feed(chunk)
+
+    def finish(self) -> tuple[list[Action], Outcome]:
+        """Judge the complete answer; calling it again returns the same outcome, no actions."""
+        if self._outcome is not None:
+            return [], self._outcome
+        # Moderation first: a vetoed answer must not be re-asked as merely "invalid", and
+        # windowed vetoes then agree with the final one whatever the chunking was.
+        verdict = moderate(self._hooks, self._text, final=True)
+        if not verdict.allowed:
+            return self._retract(verdict), self._outcome
+        actions, self._outcome = self._judge()
+        return actions, self._outcome
+
+    def _after_feed(self, chunk: str) -> list[Action]:
+        """Mode-specific reaction to a chunk that passed moderation."""
+        raise NotImplementedError
+
+    def _judge(self) -> tuple[list[Action], Outcome]:
+        """Mode-specific final verdict on text that passed moderation."""
+        raise NotImplementedError
+
+    def _emit(self, text: str) -> list[Action]:
+        """Record and return an Emit, or nothing for empty text."""
+        if not text:
+            return []
+        self._shown.append(text)
+        return [Emit(text)]
+
+    def _retract(self, verdict: Verdict) -> list[Action]:
+        """Stop for good: fix the outcome so later feeds and finish() change nothing."""
+        self._outcome = Outcome(
+            "moderated", self._text, None, verdict.reason, "", verdict.categories
+        )
+        return [Retract(verdict.reason)]
+
+    def _structured(self, held: str, schema: object | None) -> Outcome:
+        """Parse and validate a held part; one place so buffer and auto agree."""
+        try:
+            value = extract_json(held)
+        except ExtractionError as exc:
+            return Outcome("invalid", self._text, None, str(exc), held)
+        if schema is not None:
+            errors = instance_errors(value, schema)
+            if errors:
+                more = len(errors) - _MAX_REASONS
+                reason = "; ".join(errors[:_MAX_REASONS])
+                if more > 0:
+                    reason += f"; and {more} more"
+                return Outcome("invalid", self._text, value, reason, held)
+        return Outcome("ok", self._text, value, "", held)
+
+
+class StreamGate(Gate):
+    """Shows chunks as they come; moderation runs on windows of the growing text."""
+
+    def _after_feed(self, chunk: str) -> list[Action]:
+        return self._emit(chunk)
+
+    def _judge(self) -> tuple[list[Action], Outcome]:
+        return [], Outcome("ok", self._text)
+
+
+class BufferGate(Gate):
+    """Shows nothing until the end, then the whole answer must be (schema-valid) JSON."""
+
+    hold_reason = "holding the answer until it is complete"
+
+    def __init__(
+        self,
+        hooks: Iterable[ModerationHook],
+        schema: object | None = None,
+        *,
+        window_chars: int = 64,
+    ) -> None:
+        super().__init__(hooks, window_chars=window_chars)
+        self._schema = schema
+        self._holding = False
+
+    def _after_feed(self, chunk: str) -> list[Action]:
+        if self._holding:
+            return []
+        self._holding = True
+        return [Hold(self.hold_reason)]
+
+    def _judge(self) -> tuple[list[Action], Outcome]:
+        return [], self._structured(self._text, self._schema)
+
+
+class AutoGate(Gate):
+    """Streams prose; from a JSON fence or a leading { / [ on, holds and validates the rest."""
+
+    def __init__(
+        self,
+        hooks: Iterable[ModerationHook],
+        schema: object | None = None,
+        *,
+        window_chars: int = 64,
+    ) -> None:
+        super().__init__(hooks, window_chars=window_chars)
+        self._schema = schema
+        self._emitted = 0  # text[:_emitted] has been shown
+        self._hold_at: int | None = None
+
+    def _after_feed(self, chunk: str) -> list[Action]:
+        return self._advance(final=False)
+
+    def _judge(self) -> tuple[list[Action], Outcome]:
+        # At the end a possible fence start that never completed is just prose: flush it.
+        actions = self._advance(final=True)
+        if self._hold_at is None:
+            return actions, Outcome("ok", self._text)
+        return actions, self._structured(self._text[self._hold_at :], self._schema)
+
+    def _advance(self, *, final: bool) -> list[Action]:
+        """Show what can no longer turn out to be part of a held structured block."""
+        if self._hold_at is not None:
+            return []
+        safe, hold = scan(self._text, self._emitted, final=final)
+        actions = self._emit(self._text[self._emitted : safe])
+        self._emitted = safe
+        if hold is not None:
+            self._hold_at = hold
+            actions.append(Hold(self.hold_reason))
+        return actions
+
+
+MODES = ("stream", "buffer", "auto")
+
+
+def gate_for(
+    mode: str,
+    *,
+    hooks: Iterable[ModerationHook],
+    schema: object | None = None,
+    window_chars: int = 64,
+) -> Gate:
+    """The gate for a policy mode; stream ignores the schema (the caller picks buffer for it)."""
+    if mode == "stream":
+        return StreamGate(hooks, window_chars=window_chars)
+    if mode == "buffer":
+        return BufferGate(hooks, schema, window_chars=window_chars)
+    if mode == "auto":
+        return AutoGate(hooks, schema, window_chars=window_chars)
+    raise ValueError(f"unknown output mode {mode!r} (expected one of {', '.join(MODES)})")

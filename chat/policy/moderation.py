@@ -1,0 +1,215 @@
+"""Moderation hooks: small, configurable checks that may veto an answer as it grows."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from abc import ABC, abstractmethod
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = [
+    "Verdict",
+    "ALLOWED",
+    "ModerationHook",
+    "BlocklistHook",
+    "RepetitionHook",
+    "HookConfigError",
+    "HOOKS",
+    "load_hook",
+    "moderate",
+]
+
+
+# Longest repeating span looked for; longer loops still trip the line/sentence count.
+_MAX_PERIOD = 200
+_WORD = re.compile(r"\w")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A hook's decision, with a reason staff can read and categories to count."""
+
+    allowed: bool
+    reason: str = ""
+    categories: tuple[str, ...] = ()
+
+
+ALLOWED = Verdict(True)
+
+
+class ModerationHook(ABC):
+    """Base hook; subclasses take their settings as keyword arguments (from a stored dict)."""
+
+    @abstractmethod
+    def check(self, text: str, *, final: bool) -> Verdict:
+        """Judge the answer so far; `final` is False while more text may still arrive."""
+
+
+class HookConfigError(ValueError):
+    """A hook path or its settings are wrong; raised at load time so staff see it on save."""
+
+
+def _strings(name: str, values: object) -> list[str]:
+    """Settings lists must be lists: a bare string would silently become its characters."""
+    if isinstance(values, str) or not isinstance(values, Iterable):
+        raise TypeError(f"{name} must be a list of strings")
+    values = list(values)
+    if not all(isinstance(value, str) for value in values):
+        raise TypeError(f"{name} must be a list of strings")
+    return values
+
+
+def _positive_int(name: str, value: object) -> int:
+    """Reject bools and zero early; both would make a check silently useless."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise TypeError(f"{name} must be a positive integer, not {value!r}")
+    return value
+
+
+class BlocklistHook(ModerationHook):
+    """Vetoes answers containing a listed term (whole word, any case) or matching a regex."""
+
+    def __init__(self, *, terms: Iterable[str] = (), patterns: Iterable[str] = ()) -> None:
+        self._checks: list[tuple[re.Pattern[str], str]] = []
+        for term in _strings("terms", terms):
+            if not term.strip():
+                raise ValueError("blocklist terms must not be empty")
+            # Lookarounds instead of \b so terms starting or ending in punctuation still work.
+            regex = re.compile(rf"(?<!\w){re.escape(term.strip())}(?!\w)", re.IGNORECASE)
+            self._checks.append((regex, f"blocked term: {term.strip()!r}"))
+        for pattern in _strings("patterns", patterns):
+            try:
+                regex = re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"invalid blocklist pattern {pattern!r}: {exc}") from None
+            self._checks.append((regex, f"blocked pattern: {pattern!r}"))
+
+    def check(self, text: str, *, final: bool) -> Verdict:
+        """First listed term or pattern found; matches still growing at the end wait."""
+        for regex, reason in self._checks:
+            for match in regex.finditer(text):
+                # "ass" at the end may become "assistant" with the next chunk.
+                if final or match.end() < len(text):
+                    return Verdict(False, reason, ("blocklist",))
+        return ALLOWED
+
+
+class RepetitionHook(ModerationHook):
+    """Vetoes a rambling model: too long, repeating itself, or writing the user's next turn."""
+
+    def __init__(
+        self,
+        *,
+        max_chars: int = 4000,
+        max_repeats: int = 4,
+        min_span: int = 20,
+        turn_markers: Iterable[str] = ("\nUser:", "\nuser:", "<|im_start|>"),
+    ) -> None:
+        self.max_chars = _positive_int("max_chars", max_chars)
+        self.max_repeats = _positive_int("max_repeats", max_repeats)
+        self.min_span = _positive_int("min_span", min_span)
+        self.turn_markers = [marker for marker in _strings("turn_markers", turn_markers) if marker]
+
+    def check(self, text: str, *, final: bool) -> Verdict:
+        """Runaway first (most specific), then repetition, then plain length."""
+        # A leading newline lets "\nUser:" also catch a turn at the very start.
+        padded = "\n" + text
+        for marker in self.turn_markers:
+            if marker in padded:
+                reason = f"the model wrote another turn ({marker.strip()!r})"
+                return Verdict(False, reason, ("runaway",))
+        repeated = self._repeated(text, final=final)
+        if repeated:
+            return Verdict(False, f"repeated text: {repeated[:60]!r}", ("repetition",))
+        if len(text) > self.max_chars:
+            return Verdict(False, f"answer longer than {self.max_chars} characters", ("length",))
+        return ALLOWED
+
+    def _repeated(self, text: str, *, final: bool) -> str:
+        """A span occurring more than max_repeats times, back to back or as lines/sentences."""
+        looping = self._loop(text)
+        if looping:
+            return looping
+        segments = re.split(r"(?<=[.!?])\s+|\n+", text)
+        if not final:
+            # The last segment may still be growing; counting it could veto too early.
+            segments = segments[:-1]
+        counts = Counter(
+            segment.strip()
+            for segment in segments
+            if len(segment.strip()) >= self.min_span and _WORD.search(segment)
+        )
+        for segment, count in counts.most_common(1):
+            if count > self.max_repeats:
+                return segment
+        return ""
+
+    def _loop(self, text: str) -> str:
+        """A span of min_span.._MAX_PERIOD chars repeated back to back over max_repeats times."""
+        # Such a loop repeats its first min_span characters at a fixed stride, so only
+        # positions of recurring min_span-grams are candidates: linear on ordinary prose.
+        width, copies = self.min_span, self.max_repeats + 1
+        starts: dict[str, list[int]] = defaultdict(list)
+        for index in range(len(text) - width + 1):
+            starts[text[index : index + width]].append(index)
+        for gram, positions in starts.items():
+            # Loops of "-----" or blank lines are layout, not rambling; skipping them also
+            # keeps this from going quadratic on long runs of one symbol.
+            if len(positions) < copies or not _WORD.search(gram):
+                continue
+            for n, first in enumerate(positions):
+                for m in range(n + 1, len(positions)):
+                    period = positions[m] - first
+                    if period < width:
+                        continue  # the span itself must be at least min_span long
+                    if period > max(width, _MAX_PERIOD):
+                        break
+                    other = positions[m]
+                    # Period p holds over k+1 copies iff the text equals itself shifted by p.
+                    end = first + period * copies
+                    if end <= len(text) and text[first : end - period] == text[other:end]:
+                        return text[first:other]
+        return ""
+
+
+HOOKS: dict[str, str] = {
+    "blocklist": "chat.policy.moderation.BlocklistHook",
+    "repetition": "chat.policy.moderation.RepetitionHook",
+}
+
+
+def load_hook(path_or_name: str, settings: dict | None = None) -> ModerationHook:
+    """Build a hook from a short name or dotted path, turning every mistake into HookConfigError."""
+    path = HOOKS.get(path_or_name, path_or_name)
+    module_name, _, attr = path.rpartition(".")
+    if not module_name:
+        known = ", ".join(sorted(HOOKS))
+        raise HookConfigError(
+            f"unknown moderation hook {path_or_name!r} (known: {known}, or a dotted path)"
+        )
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise HookConfigError(f"cannot load moderation hook {path!r}: {exc}") from None
+    if not (isinstance(cls, type) and issubclass(cls, ModerationHook)):
+        raise HookConfigError(f"{path!r} is not a ModerationHook subclass")
+    if settings is None:
+        settings = {}
+    if not isinstance(settings, dict):
+        kind = type(settings).__name__
+        raise HookConfigError(f"settings for {path_or_name!r} must be an object, not {kind}")
+    try:
+        return cls(**settings)
+    except (TypeError, ValueError) as exc:
+        raise HookConfigError(f"bad settings for moderation hook {path_or_name!r}: {exc}") from None
+
+
+def moderate(hooks: Iterable[ModerationHook], text: str, *, final: bool) -> Verdict:
+    """The first veto wins; hooks are ordered by whoever configured them."""
+    for hook in hooks:
+        verdict = hook.check(text, final=final)
+        if not verdict.allowed:
+            return verdict
+    return ALLOWED
