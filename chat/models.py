@@ -40,6 +40,15 @@ class Message(models.Model):
     error = models.TextField(blank=True)
     request_id = models.CharField(max_length=100, blank=True)
     metrics = models.JSONField(null=True, blank=True)
+    # How the output policy treated the answer (assistant messages only).
+    policy = models.ForeignKey("OutputPolicy", null=True, blank=True, on_delete=models.SET_NULL)
+    policy_version = models.PositiveIntegerField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, blank=True, help_text="ok, invalid or moderated")
+    outcome_reason = models.TextField(blank=True)
+    json_value = models.JSONField(null=True, blank=True)
+    raw_text = models.TextField(blank=True, help_text="what the model generated, before the policy")
+    retries = models.PositiveSmallIntegerField(default=0)
+    held_ms = models.FloatField(null=True, blank=True, help_text="how long the answer was held back")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -48,3 +57,119 @@ class Message(models.Model):
 
     def __str__(self):
         return f"{self.role}: {self.text[:60]}"
+
+
+class OutputPolicy(models.Model):
+    """What users see of an answer, and what it must pass first; edited by staff in the admin.
+
+    `version` goes up on every change, and is part of every cache key, so a changed
+    policy never serves an answer made under its old settings.
+    """
+
+    class Mode(models.TextChoices):
+        STREAM = "stream", "stream: show text as it is generated"
+        BUFFER = "buffer", "buffer: hold the whole answer until it validates"
+        AUTO = "auto", "auto: stream prose, hold back structured (JSON) parts"
+
+    class FailureAction(models.TextChoices):
+        REJECT = "reject", "reject: tell the user the answer was invalid"
+        FALLBACK = "fallback", "fallback: show the fallback text instead"
+
+    name = models.CharField(max_length=100)
+    slug = models.SlugField(max_length=50, unique=True, help_text="what a prompt frame names in its `policy` field")
+    is_default = models.BooleanField(default=False, help_text="used when a prompt names no policy; one policy at most")
+    mode = models.CharField(max_length=10, choices=Mode.choices, default=Mode.STREAM)
+    json_schema = models.JSONField(
+        null=True, blank=True, help_text="a JSON Schema the answer must satisfy; a stream policy with a schema buffers"
+    )
+    moderation_hooks = models.JSONField(
+        default=list, blank=True,
+        help_text='a list of {"hook": "blocklist" | "repetition" | "dotted.path.Hook", "settings": {...}}',
+    )
+    constrained = models.BooleanField(
+        default=False, help_text="constrain decoding to the JSON Schema (xgrammar), so the model cannot write invalid JSON"
+    )
+    examples = models.JSONField(
+        default=list, blank=True,
+        help_text='few-shot turns shown to the model before the chat: [{"user": "...", "assistant": "..."}]',
+    )
+    blocklist_terms = models.TextField(blank=True, help_text="one term per line; an answer containing one is withdrawn")
+    failure_action = models.CharField(max_length=10, choices=FailureAction.choices, default=FailureAction.REJECT)
+    fallback_text = models.TextField(blank=True, help_text="shown instead of an answer that stays invalid")
+    max_retries = models.PositiveSmallIntegerField(default=2, help_text="re-asks after an invalid structured answer")
+    system_prompt = models.TextField(blank=True)
+    max_new_tokens = models.PositiveIntegerField(default=256, help_text="capped by CHAT_MAX_NEW_TOKENS_CAP")
+    stop_strings = models.JSONField(default=list, blank=True, help_text='e.g. ["\\nUser:"]; never shown to the user')
+    extra_eos_tokens = models.JSONField(
+        default=list, blank=True, help_text='tokens that also end the answer, e.g. ["<|endoftext|>"]'
+    )
+    temperature = models.FloatField(default=0.0, help_text="0 is greedy (deterministic, cacheable)")
+    top_p = models.FloatField(default=1.0)
+    cache_enabled = models.BooleanField(default=True)
+    cache_ttl_seconds = models.PositiveIntegerField(default=86400)
+    version = models.PositiveIntegerField(default=1, editable=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name_plural = "output policies"
+        constraints = [
+            models.UniqueConstraint(fields=["is_default"], condition=models.Q(is_default=True), name="one_default_policy")
+        ]
+
+    def __str__(self):
+        return f"{self.name} ({self.slug} v{self.version})"
+
+    @property
+    def effective_mode(self) -> str:
+        """A schema cannot be checked on text already shown, so a schema turns stream into buffer."""
+        if self.mode == self.Mode.STREAM and self.json_schema is not None:
+            return self.Mode.BUFFER
+        return self.mode
+
+    def snapshot(self) -> dict:
+        """The settings that shape an answer, as plain JSON (for revisions and cache keys)."""
+        fields = [
+            "name", "slug", "is_default", "mode", "json_schema", "constrained", "examples", "moderation_hooks",
+            "blocklist_terms",
+            "failure_action", "fallback_text", "max_retries", "system_prompt", "max_new_tokens",
+            "stop_strings", "extra_eos_tokens", "temperature", "top_p", "cache_enabled", "cache_ttl_seconds",
+        ]
+        return {name: getattr(self, name) for name in fields}
+
+    def clean(self):
+        from .policies import policy_errors
+
+        errors = policy_errors(self)
+        if errors:
+            from django.core.exceptions import ValidationError
+
+            raise ValidationError(errors)
+
+    def save(self, *args, **kwargs):
+        if self.is_default:
+            # One default at a time: the new one takes over (the old one's answers do not change).
+            OutputPolicy.objects.filter(is_default=True).exclude(pk=self.pk).update(is_default=False)
+        if self.pk is not None:
+            previous = OutputPolicy.objects.filter(pk=self.pk).first()
+            if previous is not None and previous.snapshot() != self.snapshot():
+                self.version = previous.version + 1
+        super().save(*args, **kwargs)
+
+
+class PolicyRevision(models.Model):
+    """Who changed a policy, when, and what: one row per saved version."""
+
+    policy = models.ForeignKey(OutputPolicy, related_name="revisions", on_delete=models.CASCADE)
+    version = models.PositiveIntegerField()
+    changed_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    changed_at = models.DateTimeField(auto_now_add=True)
+    changes = models.JSONField(default=dict, help_text="field -> [old, new]")
+    snapshot = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["-changed_at", "-id"]
+        constraints = [models.UniqueConstraint(fields=["policy", "version"], name="one_revision_per_version")]
+
+    def __str__(self):
+        return f"{self.policy.slug} v{self.version}"

@@ -27,6 +27,7 @@ class Runtime:
         self.load_seconds: float | None = None
         self._lock = threading.Lock()
         self._ready = threading.Event()
+        self._tokenizer = None
 
     def engine_config(self):
         from .engine.loading import EngineConfig
@@ -69,6 +70,21 @@ class Runtime:
             self.state, self.detail = "ready", f"{backend.model_id} loaded in {self.load_seconds:.1f} s"
         finally:
             self._ready.set()
+
+    def tokenizer(self):
+        """The model's tokenizer, also before the model has loaded (staff validate policies with it)."""
+        if self.backend is not None:
+            return self.backend.tokenizer
+        if self._tokenizer is None:
+            from .checks import model_dir
+
+            folder = model_dir()
+            if folder is None:
+                return None
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        return self._tokenizer
 
     def wait(self, timeout: float | None = None) -> bool:
         self._ready.wait(timeout)

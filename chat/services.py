@@ -1,4 +1,4 @@
-"""The one place a chat turn is orchestrated: conversation -> prompt -> queue -> engine -> persist.
+"""The one place a chat turn is orchestrated: policy -> prompt -> queue -> engine -> gate -> persist.
 
 The consumer (and any other transport) calls `turn_start` and forwards the events
 it is handed; it never touches the model or the database itself.
@@ -9,20 +9,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Awaitable, Callable
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import transaction
 
+from . import policies
 from .engine.types import EngineError, Failed, Finished, GenerationRequest, Queued, Started, TextChunk
 from .models import Conversation, Message
+from .policy import Emit, Hold, Retract, gate_for, reask_message
 from .runtime import NotReady, runtime
 
 log = logging.getLogger(__name__)
 
 Send = Callable[[dict], Awaitable[None]]
+
+# Answers the model should not see again as context: withdrawn or invalid ones.
+_NOT_CONTEXT = ("moderated", "invalid")
 
 
 class TurnError(Exception):
@@ -55,6 +60,8 @@ def conversations_for(owner: Owner):
 class _Prepared:
     conversation: Conversation
     assistant: Message
+    policy: policies.ResolvedPolicy
+    messages: list[dict]  # the chat as rendered for the model, for re-asks
     request: GenerationRequest
 
 
@@ -64,32 +71,53 @@ def _history(conversation: Conversation | None) -> list[dict]:
     rows = (
         conversation.messages.filter(status=Message.Status.DONE)
         .exclude(text="")
+        .exclude(finish_reason__in=_NOT_CONTEXT)
         .order_by("-created_at", "-id")[: settings.CHAT_HISTORY_TURNS]
     )
     return [{"role": m.role, "content": m.text} for m in reversed(rows)]
 
 
-def _fit_prompt(backend, history: list[dict], text: str, max_new_tokens: int) -> list[int]:
-    """Tokenized model input; drops the oldest turns when the context is full, never the new prompt."""
-    system = [{"role": "system", "content": settings.CHAT_SYSTEM_PROMPT}] if settings.CHAT_SYSTEM_PROMPT else []
+def _fit_prompt(backend, policy: policies.ResolvedPolicy, history: list[dict], text: str):
+    """(messages, input ids); drops the oldest turns when the context is full, never the new prompt."""
+    max_new_tokens = policy.max_new_tokens
+    head = [{"role": "system", "content": policy.system_prompt}] if policy.system_prompt else []
+    for user, assistant in policy.examples:
+        head += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
     while True:
-        messages = system + history + [{"role": "user", "content": text}]
+        messages = head + history + [{"role": "user", "content": text}]
         input_ids = backend.encode(backend.render(messages))
         if len(input_ids) + max_new_tokens <= backend.context_length or not history:
             backend.check_fits(len(input_ids), max_new_tokens)
-            return input_ids
+            return messages, input_ids
         history = history[2:]
 
 
+def _request_for(backend, policy: policies.ResolvedPolicy, input_ids: list[int], label: str) -> GenerationRequest:
+    eos_ids = tuple(i for i in (backend.token_id(t) for t in policy.extra_eos_tokens) if i is not None)
+    return GenerationRequest(
+        input_ids=input_ids,
+        max_new_tokens=policy.max_new_tokens,
+        stop_strings=policy.stop_strings,
+        eos_token_ids=eos_ids,
+        temperature=policy.temperature,
+        top_p=policy.top_p,
+        json_schema=policy.schema if policy.constrained else None,
+        label=label,
+    )
+
+
 def _prepare(owner: Owner, prompt, backend) -> _Prepared:
+    try:
+        policy = policies.policy_for(prompt.policy)
+    except policies.UnknownPolicy as exc:
+        raise TurnError(exc.code, str(exc)) from None
     conversation = None
     if prompt.conversation is not None:
         conversation = conversations_for(owner).filter(pk=prompt.conversation).first()
         if conversation is None:
             raise TurnError("unknown_conversation", f"conversation {prompt.conversation} does not exist")
-    max_new_tokens = min(settings.CHAT_MAX_NEW_TOKENS, settings.CHAT_MAX_NEW_TOKENS_CAP)
     try:
-        input_ids = _fit_prompt(backend, _history(conversation), prompt.text, max_new_tokens)
+        messages, input_ids = _fit_prompt(backend, policy, _history(conversation), prompt.text)
     except EngineError as exc:
         raise TurnError(exc.code, str(exc)) from None
     with transaction.atomic():
@@ -105,16 +133,16 @@ def _prepare(owner: Owner, prompt, backend) -> _Prepared:
             role=Message.Role.ASSISTANT,
             status=Message.Status.STREAMING,
             request_id=prompt.request_id,
+            policy_id=policy.id,
+            policy_version=policy.version if policy.id else None,
         )
-    request = GenerationRequest(input_ids=input_ids, max_new_tokens=max_new_tokens, label=prompt.request_id)
-    return _Prepared(conversation, assistant, request)
+    request = _request_for(backend, policy, input_ids, prompt.request_id)
+    return _Prepared(conversation, assistant, policy, messages, request)
 
 
-def _store_answer(message_id: int, *, text: str, status: str, finish_reason: str, metrics: dict, error: str = "") -> None:
+def _store_answer(message_id: int, **fields) -> None:
     with transaction.atomic():
-        Message.objects.filter(pk=message_id).update(
-            text=text, status=status, finish_reason=finish_reason, metrics=metrics, error=error
-        )
+        Message.objects.filter(pk=message_id).update(**fields)
         conversation_id = Message.objects.values_list("conversation_id", flat=True).get(pk=message_id)
         Conversation.objects.get(pk=conversation_id).save(update_fields=["updated_at"])
 
@@ -130,6 +158,9 @@ class Turn:
     message_id: int
     send: Send | None
     accepted_at: float
+    policy: policies.ResolvedPolicy
+    messages: list[dict]
+    _backend: object = None
     _scheduler: object = None
     _ticket: object = None
     _events: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -143,12 +174,21 @@ class Turn:
         """Stop sending to the client; the answer is still stored when it ends."""
         self.send = None
 
+    def _submit(self, request: GenerationRequest) -> int:
+        loop = asyncio.get_running_loop()
+
+        def sink(event) -> None:  # called on the generation thread; must not block
+            loop.call_soon_threadsafe(self._events.put_nowait, event)
+
+        self._ticket, position = self._scheduler.submit(request, sink)
+        return position
+
     async def _emit(self, event: dict) -> None:
         if self.send is None:
             return
         try:
             await self.send(event)
-        except Exception:  # the socket went away mid-send: keep generating state consistent
+        except Exception:  # the socket went away mid-send: nobody is reading any more
             log.info("client of %s went away; cancelling", self.request_id)
             self.send = None
             self.cancel()
@@ -161,26 +201,22 @@ async def turn_start(*, owner: Owner, prompt, send: Send) -> Turn:
     except NotReady as exc:
         raise TurnError(exc.code, str(exc)) from None
     accepted_at = time.perf_counter()
-    prepared = await sync_to_async(_prepare, thread_sensitive=True)(owner, prompt, backend)
-    loop = asyncio.get_running_loop()
+    prepared = await sync_to_async(_prepare)(owner, prompt, backend)
     turn = Turn(
         request_id=prompt.request_id,
         conversation_id=prepared.conversation.pk,
         message_id=prepared.assistant.pk,
         send=send,
         accepted_at=accepted_at,
+        policy=prepared.policy,
+        messages=prepared.messages,
+        _backend=backend,
         _scheduler=scheduler,
     )
-
-    def sink(event) -> None:  # called on the generation thread; must not block
-        loop.call_soon_threadsafe(turn._events.put_nowait, event)
-
     try:
-        turn._ticket, position = scheduler.submit(prepared.request, sink)
+        position = turn._submit(prepared.request)
     except EngineError as exc:
-        await sync_to_async(_store_answer)(
-            turn.message_id, text="", status=Message.Status.FAILED, finish_reason="", metrics={}, error=str(exc)
-        )
+        await sync_to_async(_store_answer)(turn.message_id, status=Message.Status.FAILED, error=str(exc))
         raise TurnError(exc.code, str(exc)) from None
     await turn._emit(
         {
@@ -191,7 +227,7 @@ async def turn_start(*, owner: Owner, prompt, send: Send) -> Turn:
             "queue_position": position,
         }
     )
-    turn.task = asyncio.create_task(_pump(turn), name=f"turn-{turn.request_id}")
+    turn.task = asyncio.create_task(_TurnRun(turn, prepared.request).run(), name=f"turn-{turn.request_id}")
     return turn
 
 
@@ -199,78 +235,168 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 1)
 
 
-async def _pump(turn: Turn) -> None:
-    """Forward engine events to the client until the answer ends, then store it."""
-    started_at = first_chunk_at = None
-    parts: list[str] = []  # what the client has seen, kept if the model fails midway
-    try:
+class _TurnRun:
+    """Drives one turn to its end: forwards chunks through the policy gate, re-asks, stores."""
+
+    def __init__(self, turn: Turn, request: GenerationRequest):
+        self.turn = turn
+        self.request = request
+        self.started_at: float | None = None
+        self.first_token_at: float | None = None
+        self.first_visible_at: float | None = None
+        self.held_at: float | None = None
+        self.retracted: str | None = None
+        self.retries = 0
+        self.new_tokens = 0
+
+    async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            self.turn.finished = True
+
+    async def _run(self) -> None:
+        policy = self.turn.policy
+        while True:
+            gate = gate_for(policy.mode, hooks=policy.hooks, schema=policy.schema)
+            outcome_event = await self._generate(gate)
+            if isinstance(outcome_event, Failed):
+                return await self._fail(outcome_event, gate.shown)
+            result = outcome_event.result
+            self.new_tokens += result.new_tokens
+            if self.retracted is not None:
+                return await self._finish(result, "moderated", text="", raw=gate.text, outcome="moderated",
+                                          reason=self.retracted)
+            if result.finish_reason == "cancelled":
+                return await self._finish(result, "cancelled", text=gate.shown, raw=gate.text)
+            actions, outcome = gate.finish()
+            await self._apply(actions)
+            if outcome.status == "ok":
+                text = gate.shown + (outcome.held_text if policy.mode == "auto" else "")
+                if policy.mode == "buffer":
+                    text = outcome.text
+                return await self._finish(result, result.finish_reason, text=text, raw=gate.text, outcome="ok",
+                                          json_value=outcome.json)
+            if outcome.status == "moderated":
+                return await self._finish(result, "moderated", text="", raw=gate.text, outcome="moderated",
+                                          reason=outcome.reason)
+            # invalid: nothing was shown in buffer mode, so the model may try again
+            if policy.mode == "buffer" and self.retries < policy.max_retries and self._reask(gate.text, outcome.reason):
+                self.retries += 1
+                continue
+            text = policy.fallback_text if policy.failure_action == "fallback" else gate.shown
+            return await self._finish(result, "invalid", text=text, raw=gate.text, outcome="invalid",
+                                      reason=outcome.reason)
+
+    async def _generate(self, gate):
+        """Pump one generation's events through the gate; returns its Finished or Failed."""
+        turn = self.turn
         while True:
             event = await turn._events.get()
             if isinstance(event, TextChunk):
-                if first_chunk_at is None:
-                    first_chunk_at = time.perf_counter()
-                parts.append(event.text)
-                await turn._emit({"type": "chunk", "request_id": turn.request_id, "text": event.text})
+                if self.first_token_at is None:
+                    self.first_token_at = time.perf_counter()
+                await self._apply(gate.feed(event.text))
             elif isinstance(event, Queued):
                 await turn._emit({"type": "queued", "request_id": turn.request_id, "queue_position": event.position})
             elif isinstance(event, Started):
-                started_at = event.at
-            elif isinstance(event, Finished):
-                await _finish(turn, event.result, started_at, first_chunk_at)
-                return
-            elif isinstance(event, Failed):
-                await _fail(turn, event, started_at, "".join(parts))
-                return
-    finally:
-        turn.finished = True
+                self.started_at = self.started_at or event.at
+            elif isinstance(event, (Finished, Failed)):
+                return event
 
+    async def _apply(self, actions) -> None:
+        turn = self.turn
+        for action in actions:
+            if isinstance(action, Emit):
+                self.first_visible_at = self.first_visible_at or time.perf_counter()
+                await turn._emit({"type": "chunk", "request_id": turn.request_id, "text": action.text})
+            elif isinstance(action, Hold):
+                self.held_at = self.held_at or time.perf_counter()
+                await turn._emit({"type": "buffering", "request_id": turn.request_id, "reason": action.reason})
+            elif isinstance(action, Retract):
+                self.retracted = action.reason
+                turn._scheduler.cancel(turn._ticket)  # not the user's cancel: the answer is withdrawn
+                await turn._emit({"type": "retract", "request_id": turn.request_id, "reason": action.reason})
 
-async def _finish(turn: Turn, result, started_at, first_chunk_at) -> None:
-    done_at = time.perf_counter()
-    metrics = {
-        "queue_ms": _ms((started_at or result.started_at) - turn.accepted_at),
-        "ttft_ms": _ms((first_chunk_at or done_at) - turn.accepted_at),
-        "total_ms": _ms(done_at - turn.accepted_at),
-        "new_tokens": result.new_tokens,
-        "tokens_per_s": round(result.tokens_per_s, 2),
-        "prompt_tokens": result.prompt_tokens,
-        "model_ttft_ms": _ms(result.first_token_at - result.started_at) if result.first_token_at else None,
-    }
-    status = Message.Status.CANCELLED if result.finish_reason == "cancelled" else Message.Status.DONE
-    try:
-        await sync_to_async(_store_answer)(
-            turn.message_id, text=result.text, status=status, finish_reason=result.finish_reason, metrics=metrics
-        )
-    except Exception:
-        log.exception("could not store the answer of %s", turn.request_id)
-        await turn._emit(
-            {"type": "error", "request_id": turn.request_id, "code": "storage_failed",
-             "message": "the answer was generated but could not be saved; it will not appear in your history"}
-        )
-    await turn._emit(
-        {
-            "type": "done",
-            "request_id": turn.request_id,
-            "message": turn.message_id,
-            "text": result.text,
-            "json": None,
-            "finish_reason": result.finish_reason,
-            "cached": False,
-            "metrics": metrics,
+    def _reask(self, bad_answer: str, reason: str) -> bool:
+        """Queue another attempt with the validation error; False if it cannot fit."""
+        turn = self.turn
+        messages = turn.messages + [
+            {"role": "assistant", "content": bad_answer},
+            {"role": "user", "content": reask_message(reason, turn.policy.schema)},
+        ]
+        backend = turn._backend
+        input_ids = backend.encode(backend.render(messages))
+        if len(input_ids) + self.request.max_new_tokens > backend.context_length:
+            return False
+        self.request = replace(self.request, input_ids=input_ids, cancel=self.request.cancel)
+        try:
+            turn._submit(self.request)
+        except EngineError:
+            return False
+        return True
+
+    def _metrics(self, done_at: float, result) -> dict:
+        turn = self.turn
+        decode = (result.finished_at - result.started_at) if result else None
+        return {
+            "queue_ms": _ms((self.started_at or done_at) - turn.accepted_at),
+            "ttft_ms": _ms((self.first_token_at or done_at) - turn.accepted_at),
+            "ttfv_ms": _ms((self.first_visible_at or done_at) - turn.accepted_at),
+            "total_ms": _ms(done_at - turn.accepted_at),
+            "held_ms": _ms(done_at - self.held_at) if self.held_at else None,
+            "new_tokens": self.new_tokens,
+            "tokens_per_s": round(result.new_tokens / decode, 2) if result and result.new_tokens and decode else 0.0,
+            "prompt_tokens": result.prompt_tokens if result else None,
+            "retries": self.retries,
         }
-    )
 
-
-async def _fail(turn: Turn, event: Failed, started_at, partial_text: str) -> None:
-    metrics = {"queue_ms": _ms((started_at or event.at) - turn.accepted_at), "total_ms": _ms(event.at - turn.accepted_at)}
-    try:
-        await sync_to_async(_store_answer)(
-            turn.message_id, text=partial_text, status=Message.Status.FAILED, finish_reason="", metrics=metrics,
-            error=event.error,
+    async def _finish(self, result, finish_reason: str, *, text: str, raw: str, outcome: str = "",
+                      reason: str = "", json_value=None) -> None:
+        turn = self.turn
+        done_at = time.perf_counter()
+        metrics = self._metrics(done_at, result)
+        status = Message.Status.CANCELLED if finish_reason == "cancelled" else Message.Status.DONE
+        try:
+            await sync_to_async(_store_answer)(
+                turn.message_id, text=text, status=status, finish_reason=finish_reason, metrics=metrics,
+                raw_text=raw, outcome=outcome, outcome_reason=reason, json_value=json_value,
+                retries=self.retries, held_ms=metrics["held_ms"],
+            )
+        except Exception:
+            log.exception("could not store the answer of %s", turn.request_id)
+            await turn._emit(
+                {"type": "error", "request_id": turn.request_id, "code": "storage_failed",
+                 "message": "the answer was generated but could not be saved; it will not appear in your history"}
+            )
+        if finish_reason == "moderated" and self.retracted is None:
+            # Vetoed only at the end: anything shown must still be withdrawn.
+            await turn._emit({"type": "retract", "request_id": turn.request_id, "reason": reason})
+        await turn._emit(
+            {
+                "type": "done",
+                "request_id": turn.request_id,
+                "message": turn.message_id,
+                "text": text,
+                "json": json_value,
+                "finish_reason": finish_reason,
+                "cached": False,
+                "metrics": metrics,
+                "reason": reason or None,
+                "policy": turn.policy.slug,
+            }
         )
-    except Exception:
-        log.exception("could not store the failure of %s", turn.request_id)
-    await turn._emit(
-        {"type": "error", "request_id": turn.request_id, "code": "model_error",
-         "message": "the model failed while answering; please try again"}
-    )
+
+    async def _fail(self, event: Failed, partial_text: str) -> None:
+        turn = self.turn
+        metrics = self._metrics(event.at, None)
+        try:
+            await sync_to_async(_store_answer)(
+                turn.message_id, text=partial_text, status=Message.Status.FAILED, metrics=metrics, error=event.error
+            )
+        except Exception:
+            log.exception("could not store the failure of %s", turn.request_id)
+        await turn._emit(
+            {"type": "error", "request_id": turn.request_id, "code": "model_error",
+             "message": "the model failed while answering; please try again"}
+        )

@@ -129,3 +129,31 @@ def page(browser):
     page = context.new_page()
     yield page
     context.close()
+
+
+@pytest.fixture
+def example_policies(django_db_blocker):
+    """The `chat` and `json` policies the migrations install (transactional tests flush them)."""
+    import importlib
+
+    from django.apps import apps
+
+    from chat.models import OutputPolicy
+
+    importlib.import_module("chat.migrations.0003_example_policies").create(apps, None)
+    return {p.slug: p for p in OutputPolicy.objects.all()}
+
+
+@pytest.fixture
+def make_policy(db):
+    """A stored policy with the given fields (validated as the admin would)."""
+    from chat.models import OutputPolicy
+
+    def factory(**fields):
+        fields.setdefault("name", fields["slug"])
+        policy = OutputPolicy(**fields)
+        policy.full_clean()
+        policy.save()
+        return policy
+
+    return factory

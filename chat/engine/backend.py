@@ -16,6 +16,7 @@ from transformers import (
     TextStreamer,
 )
 
+from .eos import token_id
 from .loading import EngineConfig, Progress, weights_fingerprint
 from .stopping import CancelledCriteria, StopStringHoldback
 from .types import GenerationRequest, GenerationResult, PromptTooLong
@@ -140,10 +141,7 @@ class LocalBackend:
 
     def token_id(self, token: str) -> int | None:
         """Id of a single token (e.g. "<|im_end|>"), or None if the vocabulary lacks it."""
-        token_id = self.tokenizer.convert_tokens_to_ids(token)
-        if token_id is None or (token_id == self.tokenizer.unk_token_id and token != self.tokenizer.unk_token):
-            return None
-        return token_id
+        return token_id(self.tokenizer, token)
 
     # -- generation -----------------------------------------------------------
 
@@ -175,6 +173,12 @@ class LocalBackend:
             if request.temperature > 0
             else {"do_sample": False}
         )
+        if request.json_schema is not None:
+            from .constrained import logits_processor
+
+            sampling["logits_processor"] = [
+                logits_processor(self.tokenizer, self.model.config.vocab_size, request.json_schema)
+            ]
         input_ids = torch.tensor([request.input_ids], device=self.device)
         started = time.perf_counter()
         with torch.inference_mode():

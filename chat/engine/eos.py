@@ -25,6 +25,14 @@ class EosReport:
         return not self.problems
 
 
+def token_id(tokenizer, token: str) -> int | None:
+    """Id of a single vocabulary token (e.g. "<|im_end|>"), or None: unknown tokens map to unk."""
+    value = tokenizer.convert_tokens_to_ids(token)
+    if value is None or (value == tokenizer.unk_token_id and token != tokenizer.unk_token):
+        return None
+    return value
+
+
 def template_end_marker(tokenizer) -> str | None:
     """The text the chat template writes right after an assistant answer, e.g. "<|im_end|>"."""
     if not getattr(tokenizer, "chat_template", None):

@@ -33,6 +33,7 @@ class GenerationRequest:
         eos_token_ids: extra end-of-sequence ids, on top of the model's own.
         temperature: 0 means greedy decoding.
         top_p: nucleus sampling when temperature > 0.
+        json_schema: constrain decoding so the output is JSON valid for this schema.
         cancel: set it from any thread to stop after at most one more decode step.
     """
 
@@ -42,6 +43,7 @@ class GenerationRequest:
     eos_token_ids: tuple[int, ...] = ()
     temperature: float = 0.0
     top_p: float = 1.0
+    json_schema: dict | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
     label: str = ""
 

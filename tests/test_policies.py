@@ -1,0 +1,208 @@
+"""Output policies: validation on save, the admin, and each mode end to end on the real model."""
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.contrib.auth.models import User
+from django.core.exceptions import ValidationError
+from django.test import Client
+
+from chat.models import Message, OutputPolicy, PolicyRevision
+from chat.policy import instance_errors
+from tests.conftest import chunks_text
+
+ANSWER_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string", "minLength": 1}}, "required": ["answer"]}
+
+
+def kinds(events):
+    return [e["type"] for e in events]
+
+
+# -- save-time validation -----------------------------------------------------------
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "fields, field, message",
+    [
+        ({"json_schema": {"type": "objekt"}}, "json_schema", "not a valid JSON Schema"),
+        ({"json_schema": {"required": "answer"}}, "json_schema", "not a valid JSON Schema"),
+        ({"extra_eos_tokens": ["<|no_such_token|>"]}, "extra_eos_tokens", "not a single token"),
+        ({"extra_eos_tokens": "<|im_end|>"}, "extra_eos_tokens", "JSON list"),
+        ({"stop_strings": ["ok", ""]}, "stop_strings", "JSON list of non-empty strings"),
+        ({"moderation_hooks": [{"hook": "no.such.Hook"}]}, "moderation_hooks", "no.such.Hook"),
+        ({"moderation_hooks": [{"hook": "blocklist", "settings": {"patterns": ["("]}}]}, "moderation_hooks", "("),
+        ({"examples": [{"user": "hi"}]}, "examples", "list of"),
+        ({"constrained": True}, "constrained", "needs a JSON Schema"),
+        ({"failure_action": "fallback"}, "fallback_text", "needs a fallback text"),
+        ({"max_new_tokens": 100000}, "max_new_tokens", "CHAT_MAX_NEW_TOKENS_CAP"),
+    ],
+)
+def test_saving_a_bad_policy_is_refused_with_a_clear_message(runtime, fields, field, message):
+    policy = OutputPolicy(name="x", slug="x", **fields)
+    with pytest.raises(ValidationError) as caught:
+        policy.full_clean()
+    assert field in caught.value.message_dict
+    assert any(message in m for m in caught.value.message_dict[field])
+
+
+@pytest.mark.django_db
+def test_a_valid_policy_passes_and_its_version_moves_only_on_change(runtime, make_policy):
+    policy = make_policy(slug="v", json_schema=ANSWER_SCHEMA, extra_eos_tokens=["<|endoftext|>"], stop_strings=["\nUser:"])
+    assert policy.version == 1
+    policy.save()
+    assert OutputPolicy.objects.get(pk=policy.pk).version == 1
+    policy.max_new_tokens = 64
+    policy.save()
+    assert OutputPolicy.objects.get(pk=policy.pk).version == 2
+
+
+@pytest.mark.django_db
+def test_staff_edit_policies_in_the_admin_and_every_change_is_recorded(runtime, example_policies):
+    """An invalid schema is refused on the form; a valid change bumps the version and is logged with who."""
+    staff = User.objects.create_superuser("staff", "staff@example.com", "pw")
+    client = Client()
+    client.force_login(staff)
+    policy = example_policies["json"]
+    url = f"/admin/chat/outputpolicy/{policy.pk}/change/"
+    form = client.get(url)
+    assert form.status_code == 200 and "history (who changed what, when)" in form.content.decode().lower()
+    data = {
+        "name": policy.name, "slug": policy.slug, "mode": "buffer", "json_schema": '{"type": "objekt"}',
+        "constrained": "", "examples": "[]", "moderation_hooks": "[]", "blocklist_terms": "", "failure_action": "reject",
+        "fallback_text": "", "max_retries": "1", "system_prompt": "", "max_new_tokens": "100", "stop_strings": "[]",
+        "extra_eos_tokens": "[]", "temperature": "0", "top_p": "1", "cache_enabled": "on", "cache_ttl_seconds": "60",
+        "revisions-TOTAL_FORMS": "0", "revisions-INITIAL_FORMS": "0", "revisions-MIN_NUM_FORMS": "0",
+        "revisions-MAX_NUM_FORMS": "1000",
+    }
+    refused = client.post(url, data)
+    assert refused.status_code == 200 and "not a valid JSON Schema" in refused.content.decode()
+    assert OutputPolicy.objects.get(pk=policy.pk).version == 1
+    data["json_schema"] = '{"type": "object", "required": ["answer"]}'
+    saved = client.post(url, data)
+    assert saved.status_code == 302
+    policy.refresh_from_db()
+    assert policy.version == 2 and policy.max_new_tokens == 100
+    revision = PolicyRevision.objects.get(policy=policy, version=2)
+    assert revision.changed_by == staff
+    assert revision.changes["max_new_tokens"] == [128, 100]
+    assert revision.changes["json_schema"][1] == {"type": "object", "required": ["answer"]}
+
+
+@pytest.mark.django_db
+def test_policy_editing_needs_staff(example_policies):
+    member = User.objects.create_user("member", password="pw")
+    client = Client()
+    client.force_login(member)
+    response = client.get(f"/admin/chat/outputpolicy/{example_policies['json'].pk}/change/")
+    assert response.status_code == 302 and "/admin/login/" in response["Location"]
+
+
+# -- the modes over the WebSocket --------------------------------------------------
+
+pytestmark_ws = pytest.mark.django_db(transaction=True)
+
+
+@pytestmark_ws
+async def test_unknown_policy_is_an_error(client, example_policies):
+    await client.prompt("Hi", policy="nope", request_id="p")
+    error = await client.receive()
+    assert (error["code"], error["request_id"]) == ("unknown_policy", "p")
+    assert "chat" in error["message"] and "json" in error["message"]
+
+
+@pytestmark_ws
+async def test_buffer_mode_sends_no_chunk_and_a_schema_valid_json(client, example_policies):
+    """The json policy: `buffering`, then one `done` with json valid against the schema."""
+    request_id = await client.prompt("What is the capital of France?", policy="json")
+    events = await client.receive_until("done", request_id)
+    assert kinds(events)[:2] == ["accepted", "buffering"] and "chunk" not in kinds(events)
+    done = events[-1]
+    assert done["finish_reason"] == "eos" and done["policy"] == "json"
+    assert instance_errors(done["json"], ANSWER_SCHEMA) == []
+    assert "Paris" in done["json"]["answer"]
+    assert done["metrics"]["held_ms"] > 0 and done["metrics"]["ttfv_ms"] >= done["metrics"]["ttft_ms"]
+    message = await sync_to_async(Message.objects.get)(pk=done["message"])
+    assert (message.outcome, message.json_value, message.policy_version) == ("ok", done["json"], 1)
+    assert message.held_ms > 0
+
+
+@pytestmark_ws
+async def test_buffer_mode_reasks_and_then_rejects_an_answer_that_stays_invalid(client, make_policy):
+    """An impossible schema: the model is re-asked max_retries times, then `invalid` with the reason."""
+    impossible = {"type": "object", "required": ["answer"], "properties": {"answer": {"type": "integer", "minimum": 10**9}}}
+    await sync_to_async(make_policy)(slug="strict", mode="buffer", json_schema=impossible, max_retries=1, max_new_tokens=40)
+    request_id = await client.prompt("What is the capital of France?", policy="strict")
+    events = await client.receive_until("done", request_id)
+    assert "chunk" not in kinds(events) and "buffering" in kinds(events)
+    done = events[-1]
+    assert done["finish_reason"] == "invalid" and done["json"] is None and done["text"] == ""
+    assert done["metrics"]["retries"] == 1 and done["reason"]
+    message = await sync_to_async(Message.objects.get)(pk=done["message"])
+    assert message.outcome == "invalid" and message.retries == 1 and message.raw_text
+
+
+@pytestmark_ws
+async def test_fallback_text_replaces_an_answer_that_stays_invalid(client, make_policy):
+    impossible = {"type": "array", "minItems": 1000}
+    await sync_to_async(make_policy)(slug="fb", mode="buffer", json_schema=impossible, max_retries=0,
+                                     max_new_tokens=30, failure_action="fallback", fallback_text="Sorry, no answer.")
+    request_id = await client.prompt("Hi", policy="fb")
+    done = (await client.receive_until("done", request_id))[-1]
+    assert (done["finish_reason"], done["text"]) == ("invalid", "Sorry, no answer.")
+
+
+@pytestmark_ws
+async def test_constrained_decoding_yields_valid_json_without_examples(client, make_policy):
+    """With constrained decoding on, even an unprimed prompt gives schema-valid JSON."""
+    await sync_to_async(make_policy)(slug="cjson", mode="buffer", json_schema=ANSWER_SCHEMA, constrained=True,
+                                     max_new_tokens=60, max_retries=0)
+    request_id = await client.prompt("How many legs does a spider have?", policy="cjson")
+    done = (await client.receive_until("done", request_id))[-1]
+    assert done["finish_reason"] == "eos", done
+    assert instance_errors(done["json"], ANSWER_SCHEMA) == []
+
+
+@pytestmark_ws
+async def test_stream_mode_retracts_and_stops_when_a_blocklisted_word_appears(client, make_policy):
+    """A blocked term mid-stream: `retract`, generation stops early, nothing withdrawn is stored as text."""
+    await sync_to_async(make_policy)(slug="clean", mode="stream", blocklist_terms="12", max_new_tokens=200)
+    request_id = await client.prompt("Count from 1 to 50, separated by commas.", policy="clean")
+    events = await client.receive_until("done", request_id)
+    assert "chunk" in kinds(events) and "retract" in kinds(events)
+    assert kinds(events).index("chunk") < kinds(events).index("retract")
+    retract = next(e for e in events if e["type"] == "retract")
+    assert "12" in retract["reason"]
+    done = events[-1]
+    assert done["finish_reason"] == "moderated" and done["text"] == ""
+    assert done["metrics"]["new_tokens"] < 100
+    message = await sync_to_async(Message.objects.get)(pk=done["message"])
+    assert message.outcome == "moderated" and message.text == "" and "12" in message.raw_text
+
+
+@pytestmark_ws
+async def test_auto_mode_streams_prose_and_holds_back_the_json_block(client, make_policy):
+    """Prose streams; from the ```json fence on, text is held until it validates."""
+    fence_example = 'The sky is blue.\n```json\n{"answer": "blue"}\n```'
+    await sync_to_async(make_policy)(
+        slug="mixed", mode="auto", json_schema=ANSWER_SCHEMA, max_new_tokens=80,
+        system_prompt="Answer in one sentence, then repeat the answer as JSON in a json code block.",
+        examples=[{"user": "What color is the sky?", "assistant": fence_example}],
+    )
+    request_id = await client.prompt("What is 2 plus 2?", policy="mixed")
+    events = await client.receive_until("done", request_id)
+    order = kinds(events)
+    assert "buffering" in order and order.index("chunk") < order.index("buffering")
+    streamed_before_hold = chunks_text(events[: order.index("buffering")])
+    assert "`" not in streamed_before_hold and streamed_before_hold.strip()
+    done = events[-1]
+    assert done["finish_reason"] == "eos" and instance_errors(done["json"], ANSWER_SCHEMA) == []
+    assert done["text"].startswith(streamed_before_hold) and "```json" in done["text"]
+    assert chunks_text(events) == streamed_before_hold  # the held part arrives with `done` only
+
+
+@pytestmark_ws
+async def test_default_policy_streams_prose(client, example_policies):
+    """With no policy named, the default `chat` policy streams chunks as before."""
+    request_id = await client.prompt("Count from 1 to 10, separated by commas.")
+    events = await client.receive_until("done", request_id)
+    assert "chunk" in kinds(events) and "buffering" not in kinds(events)
+    assert events[-1]["policy"] == "chat"
