@@ -28,7 +28,7 @@ def message_as_dict(message: Message) -> dict:
         "text": message.text,
         "status": message.status,
         "finish_reason": message.finish_reason or None,
-        "json": None,
+        "json": message.json_value,
         "metrics": message.metrics,
         "created_at": message.created_at.isoformat(),
     }

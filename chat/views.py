@@ -7,6 +7,7 @@ from django.views.decorators.http import require_GET
 
 from . import selectors
 from .health import health
+from .models import OutputPolicy
 from .runtime import runtime
 
 
@@ -26,6 +27,7 @@ def index(request):
             "conversations": conversations,
             "current_conversation_id": current_id,
             "max_prompt_chars": settings.CHAT_MAX_PROMPT_CHARS,
+            "policies": OutputPolicy.objects.only("slug", "name", "mode", "is_default"),
             "model_name": model_name,
             "chat_config": {
                 "maxPromptChars": settings.CHAT_MAX_PROMPT_CHARS,

@@ -53,6 +53,12 @@ class LiveServer:
             time.sleep(0.25)
         raise RuntimeError(f"daphne not ready after {timeout} s:\n{self.log()}")
 
+    def manage(self, *args: str) -> str:
+        """Run a manage.py command against this server's database."""
+        done = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, check=True,
+                              capture_output=True, text=True)
+        return done.stdout
+
     def health(self) -> tuple[int, dict | None]:
         try:
             with urllib.request.urlopen(self.url + "/healthz", timeout=2) as response:

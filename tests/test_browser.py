@@ -54,3 +54,34 @@ def test_a_finished_answer_shows_its_timings_and_survives_a_reload(page, daphne_
     expect(page.locator(".message.assistant .text").last).to_have_text("1, 2, 3, 4, 5, 6, 7, 8, 9, 10", timeout=10_000)
     SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOT_DIR / "chat-done.png"))
+
+
+def test_a_structured_answer_is_shown_as_validating_then_as_pretty_json(page, daphne_server):
+    """Choosing the json policy: the answer shows "validating", then its JSON pretty-printed."""
+    open_chat(page, daphne_server)
+    page.select_option("#policy", "json")
+    page.fill("#prompt", "What is the capital of France?")
+    page.click("#send")
+    answer = page.locator(".message.assistant").last
+    expect(answer).to_have_attribute("data-state", "validating", timeout=30_000)
+    expect(answer).to_have_attribute("data-state", "done", timeout=60_000)
+    expect(answer.locator("pre.json")).to_contain_text('"answer": "Paris"')
+    SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOT_DIR / "chat-json.png"))
+
+
+def test_a_withdrawn_answer_is_replaced_by_a_notice(page, daphne_server):
+    """A stream policy whose blocklist term appears: the shown text is replaced by a notice."""
+    daphne_server.manage(
+        "shell", "-c",
+        "from chat.models import OutputPolicy as P; P.objects.get_or_create(slug='clean', "
+        "defaults=dict(name='Clean', mode='stream', blocklist_terms='12', max_new_tokens=200))",
+    )
+    open_chat(page, daphne_server)
+    page.select_option("#policy", "clean")
+    page.fill("#prompt", "Count from 1 to 50, separated by commas.")
+    page.click("#send")
+    answer = page.locator(".message.assistant").last
+    expect(answer).to_have_attribute("data-state", "retracted", timeout=60_000)
+    expect(answer.locator(".text")).to_contain_text("Answer withdrawn")
+    expect(answer.locator(".text")).not_to_contain_text("11")

@@ -218,9 +218,10 @@
     els.messages.scrollTop = els.messages.scrollHeight;
 
     answer.t0 = performance.now();
-    state.ws.send(JSON.stringify({
-      type: 'prompt', request_id: answer.requestId, text, conversation: state.conversation,
-    }));
+    const frame = { type: 'prompt', request_id: answer.requestId, text, conversation: state.conversation };
+    const policy = document.getElementById('policy');
+    if (policy && policy.value) frame.policy = policy.value;
+    state.ws.send(JSON.stringify(frame));
     els.prompt.value = '';
     autosize();
     updateControls();
