@@ -25,6 +25,9 @@ JSON = {
         "required": ["answer"],
     },
     "moderation_hooks": [],
+    # Measured by `manage.py jsonpassrate` (20 prompts, greedy): instruction only 0/20,
+    # with the example 19/20, constrained 16/20, constrained with the example 20/20.
+    "constrained": True,
     "system_prompt": 'Reply only with JSON like {"answer": "..."}.',
     # SmolLM2-135M ignores a JSON instruction alone; one worked example makes it follow.
     "examples": [{"user": "What color is the sky?", "assistant": '{"answer": "blue"}'}],
