@@ -1,6 +1,7 @@
-from django.contrib import admin
+from django.contrib import admin, messages
 
-from .models import Conversation, Message, OutputPolicy, PolicyRevision
+from . import review
+from .models import CachedAnswer, Conversation, Message, OutputPolicy, PolicyRevision
 
 
 class MessageInline(admin.TabularInline):
@@ -59,7 +60,7 @@ class OutputPolicyAdmin(admin.ModelAdmin):
         ("Generation", {
             "fields": ("system_prompt", "examples", "max_new_tokens", "stop_strings", "extra_eos_tokens", "temperature", "top_p"),
         }),
-        ("Cache", {"fields": ("cache_enabled", "cache_ttl_seconds")}),
+        ("Cache", {"fields": ("cache_enabled", "cache_ttl_seconds", "require_review")}),
     )
 
     def save_model(self, request, obj, form, change):
@@ -71,3 +72,73 @@ class OutputPolicyAdmin(admin.ModelAdmin):
             PolicyRevision.objects.create(
                 policy=obj, version=obj.version, changed_by=request.user, changes=changes, snapshot=after
             )
+
+
+@admin.register(CachedAnswer)
+class CachedAnswerAdmin(admin.ModelAdmin):
+    """Review of cached answers; changing anything needs the review permission."""
+
+    list_display = ("short_prompt", "policy_slug", "policy_version", "status", "hits", "last_served_at", "updated_at")
+    list_filter = ("status", "policy_slug", "finish_reason", "model_id")
+    search_fields = ("prompt", "answer", "key")
+    readonly_fields = (
+        "key", "prompt", "rendered_prompt", "json_value", "finish_reason", "metrics", "policy", "policy_slug",
+        "policy_version", "model_id", "status", "hits", "first_served_at", "last_served_at", "reviewed_by",
+        "created_at", "updated_at",
+    )
+    fields = ("prompt", "answer", *readonly_fields[2:], "key")
+    actions = ["approve", "reject", "evict", "reset"]
+
+    @admin.display(description="prompt")
+    def short_prompt(self, obj):
+        return obj.prompt[:80]
+
+    def has_add_permission(self, request):
+        return False  # records come from real answers only
+
+    def has_change_permission(self, request, obj=None):
+        return request.user.has_perm("chat.review_cachedanswer")
+
+    def has_delete_permission(self, request, obj=None):
+        return request.user.has_perm("chat.review_cachedanswer")
+
+    def has_review_permission(self, request):
+        return request.user.has_perm("chat.review_cachedanswer")
+
+    def _report(self, request, done: int, total: int, verb: str):
+        level = messages.SUCCESS if done == total else messages.WARNING
+        note = "" if done == total else " (Redis is unreachable; the rest will follow when it is back)"
+        self.message_user(request, f"{verb} {total} answer(s); {done} updated in the cache{note}.", level)
+
+    @admin.action(description="Approve: serve from the cache", permissions=["review"])
+    def approve(self, request, queryset):
+        records = list(queryset)
+        self._report(request, sum(review.answer_approve(r, by=request.user) for r in records), len(records), "Approved")
+
+    @admin.action(description="Reject: evict and never cache again until reset", permissions=["review"])
+    def reject(self, request, queryset):
+        records = list(queryset)
+        self.message_user(request, f"Rejected {len(records)} answer(s).")
+        for record in records:
+            review.answer_reject(record, by=request.user)
+
+    @admin.action(description="Evict from the cache", permissions=["review"])
+    def evict(self, request, queryset):
+        records = list(queryset)
+        for record in records:
+            review.answer_evict(record)
+        self.message_user(request, f"Evicted {len(records)} answer(s).")
+
+    @admin.action(description="Reset: allow caching again", permissions=["review"])
+    def reset(self, request, queryset):
+        records = list(queryset)
+        for record in records:
+            review.answer_reset(record)
+        self.message_user(request, f"Reset {len(records)} answer(s) to pending.")
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if "answer" in form.changed_data:
+            stored = review.answer_edited(obj)
+            self.message_user(request, "The edited answer is now served." if stored else
+                              "Saved; it is not served (rejected, evicted or awaiting approval).")

@@ -18,6 +18,10 @@ log = logging.getLogger(__name__)
 class ChatConsumer(AsyncWebsocketConsumer):
     """Speaks the chat protocol at /ws/chat/; one running answer per connection."""
 
+    # No groups and no cross-process messages yet: a turn lives in this process, so the
+    # consumer does not subscribe to the channel layer, and a Redis outage never drops a socket.
+    channel_layer_alias = None
+
     async def connect(self):
         """Accept, and make sure the visitor has a session their conversations belong to."""
         self.turns: dict[str, services.Turn] = {}

@@ -6,6 +6,7 @@ import redis
 from django.conf import settings
 from django.db import connection
 
+from .cache import completion_cache
 from .runtime import runtime
 
 
@@ -38,8 +39,12 @@ def health() -> tuple[bool, dict]:
         "detail": runtime.detail,
         "redis": redis_status(),
         "database": database_status(),
+        "cache": completion_cache.status(),
     }
-    ready = model == "ready" and report["database"] == "ok" and report["redis"] == "ok"
+    # Without Redis the chat still answers, uncached: degraded, not down.
+    ready = model == "ready" and report["database"] == "ok"
     if not ready:
         report["status"] = "loading" if runtime.state in {"idle", "loading"} else "unavailable"
+    elif report["redis"] != "ok" or report["cache"] != "ok":
+        report["status"] = "degraded"
     return ready, report

@@ -107,6 +107,9 @@ class OutputPolicy(models.Model):
     top_p = models.FloatField(default=1.0)
     cache_enabled = models.BooleanField(default=True)
     cache_ttl_seconds = models.PositiveIntegerField(default=86400)
+    require_review = models.BooleanField(
+        default=False, help_text="serve a cached answer only after an admin approved it"
+    )
     version = models.PositiveIntegerField(default=1, editable=False)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -134,6 +137,7 @@ class OutputPolicy(models.Model):
             "blocklist_terms",
             "failure_action", "fallback_text", "max_retries", "system_prompt", "max_new_tokens",
             "stop_strings", "extra_eos_tokens", "temperature", "top_p", "cache_enabled", "cache_ttl_seconds",
+            "require_review",
         ]
         return {name: getattr(self, name) for name in fields}
 
@@ -173,3 +177,39 @@ class PolicyRevision(models.Model):
 
     def __str__(self):
         return f"{self.policy.slug} v{self.version}"
+
+
+class CachedAnswer(models.Model):
+    """The review record of one cached completion; Redis holds the servable copy."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "pending review"
+        APPROVED = "approved"
+        REJECTED = "rejected", "rejected (never cached again until reset)"
+        EVICTED = "evicted", "evicted from the cache"
+
+    key = models.CharField(max_length=64, unique=True)
+    prompt = models.TextField(help_text="the user's prompt that produced it")
+    rendered_prompt = models.TextField(help_text="the exact model input, whole conversation included")
+    answer = models.TextField()
+    json_value = models.JSONField(null=True, blank=True)
+    finish_reason = models.CharField(max_length=16)
+    metrics = models.JSONField(null=True, blank=True)
+    policy = models.ForeignKey(OutputPolicy, null=True, blank=True, on_delete=models.SET_NULL)
+    policy_slug = models.CharField(max_length=50)
+    policy_version = models.PositiveIntegerField()
+    model_id = models.CharField(max_length=200)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    hits = models.PositiveIntegerField(default=0)
+    first_served_at = models.DateTimeField(null=True, blank=True)
+    last_served_at = models.DateTimeField(null=True, blank=True)
+    reviewed_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-updated_at"]
+        permissions = [("review_cachedanswer", "Can review cached answers (approve, reject, evict, edit)")]
+
+    def __str__(self):
+        return f"{self.prompt[:60]} ({self.status})"

@@ -44,6 +44,7 @@ class ResolvedPolicy:
     top_p: float = 1.0
     cache_enabled: bool = False
     cache_ttl_seconds: int = 0
+    require_review: bool = False
     snapshot: dict = field(default_factory=dict, compare=False)
 
 
@@ -98,6 +99,7 @@ def resolve(policy) -> ResolvedPolicy:
             top_p=policy.top_p,
             cache_enabled=policy.cache_enabled,
             cache_ttl_seconds=policy.cache_ttl_seconds,
+            require_review=policy.require_review,
             snapshot=policy.snapshot(),
         )
     return _compiled[key]

@@ -61,6 +61,9 @@ class Runtime:
         try:
             backend = load_backend(self.engine_config(), progress=self._progress)
             self.scheduler = Scheduler(backend, max_waiting=settings.CHAT_MAX_QUEUE)
+            from .metrics import track_scheduler
+
+            track_scheduler(self.scheduler)
             self.backend = backend
         except Exception as exc:
             log.exception("model failed to load")

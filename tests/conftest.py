@@ -9,6 +9,22 @@ from channels.testing import WebsocketCommunicator
 
 ORIGIN = (b"origin", b"http://localhost")
 
+# Tests keep their cached answers apart from anything else on the machine's Redis,
+# and start every test with an empty cache so an earlier answer is never served.
+TEST_CACHE_URL = "redis://127.0.0.1:6379/15"
+LIVE_CACHE_URL = "redis://127.0.0.1:6379/14"
+
+
+@pytest.fixture(autouse=True)
+def empty_cache(settings):
+    import redis
+
+    settings.CHAT_CACHE_REDIS_URL = TEST_CACHE_URL
+    for url in (TEST_CACHE_URL, LIVE_CACHE_URL):
+        client = redis.Redis.from_url(url)
+        client.flushdb()
+        client.close()
+
 
 @pytest.fixture(scope="session")
 def runtime():
@@ -103,7 +119,7 @@ def daphne_server(tmp_path_factory):
     """One real daphne for the session (its own database, the already converted model)."""
     from tests.live import LiveServer
 
-    server = LiveServer(tmp_path_factory.mktemp("live")).start()
+    server = LiveServer(tmp_path_factory.mktemp("live"), CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL).start()
     yield server
     server.stop()
 

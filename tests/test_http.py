@@ -73,8 +73,9 @@ def test_healthz_is_503_with_the_same_shape_while_loading(runtime, monkeypatch):
     assert (body["status"], body["model"], body["detail"]) == ("loading", "loading", "Converting SmolLM2 ...")
 
 
-def test_healthz_reports_redis_unavailable(runtime, settings):
+def test_healthz_reports_redis_unavailable_as_degraded(runtime, settings):
+    """Chat answers without Redis (uncached), so a missing Redis degrades the node rather than downing it."""
     settings.REDIS_URL = "redis://127.0.0.1:1/0"
     response = Client().get("/healthz")
-    assert response.status_code == 503
-    assert response.json()["redis"].startswith("unavailable")
+    assert response.status_code == 200
+    assert response.json()["status"] == "degraded" and response.json()["redis"].startswith("unavailable")

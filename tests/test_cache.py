@@ -1,0 +1,217 @@
+"""The completion cache against real Redis: keys, hits, what is never cached, review, outages."""
+
+import asyncio
+import shutil
+import subprocess
+import time
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.contrib.auth.models import Permission, User
+from django.test import AsyncClient
+
+from chat.cache import cache_key, completion_cache
+from chat.models import CachedAnswer, Message
+from tests.live import free_port
+
+PROMPT = "Count from 1 to 10, separated by commas."
+BASE = dict(model_id="m", fingerprint="f", rendered_prompt="p", params={"max_new_tokens": 5, "temperature": 0.0},
+            policy_slug="chat", policy_version=1)
+
+ws_db = pytest.mark.django_db(transaction=True)
+
+
+def kinds(events):
+    return [e["type"] for e in events]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"model_id": "other"},
+        {"fingerprint": "f2"},
+        {"rendered_prompt": "p plus an earlier turn"},
+        {"params": {"max_new_tokens": 6, "temperature": 0.0}},
+        {"params": {"max_new_tokens": 5, "temperature": 0.7}},
+        {"policy_slug": "json"},
+        {"policy_version": 2},
+    ],
+)
+def test_the_key_is_stable_and_changes_with_anything_that_shapes_the_answer(change):
+    assert cache_key(**BASE) == cache_key(**{**BASE, "params": dict(reversed(BASE["params"].items()))})
+    assert cache_key(**BASE) != cache_key(**{**BASE, **change})
+
+
+async def ask(client, text=PROMPT, **extra):
+    request_id = await client.prompt(text, **extra)
+    return await client.receive_until("done", request_id)
+
+
+def count_submits(runtime, monkeypatch) -> list:
+    calls = []
+    original = runtime.scheduler.submit
+    monkeypatch.setattr(runtime.scheduler, "submit", lambda *a, **k: (calls.append(1), original(*a, **k))[1])
+    return calls
+
+
+@ws_db
+async def test_a_repeated_prompt_is_served_from_the_cache_without_generation(client, make_client, runtime,
+                                                                              example_policies, monkeypatch):
+    """The second identical prompt gets one `done` (cached), no chunk, no scheduler call; both are stored."""
+    first = await ask(client)
+    assert "chunk" in kinds(first) and first[-1]["cached"] is False
+    submits = count_submits(runtime, monkeypatch)
+    other = await make_client()  # another visitor, same prompt, new conversation: same model input
+    second = await ask(other)
+    assert kinds(second) == ["accepted", "done"] and submits == []
+    done = second[-1]
+    assert done["cached"] is True and done["text"] == first[-1]["text"] and done["finish_reason"] == "eos"
+    assert done["metrics"]["new_tokens"] == 0 and done["metrics"]["total_ms"] < 1000
+    message = await sync_to_async(Message.objects.get)(pk=done["message"])
+    assert message.text == done["text"] and message.metrics["cached_new_tokens"] == first[-1]["metrics"]["new_tokens"]
+    record = await sync_to_async(CachedAnswer.objects.get)()
+    assert (record.hits, record.status, record.policy_slug) == (1, "pending", "chat")
+    assert record.first_served_at is not None and record.prompt == PROMPT
+
+
+@ws_db
+async def test_cancelled_length_and_invalid_answers_are_never_cached(client, runtime, make_policy, monkeypatch):
+    await sync_to_async(make_policy)(slug="short", max_new_tokens=3)
+    await sync_to_async(make_policy)(slug="strict", mode="buffer", max_retries=0, max_new_tokens=20,
+                                     json_schema={"type": "array", "minItems": 50})
+    long_id = await client.prompt("Write a long story about a dragon.")
+    await client.receive_until("chunk", long_id)
+    await client.send({"type": "cancel", "request_id": long_id})
+    assert (await client.receive_until("done", long_id))[-1]["finish_reason"] == "cancelled"
+    assert (await ask(client, policy="short"))[-1]["finish_reason"] == "length"
+    assert (await ask(client, policy="strict"))[-1]["finish_reason"] == "invalid"
+    submits = count_submits(runtime, monkeypatch)
+    again = [await ask(client, "Write a long story about a dragon.", policy="short"), await ask(client, policy="short"),
+             await ask(client, policy="strict")]
+    assert len(submits) == 3 and all(not events[-1]["cached"] for events in again)
+    assert await sync_to_async(CachedAnswer.objects.count)() == 0
+
+
+async def admin_client(*, review: bool) -> AsyncClient:
+    def make():
+        user = User.objects.create_user(f"admin{time.monotonic_ns()}", password="pw", is_staff=True)
+        user.user_permissions.add(Permission.objects.get(codename="view_cachedanswer"))
+        if review:
+            user.user_permissions.add(Permission.objects.get(codename="review_cachedanswer"))
+        return user
+
+    client = AsyncClient()
+    await client.aforce_login(await sync_to_async(make)())
+    return client
+
+
+async def run_action(admin, action: str, record_id: int):
+    return await admin.post("/admin/chat/cachedanswer/", {"action": action, "_selected_action": [record_id]})
+
+
+@ws_db
+async def test_admin_review_decides_what_is_served(make_client, runtime, make_policy, monkeypatch):
+    """Approval gates serving; reject evicts and stops re-caching until reset; an edit is what is served."""
+    await sync_to_async(make_policy)(slug="reviewed", require_review=True, max_new_tokens=40)
+    asker = await make_client()
+    first = await ask(asker, policy="reviewed")
+    record = await sync_to_async(CachedAnswer.objects.get)()
+    assert record.status == "pending"
+    assert not (await ask(asker, policy="reviewed"))[-1]["cached"]  # pending answers are not served
+
+    reviewer = await admin_client(review=True)
+    assert (await run_action(reviewer, "approve", record.pk)).status_code == 302
+    served = await ask(await make_client(), policy="reviewed")
+    assert served[-1]["cached"] and served[-1]["text"] == first[-1]["text"]
+
+    change = await reviewer.post(f"/admin/chat/cachedanswer/{record.pk}/change/", {"answer": "Edited by a reviewer."})
+    assert change.status_code == 302
+    assert (await ask(await make_client(), policy="reviewed"))[-1]["text"] == "Edited by a reviewer."
+
+    await run_action(reviewer, "reject", record.pk)
+    submits = count_submits(runtime, monkeypatch)
+    for _ in range(2):  # rejected: neither served nor cached again, however often it is asked
+        assert not (await ask(await make_client(), policy="reviewed"))[-1]["cached"]
+    assert len(submits) == 2
+    assert (await sync_to_async(CachedAnswer.objects.get)(pk=record.pk)).status == "rejected"
+
+    await run_action(reviewer, "reset", record.pk)
+    await ask(await make_client(), policy="reviewed")
+    assert (await sync_to_async(CachedAnswer.objects.get)(pk=record.pk)).status == "pending"
+
+
+@ws_db
+async def test_evict_removes_an_answer_from_the_cache(make_client, example_policies):
+    await ask(await make_client())
+    record = await sync_to_async(CachedAnswer.objects.get)()
+    assert (await ask(await make_client()))[-1]["cached"]
+    reviewer = await admin_client(review=True)
+    await run_action(reviewer, "evict", record.pk)
+    assert not (await ask(await make_client()))[-1]["cached"]
+
+
+@ws_db
+async def test_reviewing_cached_answers_needs_its_own_permission(example_policies, make_client):
+    await ask(await make_client())
+    record = await sync_to_async(CachedAnswer.objects.get)()
+    viewer = await admin_client(review=False)
+    assert (await viewer.get("/admin/chat/cachedanswer/")).status_code == 200
+    await run_action(viewer, "reject", record.pk)
+    assert (await sync_to_async(CachedAnswer.objects.get)(pk=record.pk)).status == "pending"
+    edit = await viewer.post(f"/admin/chat/cachedanswer/{record.pk}/change/", {"answer": "hacked"})
+    assert edit.status_code == 403
+    assert (await ask(await make_client()))[-1]["text"] != "hacked"
+
+
+class RedisServer:
+    """A redis-server of the test's own on a free loopback port, to stop and start at will."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process = None
+
+    def start(self):
+        self.process = subprocess.Popen(
+            [shutil.which("redis-server"), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no"], stdout=subprocess.DEVNULL,
+        )
+        import redis
+
+        for _ in range(100):
+            try:
+                redis.Redis.from_url(self.url).ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self):
+        self.process.terminate()
+        self.process.wait(10)
+
+
+@ws_db
+async def test_chat_goes_on_uncached_while_redis_is_down_and_caching_resumes(client, settings, example_policies,
+                                                                              monkeypatch):
+    """Redis stopped mid-run: answers keep coming (uncached, no error); restarted: caching resumes by itself."""
+    server = RedisServer()
+    server.start()
+    settings.CHAT_CACHE_REDIS_URL = server.url
+    monkeypatch.setattr(completion_cache, "backoff_seconds", 0.2)
+    try:
+        await ask(client)
+        assert (await ask(client, conversation=None))[-1]["cached"]
+        server.stop()
+        down = await ask(client, "Count from 1 to 5, separated by commas.")
+        assert kinds(down)[-1] == "done" and "chunk" in kinds(down) and not down[-1]["cached"]
+        assert "error" not in kinds(down)
+        health = await AsyncClient().get("/healthz")
+        assert health.status_code == 200 and health.json()["cache"].startswith("unavailable")
+        server.start()
+        await asyncio.sleep(0.3)  # past the back-off
+        await ask(client, "Count from 1 to 6, separated by commas.")
+        assert (await ask(client, "Count from 1 to 6, separated by commas."))[-1]["cached"]
+        assert completion_cache.status() == "ok"
+    finally:
+        server.stop()
