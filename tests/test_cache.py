@@ -12,7 +12,7 @@ from django.test import AsyncClient
 
 from chat.cache import cache_key, completion_cache
 from chat.models import CachedAnswer, Message
-from tests.live import free_port
+from chat.liveserver import free_port
 
 PROMPT = "Count from 1 to 10, separated by commas."
 BASE = dict(model_id="m", fingerprint="f", rendered_prompt="p", params={"max_new_tokens": 5, "temperature": 0.0},

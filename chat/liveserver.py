@@ -1,4 +1,4 @@
-"""A real daphne process on loopback, for tests that need a real socket or a real browser."""
+"""A real daphne process on loopback, for tests and benchmarks that need a real socket or browser."""
 
 from __future__ import annotations
 
