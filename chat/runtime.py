@@ -60,7 +60,7 @@ class Runtime:
         started = time.perf_counter()
         try:
             backend = load_backend(self.engine_config(), progress=self._progress)
-            self.scheduler = Scheduler(backend, max_waiting=settings.CHAT_MAX_QUEUE)
+            self.scheduler = Scheduler(backend, max_waiting=settings.CHAT_MAX_QUEUE, max_batch=settings.CHAT_MAX_BATCH)
             from .metrics import track_scheduler
 
             track_scheduler(self.scheduler)

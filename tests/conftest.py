@@ -128,9 +128,13 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
-    """Debian's Chromium driven by Playwright (the driver ships in the wheel; no browser download)."""
+    """Debian's Chromium driven by Playwright (the driver ships in the wheel; no browser download).
+
+    Module-scoped: Playwright's sync API keeps an event loop running while it is open,
+    which would stop pytest-asyncio's tests in later modules from starting theirs.
+    """
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:

@@ -114,3 +114,74 @@ def test_stop_string_holdback_releases_a_false_alarm():
     assert holdback.feed("!") == "\nUse!"
     assert holdback.feed("\n") == ""
     assert holdback.finish() == "\n"
+
+
+def test_a_batch_applies_every_stopping_rule_per_row(backend):
+    """In one generate call, each row ends by its own rule: stop string, extra eos, length, cancel, eos."""
+    stop = backend.request(COUNT, max_new_tokens=60, stop_strings=(", 5",))
+    comma = backend.request(COUNT, max_new_tokens=60, eos_token_ids=(backend.token_id(","),))
+    short = backend.request(COUNT, max_new_tokens=4)
+    story = backend.request([{"role": "user", "content": "Write a long story about a dragon."}], max_new_tokens=120)
+    plain = backend.request([{"role": "user", "content": "Say hello."}], max_new_tokens=60)
+    chunks = [[] for _ in range(5)]
+
+    def on_story(text):
+        chunks[3].append(text)
+        story.cancel.set()
+
+    callbacks = [chunks[0].append, chunks[1].append, chunks[2].append, on_story, chunks[4].append]
+    results = backend.generate_batch([stop, comma, short, story, plain], callbacks)
+    assert [r.finish_reason for r in results] == ["stop_string", "eos", "length", "cancelled", "eos"]
+    for result, pieces in zip(results, chunks):
+        assert "".join(pieces) == result.text
+    assert ", 5" not in results[0].text and results[0].text.startswith("1, 2")
+    assert results[1].text.endswith(",") and results[1].new_tokens <= 3
+    assert results[2].new_tokens == 4
+    assert results[3].new_tokens <= backend.token_count(chunks[3][0]) + 2
+    assert results[4].text and results[4].new_tokens < 60
+
+
+def test_the_scheduler_batches_requests_that_wait_together(backend):
+    """Requests queued while the model is busy run as one batch next, each still streamed on its own."""
+    import threading as _threading
+
+    from chat.engine.scheduler import Scheduler
+    from chat.engine.types import Finished, Started, TextChunk
+
+    sizes = []
+    original = backend.generate_batch
+
+    def recording(requests, on_texts):
+        sizes.append(len(requests))
+        return original(requests, on_texts)
+
+    scheduler = Scheduler(backend, max_batch=4)
+    scheduler.backend = type("Recorder", (), {"generate_batch": staticmethod(recording),
+                                               "batch_signature": staticmethod(backend.batch_signature)})()
+    events = {name: [] for name in "abcd"}
+    done = {name: _threading.Event() for name in "abcd"}
+    started = _threading.Event()
+
+    def sink_for(name):
+        def sink(event):
+            events[name].append(event)
+            if isinstance(event, Started):
+                started.set()
+            if isinstance(event, Finished):
+                done[name].set()
+        return sink
+
+    blocker = backend.request(COUNT, max_new_tokens=20)
+    scheduler.submit(blocker, sink_for("a"))
+    assert started.wait(60)  # the model is busy with "a" before the others arrive
+    positions = [scheduler.submit(backend.request(COUNT, max_new_tokens=8), sink_for(n))[1] for n in "bcd"]
+    assert all(done[n].wait(120) for n in "abcd")
+    scheduler.close()
+    assert positions == [1, 2, 3]
+    assert sizes == [1, 3]
+    for name in "bcd":
+        kinds = [type(e) for e in events[name]]
+        assert kinds[-1] is Finished and Started in kinds and TextChunk in kinds
+        result = events[name][-1].result
+        assert "".join(e.text for e in events[name] if isinstance(e, TextChunk)) == result.text
+        assert result.finish_reason == "length" and result.new_tokens == 8

@@ -12,13 +12,12 @@ from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
     StoppingCriteriaList,
-    StopStringCriteria,
-    TextStreamer,
 )
 
 from .eos import token_id
 from .loading import EngineConfig, Progress, weights_fingerprint
-from .stopping import CancelledCriteria, StopStringHoldback
+from .batching import BatchStoppingCriteria, BatchStreamer, Row, finish_reason, left_pad
+from .stopping import StopStringHoldback
 from .types import GenerationRequest, GenerationResult, PromptTooLong
 
 log = logging.getLogger(__name__)
@@ -41,31 +40,6 @@ def pick_dtype(requested: str, device: str) -> torch.dtype:
         return getattr(torch, requested)
     # bf16 decodes faster than fp32 on CPUs with AVX-512 bf16 and halves memory.
     return torch.float32 if device == "mps" else torch.bfloat16
-
-
-class _CallbackStreamer(TextStreamer):
-    """transformers' TextStreamer, but handing finished text to a callback instead of stdout.
-
-    It keeps TextStreamer's word-boundary buffering, so a chunk is never half a
-    multi-byte character; it also notes when the first new token arrived.
-    """
-
-    def __init__(self, tokenizer, on_text: OnText):
-        super().__init__(tokenizer, skip_prompt=True, skip_special_tokens=True)
-        self.on_text = on_text
-        self.first_token_at: float | None = None
-        self.token_count = 0
-
-    def put(self, value):
-        if not self.next_tokens_are_prompt:
-            self.token_count += value.numel()
-            if self.first_token_at is None:
-                self.first_token_at = time.perf_counter()
-        super().put(value)
-
-    def on_finalized_text(self, text: str, stream_end: bool = False):
-        if text:
-            self.on_text(text)
 
 
 class LocalBackend:
@@ -150,69 +124,71 @@ class LocalBackend:
 
         The text handed out, concatenated, is exactly `result.text`.
         """
-        max_new = max(1, min(request.max_new_tokens, self.config.max_new_tokens_cap))
-        prompt_tokens = len(request.input_ids)
-        self.check_fits(prompt_tokens, max_new)
+        return self.generate_batch([request], [on_text])[0]
 
-        holdback = StopStringHoldback(request.stop_strings)
-        shown: list[str] = []
+    def generate_batch(self, requests: list[GenerationRequest], on_texts: list[OnText]) -> list[GenerationResult]:
+        """Generate several answers in one left-padded `generate` call, each streamed and stopped on its own.
 
-        def emit(text: str) -> None:
-            visible = holdback.feed(text)
-            if visible:
-                shown.append(visible)
-                on_text(visible)
-
-        streamer = _CallbackStreamer(self.tokenizer, emit)
-        criteria = StoppingCriteriaList([CancelledCriteria(request.cancel)])
-        if request.stop_strings:
-            criteria.append(StopStringCriteria(self.tokenizer, list(request.stop_strings)))
-        eos_ids = list(dict.fromkeys([*self.eos_token_ids, *request.eos_token_ids]))
+        All requests must share their sampling settings (see `batch_signature`); a
+        constrained (json_schema) request must be alone.
+        """
+        rows = []
+        for request, on_text in zip(requests, on_texts):
+            max_new = max(1, min(request.max_new_tokens, self.config.max_new_tokens_cap))
+            self.check_fits(len(request.input_ids), max_new)
+            rows.append(Row(request, on_text, max_new, frozenset([*self.eos_token_ids, *request.eos_token_ids]),
+                            StopStringHoldback(request.stop_strings)))
+        head = requests[0]
         sampling = (
-            {"do_sample": True, "temperature": request.temperature, "top_p": request.top_p}
-            if request.temperature > 0
+            {"do_sample": True, "temperature": head.temperature, "top_p": head.top_p}
+            if head.temperature > 0
             else {"do_sample": False}
         )
-        if request.json_schema is not None:
+        if head.json_schema is not None:
+            if len(requests) > 1:
+                raise ValueError("a constrained request must be generated alone")
             from .constrained import logits_processor
 
             sampling["logits_processor"] = [
-                logits_processor(self.tokenizer, self.model.config.vocab_size, request.json_schema)
+                logits_processor(self.tokenizer, self.model.config.vocab_size, head.json_schema)
             ]
-        input_ids = torch.tensor([request.input_ids], device=self.device)
+        if any(r.min_new_tokens for r in requests):
+            sampling["min_new_tokens"] = max(r.min_new_tokens for r in requests)
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+        input_ids, attention_mask = left_pad([r.input_ids for r in requests], pad_id, self.device)
         started = time.perf_counter()
         with torch.inference_mode():
-            output = self.model.generate(
+            self.model.generate(
                 input_ids=input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                max_new_tokens=max_new,
-                eos_token_id=eos_ids,
-                pad_token_id=self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos_ids[0],
-                stopping_criteria=criteria,
-                streamer=streamer,
+                attention_mask=attention_mask,
+                max_new_tokens=max(row.max_new for row in rows),
+                eos_token_id=self.eos_token_ids,
+                pad_token_id=pad_id,
+                stopping_criteria=StoppingCriteriaList([BatchStoppingCriteria(self.tokenizer, rows, input_ids.shape[1])]),
+                streamer=BatchStreamer(self.tokenizer, rows),
                 **sampling,
             )
-        tail = holdback.finish()
-        if tail:
-            shown.append(tail)
-            on_text(tail)
         finished = time.perf_counter()
-        new_ids = output[0, prompt_tokens:].tolist()
-        return GenerationResult(
-            text="".join(shown),
-            finish_reason=self._finish_reason(new_ids, eos_ids, holdback.stopped, request, max_new),
-            new_tokens=len(new_ids),
-            prompt_tokens=prompt_tokens,
-            started_at=started,
-            first_token_at=streamer.first_token_at,
-            finished_at=finished,
-        )
+        results = []
+        for row in rows:
+            row.flush()
+            results.append(GenerationResult(
+                text="".join(row.shown),
+                finish_reason=finish_reason(row),
+                new_tokens=len(row.new_ids),
+                prompt_tokens=len(row.request.input_ids),
+                started_at=started,
+                first_token_at=row.first_token_at,
+                finished_at=finished,
+            ))
+        return results
 
     @staticmethod
-    def _finish_reason(new_ids, eos_ids, hit_stop_string, request, max_new) -> str:
-        # A natural end wins over a cancel that arrived in the same step.
-        if new_ids and new_ids[-1] in eos_ids:
-            return "eos"
+    def batch_signature(request: GenerationRequest):
+        """Requests with equal signatures may share a batch; None means "only alone"."""
+        if request.json_schema is not None:
+            return None
+        return (request.temperature, request.top_p) if request.temperature > 0 else ("greedy",)
         if hit_stop_string:
             return "stop_string"
         if request.cancel.is_set():

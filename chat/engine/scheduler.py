@@ -1,4 +1,7 @@
-"""One model, many users: a FIFO queue in front of a single generation worker.
+"""One model, many users: a FIFO queue in front of a single generation worker that batches.
+
+Up to `max_batch` waiting requests that can share a `generate` call (same sampling
+settings, none constrained) run together; the rest wait their turn in order.
 
 Each request's events go to its `sink`, a callable invoked on the worker thread
 (or the caller's, for queue moves); it must not block. The async side wraps it
@@ -42,21 +45,24 @@ class Ticket:
 
 
 class Scheduler:
-    """Runs requests one at a time, in arrival order, on a daemon worker thread.
+    """Runs requests in arrival order, batched where they can share a step, on a daemon thread.
 
     A cancelled waiter leaves the queue at once; a cancelled runner stops after
-    at most one more decode step, and the next waiter starts immediately.
+    at most one more decode step (its batch mates go on), and waiters start as
+    soon as the running batch has ended.
 
     Args:
-        backend: anything with `generate(request, on_text) -> GenerationResult`.
+        backend: anything with `generate_batch(requests, on_texts)` and `batch_signature(request)`.
         max_waiting: further submissions are refused with QueueFull.
+        max_batch: requests per generate call; 1 is a plain one-at-a-time queue.
     """
 
-    def __init__(self, backend, *, max_waiting: int = 64):
+    def __init__(self, backend, *, max_waiting: int = 64, max_batch: int = 1):
         self.backend = backend
         self.max_waiting = max_waiting
+        self.max_batch = max(1, max_batch)
         self._waiting: deque[Ticket] = deque()
-        self._running: Ticket | None = None
+        self._running: list[Ticket] = []
         self._cond = threading.Condition()
         self._numbers = itertools.count(1)
         self._closed = False
@@ -72,7 +78,7 @@ class Scheduler:
                 raise QueueFull(f"the server is busy: {len(self._waiting)} answers are waiting; try again shortly")
             ticket = Ticket(request, sink, number=next(self._numbers))
             self._waiting.append(ticket)
-            position = len(self._waiting) - 1 + (self._running is not None)
+            position = len(self._waiting) - 1 + bool(self._running)
             self._cond.notify()
         return ticket, position
 
@@ -95,7 +101,7 @@ class Scheduler:
 
     @property
     def running(self) -> int:
-        return int(self._running is not None)
+        return len(self._running)
 
     def close(self) -> None:
         with self._cond:
@@ -108,7 +114,7 @@ class Scheduler:
     # -- worker ---------------------------------------------------------------
 
     def _announce(self, tickets: list[Ticket]) -> None:
-        ahead = 1 if self._running is not None else 0
+        ahead = 1 if self._running else 0
         for index, ticket in enumerate(tickets):
             ticket.sink(Queued(position=index + ahead))
 
@@ -119,25 +125,47 @@ class Scheduler:
                     self._cond.wait()
                 if self._closed:
                     return
-                ticket = self._waiting.popleft()
-                self._running = ticket
+                batch = self._take_batch()
+                self._running = batch
                 moved = list(self._waiting)
             self._announce(moved)
-            self._run(ticket)
+            self._run(batch)
             with self._cond:
-                self._running = None
+                self._running = []
 
-    def _run(self, ticket: Ticket) -> None:
-        sink = ticket.sink
-        if ticket.request.cancel.is_set():  # cancelled between leaving the queue and starting
-            now = time.perf_counter()
-            sink(Finished(GenerationResult("", "cancelled", 0, len(ticket.request.input_ids), now, None, now)))
+    def _take_batch(self) -> list[Ticket]:
+        """The head of the queue plus later waiters that can share its generate call."""
+        head = self._waiting.popleft()
+        batch = [head]
+        signature = self.backend.batch_signature(head.request)
+        if signature is None or self.max_batch == 1:
+            return batch
+        for ticket in list(self._waiting):
+            if len(batch) >= self.max_batch:
+                break
+            if self.backend.batch_signature(ticket.request) == signature:
+                self._waiting.remove(ticket)
+                batch.append(ticket)
+        return batch
+
+    def _run(self, batch: list[Ticket]) -> None:
+        now = time.perf_counter()
+        live = []
+        for ticket in batch:
+            if ticket.request.cancel.is_set():  # cancelled between leaving the queue and starting
+                ticket.sink(Finished(GenerationResult("", "cancelled", 0, len(ticket.request.input_ids), now, None, now)))
+            else:
+                ticket.sink(Started(at=now))
+                live.append(ticket)
+        if not live:
             return
-        sink(Started(at=time.perf_counter()))
+        on_texts = [(lambda sink: lambda text: sink(TextChunk(text)))(t.sink) for t in live]
         try:
-            result = self.backend.generate(ticket.request, lambda text: sink(TextChunk(text)))
+            results = self.backend.generate_batch([t.request for t in live], on_texts)
         except Exception as exc:  # the queue must go on whatever one request does
-            log.exception("generation failed for request %s", ticket.request.label or ticket.number)
-            sink(Failed(error=f"{type(exc).__name__}: {exc}", at=time.perf_counter()))
-        else:
-            sink(Finished(result))
+            log.exception("generation failed for %s", ", ".join(t.request.label or str(t.number) for t in live))
+            for ticket in live:
+                ticket.sink(Failed(error=f"{type(exc).__name__}: {exc}", at=time.perf_counter()))
+            return
+        for ticket, result in zip(live, results):
+            ticket.sink(Finished(result))

@@ -34,6 +34,7 @@ class GenerationRequest:
         temperature: 0 means greedy decoding.
         top_p: nucleus sampling when temperature > 0.
         json_schema: constrain decoding so the output is JSON valid for this schema.
+        min_new_tokens: suppress eos until this many tokens (benchmarks use it for fixed lengths).
         cancel: set it from any thread to stop after at most one more decode step.
     """
 
@@ -44,6 +45,7 @@ class GenerationRequest:
     temperature: float = 0.0
     top_p: float = 1.0
     json_schema: dict | None = None
+    min_new_tokens: int = 0
     cancel: threading.Event = field(default_factory=threading.Event)
     label: str = ""
 

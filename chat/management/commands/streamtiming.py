@@ -50,21 +50,13 @@ class Command(BaseCommand):
             return first, time.perf_counter() - start
 
         def engine_streamed():
-            # What the server runs: the engine's callback streamer, same generate call.
-            from transformers import StoppingCriteriaList
-
-            from chat.engine.backend import _CallbackStreamer
-
+            # What the server runs: the engine's per-row streamer and stopping rules.
             marks = []
-            streamer = _CallbackStreamer(backend.tokenizer, lambda text: marks.append(time.perf_counter()))
+            fixed_request = backend.request([{"role": "user", "content": prompt}], max_new_tokens=tokens,
+                                            min_new_tokens=tokens)
             start = time.perf_counter()
-            with torch.inference_mode():
-                backend.model.generate(
-                    input_ids=input_ids, attention_mask=torch.ones_like(input_ids), streamer=streamer,
-                    stopping_criteria=StoppingCriteriaList([]), **fixed,
-                )
-            end = time.perf_counter()
-            return (marks[0] - start if marks else None), end - start
+            result = backend.generate(fixed_request, lambda text: marks.append(time.perf_counter()))
+            return (marks[0] - start if marks else None), result.finished_at - start
 
         ways = [("model.generate, not streamed", plain), ("engine streamer (server path)", engine_streamed),
                 ("TextIteratorStreamer + thread (seed)", seed_streamer)]
