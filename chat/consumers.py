@@ -11,8 +11,11 @@ from django.conf import settings
 
 from . import services
 from .protocol import Cancel, Ping, Prompt, ProtocolError, error_event, parse_frame
+from .ratelimit import RateLimiter
 
 log = logging.getLogger(__name__)
+
+prompt_limiter = RateLimiter(settings.CHAT_RATE_LIMIT_PER_MINUTE)
 
 
 class ChatConsumer(AsyncWebsocketConsumer):
@@ -52,6 +55,14 @@ class ChatConsumer(AsyncWebsocketConsumer):
     async def prompt(self, prompt: Prompt):
         if prompt.request_id in self.turns:
             await self.send_event(error_event("duplicate_request_id", "request_id was already used on this connection", prompt.request_id))
+            return
+        wait = prompt_limiter.check(self.owner.rate_key)
+        if wait:
+            await self.send_event(error_event(
+                "rate_limited",
+                f"too many prompts: at most {prompt_limiter.limit} a minute; try again in {wait:.0f} s",
+                prompt.request_id,
+            ))
             return
         running = [t for t in self.turns.values() if not t.finished]
         if running:

@@ -49,6 +49,10 @@ class Owner:
     user_id: int | None
     session_key: str
 
+    @property
+    def rate_key(self) -> str:
+        return f"user:{self.user_id}" if self.user_id is not None else f"session:{self.session_key}"
+
 
 def conversations_for(owner: Owner):
     """The conversations `owner` may read or continue; nobody else's, ever."""
@@ -203,13 +207,13 @@ class Turn:
         """Stop sending to the client; the answer is still stored when it ends."""
         self.send = None
 
-    def _submit(self, request: GenerationRequest) -> int:
+    def _submit(self, request: GenerationRequest, *, expected: bool = False) -> int:
         loop = asyncio.get_running_loop()
 
         def sink(event) -> None:  # called on the generation thread; must not block
             loop.call_soon_threadsafe(self._events.put_nowait, event)
 
-        self._ticket, position = self._scheduler.submit(request, sink)
+        self._ticket, position = self._scheduler.submit(request, sink, expected=expected)
         return position
 
     async def _emit(self, event: dict) -> None:
@@ -230,32 +234,39 @@ async def turn_start(*, owner: Owner, prompt, send: Send) -> Turn:
     except NotReady as exc:
         raise TurnError(exc.code, str(exc)) from None
     accepted_at = time.perf_counter()
-    prepared = await sync_to_async(_prepare)(owner, prompt, backend)
-    turn = Turn(
-        request_id=prompt.request_id,
-        conversation_id=prepared.conversation.pk,
-        message_id=prepared.assistant.pk,
-        send=send,
-        accepted_at=accepted_at,
-        policy=prepared.policy,
-        messages=prepared.messages,
-        prompt_text=prompt.text,
-        rendered=prepared.rendered,
-        cache_key=prepared.cache_key,
-        _backend=backend,
-        _scheduler=scheduler,
-    )
-    if turn.cache_key is not None:
-        entry = await sync_to_async(completion_cache.get, thread_sensitive=False)(turn.cache_key)
-        if entry is not None:
-            await _serve_cached(turn, entry)
-            return turn
-        prometheus.CACHE_MISSES.inc()
+    scheduler.expect()  # users arriving together are batched together
+    submitted = False
     try:
-        position = turn._submit(prepared.request)
-    except EngineError as exc:
-        await sync_to_async(_store_answer)(turn.message_id, status=Message.Status.FAILED, error=str(exc))
-        raise TurnError(exc.code, str(exc)) from None
+        prepared = await sync_to_async(_prepare)(owner, prompt, backend)
+        turn = Turn(
+            request_id=prompt.request_id,
+            conversation_id=prepared.conversation.pk,
+            message_id=prepared.assistant.pk,
+            send=send,
+            accepted_at=accepted_at,
+            policy=prepared.policy,
+            messages=prepared.messages,
+            prompt_text=prompt.text,
+            rendered=prepared.rendered,
+            cache_key=prepared.cache_key,
+            _backend=backend,
+            _scheduler=scheduler,
+        )
+        if turn.cache_key is not None:
+            entry = await sync_to_async(completion_cache.get, thread_sensitive=False)(turn.cache_key)
+            if entry is not None:
+                await _serve_cached(turn, entry)
+                return turn
+            prometheus.CACHE_MISSES.inc()
+        try:
+            position = turn._submit(prepared.request, expected=True)
+            submitted = True
+        except EngineError as exc:
+            await sync_to_async(_store_answer)(turn.message_id, status=Message.Status.FAILED, error=str(exc))
+            raise TurnError(exc.code, str(exc)) from None
+    finally:
+        if not submitted:
+            scheduler.unexpect()
     await turn._emit(
         {
             "type": "accepted",

@@ -165,6 +165,7 @@ CHAT_MAX_NEW_TOKENS = envint("CHAT_MAX_NEW_TOKENS", 256)  # default per answer
 CHAT_MAX_NEW_TOKENS_CAP = envint("CHAT_MAX_NEW_TOKENS_CAP", 1024)  # no request may ask for more
 CHAT_MAX_PROMPT_CHARS = envint("CHAT_MAX_PROMPT_CHARS", 4000)
 CHAT_MAX_QUEUE = envint("CHAT_MAX_QUEUE", 64)
+CHAT_RATE_LIMIT_PER_MINUTE = envint("CHAT_RATE_LIMIT_PER_MINUTE", 30)  # prompts per user; 0 = no limit
 CHAT_MAX_BATCH = envint("CHAT_MAX_BATCH", 4)  # concurrent answers per generate call; 1 = plain queue
 CHAT_HISTORY_TURNS = envint("CHAT_HISTORY_TURNS", 20)  # earlier messages sent back to the model
 CHAT_SYSTEM_PROMPT = env("CHAT_SYSTEM_PROMPT", "")

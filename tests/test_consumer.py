@@ -234,3 +234,17 @@ async def test_cross_origin_websocket_is_refused(application):
     connected, _ = await communicator.connect()
     assert not connected
     await communicator.disconnect()
+
+
+async def test_a_user_over_the_rate_limit_gets_a_clear_error(client, monkeypatch):
+    """Past the per-user limit a prompt is refused with `rate_limited`, before anything runs."""
+    from chat import consumers
+    from chat.ratelimit import RateLimiter
+
+    monkeypatch.setattr(consumers, "prompt_limiter", RateLimiter(limit=1, window=60))
+    first = await client.prompt(SHORT)
+    await client.receive_until("done", first)
+    await client.prompt(SHORT, request_id="again")
+    error = await client.receive()
+    assert (error["code"], error["request_id"]) == ("rate_limited", "again")
+    assert "at most 1 a minute" in error["message"]

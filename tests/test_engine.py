@@ -185,3 +185,30 @@ def test_the_scheduler_batches_requests_that_wait_together(backend):
         result = events[name][-1].result
         assert "".join(e.text for e in events[name] if isinstance(e, TextChunk)) == result.text
         assert result.finish_reason == "length" and result.new_tokens == 8
+
+
+def test_requests_announced_together_start_in_one_batch(backend):
+    """An idle worker holds the batch open for requests still being prepared, then runs them together."""
+    import threading as _threading
+    import time as _time
+
+    from chat.engine.scheduler import Scheduler
+    from chat.engine.types import Finished
+
+    sizes = []
+    original = backend.generate_batch
+    scheduler = Scheduler(backend, max_batch=4)
+    scheduler.backend = type("Recorder", (), {
+        "generate_batch": staticmethod(lambda reqs, cbs: (sizes.append(len(reqs)), original(reqs, cbs))[1]),
+        "batch_signature": staticmethod(backend.batch_signature),
+    })()
+    finished = _threading.Semaphore(0)
+    sink = lambda event: isinstance(event, Finished) and finished.release()  # noqa: E731
+    scheduler.expect()
+    scheduler.expect()
+    scheduler.submit(backend.request(COUNT, max_new_tokens=3), sink, expected=True)
+    _time.sleep(0.05)  # the second user's prompt is still being prepared
+    scheduler.submit(backend.request(COUNT, max_new_tokens=3), sink, expected=True)
+    assert finished.acquire(timeout=60) and finished.acquire(timeout=60)
+    scheduler.close()
+    assert sizes == [2]

@@ -57,10 +57,14 @@ class Scheduler:
         max_batch: requests per generate call; 1 is a plain one-at-a-time queue.
     """
 
+    # How long the worker may hold a batch open for requests announced with `expect`.
+    gather_seconds = 0.25
+
     def __init__(self, backend, *, max_waiting: int = 64, max_batch: int = 1):
         self.backend = backend
         self.max_waiting = max_waiting
         self.max_batch = max(1, max_batch)
+        self._incoming = 0  # requests announced but not yet submitted
         self._waiting: deque[Ticket] = deque()
         self._running: list[Ticket] = []
         self._cond = threading.Condition()
@@ -71,11 +75,27 @@ class Scheduler:
 
     # -- public ---------------------------------------------------------------
 
-    def submit(self, request: GenerationRequest, sink: Sink) -> tuple[Ticket, int]:
+    def expect(self) -> None:
+        """Announce a request that is being prepared, so an idle worker waits for it to join the batch.
+
+        Pair every call with `submit(..., expected=True)` or `unexpect()`. A lone user
+        pays nothing: the worker only waits while other requests are on their way.
+        """
+        with self._cond:
+            self._incoming += 1
+
+    def unexpect(self) -> None:
+        with self._cond:
+            self._incoming = max(0, self._incoming - 1)
+            self._cond.notify()
+
+    def submit(self, request: GenerationRequest, sink: Sink, *, expected: bool = False) -> tuple[Ticket, int]:
         """Queue `request`; returns its ticket and how many requests are ahead of it."""
         with self._cond:
             if len(self._waiting) >= self.max_waiting:
                 raise QueueFull(f"the server is busy: {len(self._waiting)} answers are waiting; try again shortly")
+            if expected:
+                self._incoming = max(0, self._incoming - 1)
             ticket = Ticket(request, sink, number=next(self._numbers))
             self._waiting.append(ticket)
             position = len(self._waiting) - 1 + bool(self._running)
@@ -125,6 +145,7 @@ class Scheduler:
                     self._cond.wait()
                 if self._closed:
                     return
+                self._gather()
                 batch = self._take_batch()
                 self._running = batch
                 moved = list(self._waiting)
@@ -132,6 +153,17 @@ class Scheduler:
             self._run(batch)
             with self._cond:
                 self._running = []
+
+    def _gather(self) -> None:
+        """Hold the batch open briefly while announced requests are still being prepared."""
+        if self.max_batch == 1:
+            return
+        deadline = time.monotonic() + self.gather_seconds
+        while self._incoming > 0 and len(self._waiting) < self.max_batch and not self._closed:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._cond.wait(remaining)
 
     def _take_batch(self) -> list[Ticket]:
         """The head of the queue plus later waiters that can share its generate call."""

@@ -1,0 +1,35 @@
+"""Per-owner prompt rate limit: a sliding window of recent prompt times, in this process."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict, deque
+
+
+class RateLimiter:
+    """At most `limit` prompts per `window` seconds per key; 0 disables it.
+
+    In-process on purpose: a user's socket stays on one daphne process, and a
+    limit that needs Redis would fail closed exactly when Redis is down.
+    """
+
+    def __init__(self, limit: int, window: float = 60.0):
+        self.limit = limit
+        self.window = window
+        self._hits: dict[str, deque[float]] = defaultdict(deque)
+        self._lock = threading.Lock()
+
+    def check(self, key: str) -> float:
+        """0.0 if allowed (and counted), else the seconds until the next prompt is allowed."""
+        if self.limit <= 0:
+            return 0.0
+        now = time.monotonic()
+        with self._lock:
+            hits = self._hits[key]
+            while hits and now - hits[0] >= self.window:
+                hits.popleft()
+            if len(hits) >= self.limit:
+                return self.window - (now - hits[0])
+            hits.append(now)
+            return 0.0
