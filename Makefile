@@ -26,5 +26,9 @@ test: $(STAMP)
 	$(PY) -m chat.engine.prepare
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+benchmark: $(STAMP)
+	$(PY) -m chat.engine.prepare
+	$(PY) manage.py benchmark $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) var

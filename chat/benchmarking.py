@@ -1,0 +1,348 @@
+"""Helpers for `manage.py benchmark`: timed generate calls, loopback WebSocket clients, daphne servers.
+
+Everything here talks to 127.0.0.1 only. Every wait is bounded by a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+LOOPBACK = "127.0.0.1"
+CACHE_REDIS_URL = "redis://127.0.0.1:6379/13"
+CHANNEL_REDIS_URL = "redis://127.0.0.1:6379/0"
+CHAT_STOP_STRINGS = ("\nUser:",)  # the `chat` policy's stop string (migration 0003)
+CACHEABLE = ("eos", "stop_string")  # chat.cache.CACHEABLE_FINISH
+
+
+# -- figures --------------------------------------------------------------------
+
+
+def median(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def percentile(values, q: float) -> float | None:
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    index = min(len(values) - 1, max(0, round(q * (len(values) - 1))))
+    return values[index]
+
+
+def fmt(value, spec: str = ".1f", unit: str = "", missing: str = "-") -> str:
+    return missing if value is None else f"{value:{spec}}{unit}"
+
+
+def ratio(a, b) -> float | None:
+    return None if a is None or not b else a / b
+
+
+def self_peak_rss_mb() -> float:
+    """Peak RSS of this process (ru_maxrss is in KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def process_peak_rss_mb(pid: int) -> float | None:
+    """VmHWM (peak resident set) of another process, or None if it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def loopback_url(url: str | None, default: str) -> str:
+    """`url` if it points at this machine's loopback, else `default`: no traffic leaves 127.0.0.1."""
+    if url and urlsplit(url).hostname in {LOOPBACK, "localhost"}:
+        return url
+    return default
+
+
+def flush_cache_db(url: str = CACHE_REDIS_URL) -> int:
+    """Empty the benchmark's own Redis database; returns how many keys were there."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+    try:
+        keys = client.dbsize()
+        client.flushdb()
+        return keys
+    finally:
+        client.close()
+
+
+def cache_db_size(url: str = CACHE_REDIS_URL) -> int | None:
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+    try:
+        return client.dbsize()
+    except (redis.RedisError, OSError):
+        return None
+    finally:
+        client.close()
+
+
+async def wait_for_cache_size(minimum: int, timeout: float = 5.0) -> bool:
+    """The cache is written just after `done` goes out; wait (bounded) until it holds `minimum` keys."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        size = await asyncio.to_thread(cache_db_size)
+        if size is not None and size >= minimum:
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+# -- in-process generation -------------------------------------------------------
+
+
+@dataclass
+class Timed:
+    """One in-process generation: seconds from the generate call."""
+
+    tokens: int
+    total_s: float
+    first_s: float | None = None  # first visible text handed out
+    model_first_s: float | None = None  # model's first new token
+    finish: str = "length"
+
+    @property
+    def ms_per_token(self) -> float | None:
+        return self.total_s * 1000 / self.tokens if self.tokens else None
+
+
+def bare_generate(backend, input_ids: list[int], tokens: int) -> Timed:
+    """The floor: model.generate for exactly `tokens` new tokens, greedy, no streamer, no criteria."""
+    import torch
+
+    ids = torch.tensor([input_ids], device=backend.device)
+    pad = backend.tokenizer.pad_token_id
+    pad = pad if pad is not None else backend.eos_token_ids[0]
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = backend.model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, min_new_tokens=tokens,
+            do_sample=False, pad_token_id=pad,
+        )
+    total = time.perf_counter() - start
+    return Timed(tokens=out.shape[1] - len(input_ids), total_s=total)
+
+
+def engine_forced_generate(backend, messages: list[dict], input_ids: list[int], tokens: int) -> tuple[Timed | None, str]:
+    """The engine streaming the same answer with its length forced to `tokens`; (timing, how it was forced).
+
+    The public path: backend.generate with the `chat` policy's stop string and min_new_tokens.
+    """
+    request = backend.request(messages, max_new_tokens=tokens, min_new_tokens=tokens, stop_strings=CHAT_STOP_STRINGS)
+    return _timed_engine(backend, request), "backend.generate, request.min_new_tokens"
+
+
+def _timed_engine(backend, request) -> Timed:
+    marks: list[float] = []
+
+    def on_text(_text: str) -> None:
+        if not marks:
+            marks.append(time.perf_counter())
+
+    start = time.perf_counter()
+    result = backend.generate(request, on_text)
+    total = time.perf_counter() - start
+    return Timed(
+        tokens=result.new_tokens, total_s=total,
+        first_s=marks[0] - start if marks else None,
+        model_first_s=result.first_token_at - start if result.first_token_at else None,
+        finish=result.finish_reason,
+    )
+
+
+def engine_generate(backend, messages: list[dict], tokens: int) -> Timed:
+    """The public engine path the server runs: backend.generate(request, on_text); eos may end it early."""
+    return _timed_engine(backend, backend.request(messages, max_new_tokens=tokens, stop_strings=CHAT_STOP_STRINGS))
+
+
+# -- WebSocket client -------------------------------------------------------------
+
+
+@dataclass
+class Answer:
+    """One prompt as a client saw it; times in ms from the moment the prompt frame was sent."""
+
+    prompt: str
+    connect_ms: float | None = None
+    sent_at: float | None = None  # perf_counter
+    done_at: float | None = None  # perf_counter
+    first_event_ms: float | None = None
+    first_chunk_ms: float | None = None
+    done_ms: float | None = None
+    chunks: int = 0
+    text: str = ""
+    done: dict | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.done is not None
+
+    @property
+    def metrics(self) -> dict:
+        return (self.done or {}).get("metrics") or {}
+
+    @property
+    def new_tokens(self) -> int:
+        return int(self.metrics.get("new_tokens") or 0)
+
+    @property
+    def cached(self) -> bool:
+        return bool((self.done or {}).get("cached"))
+
+    @property
+    def finish_reason(self) -> str | None:
+        return (self.done or {}).get("finish_reason")
+
+    @property
+    def ttft_client_ms(self) -> float | None:
+        """Prompt sent -> first chunk; an answer without any chunk counts its done."""
+        return self.first_chunk_ms if self.first_chunk_ms is not None else self.done_ms
+
+
+def _connect(server):
+    import websockets
+
+    # proxy=None: never route loopback traffic through a proxy taken from the environment.
+    return websockets.connect(server.ws_url, origin=server.url, proxy=None, open_timeout=10, close_timeout=2)
+
+
+async def converse(ws, answer: Answer, request_id: str, timeout: float) -> Answer:
+    """Send one prompt on an open socket and read events until its done or error (bounded)."""
+    frame = json.dumps({"type": "prompt", "request_id": request_id, "text": answer.prompt, "conversation": None})
+    answer.sent_at = time.perf_counter()
+    await ws.send(frame)
+    deadline = answer.sent_at + timeout
+    parts: list[str] = []
+    for _ in range(100_000):  # far more events than any answer sends; the deadline is the real bound
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            answer.error = f"no done within {timeout:.0f} s"
+            break
+        try:
+            raw = await asyncio.wait_for(ws.recv(), remaining)
+        except asyncio.TimeoutError:
+            answer.error = f"no done within {timeout:.0f} s"
+            break
+        now = time.perf_counter()
+        event = json.loads(raw)
+        if event.get("request_id") not in (request_id, None):
+            continue
+        elapsed = (now - answer.sent_at) * 1000
+        if answer.first_event_ms is None:
+            answer.first_event_ms = elapsed
+        kind = event.get("type")
+        if kind == "chunk":
+            answer.chunks += 1
+            parts.append(event.get("text", ""))
+            if answer.first_chunk_ms is None:
+                answer.first_chunk_ms = elapsed
+        elif kind == "done":
+            answer.done, answer.done_ms, answer.done_at = event, elapsed, now
+            break
+        elif kind == "error":
+            answer.error = f"{event.get('code')}: {event.get('message')}"
+            answer.done_at = now
+            break
+    answer.text = "".join(parts)
+    return answer
+
+
+async def ask(server, prompt: str, request_id: str = "bench-1", timeout: float = 120) -> Answer:
+    """A fresh connection, one prompt with conversation null, closed afterwards."""
+    answer = Answer(prompt)
+    started = time.perf_counter()
+    try:
+        async with _connect(server) as ws:
+            answer.connect_ms = (time.perf_counter() - started) * 1000
+            await converse(ws, answer, request_id, timeout)
+    except (OSError, asyncio.TimeoutError) as exc:
+        answer.error = answer.error or f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # websockets' handshake and close errors
+        answer.error = answer.error or f"{type(exc).__name__}: {exc}"
+    return answer
+
+
+async def ask_together(server, prompts: list[str], timeout: float) -> tuple[list[Answer], float]:
+    """Open one connection per prompt, then send all prompts at once; (answers, wall seconds).
+
+    Wall time runs from the first prompt sent to the last done received.
+    """
+    answers = [Answer(p) for p in prompts]
+    async with contextlib.AsyncExitStack() as stack:
+        sockets = []
+        for answer in answers:
+            started = time.perf_counter()
+            sockets.append(await stack.enter_async_context(_connect(server)))
+            answer.connect_ms = (time.perf_counter() - started) * 1000
+        await asyncio.gather(
+            *(converse(ws, a, f"bench-c{i}", timeout) for i, (ws, a) in enumerate(zip(sockets, answers))),
+            return_exceptions=True,
+        )
+    sent = [a.sent_at for a in answers if a.sent_at is not None]
+    ended = [a.done_at for a in answers if a.done_at is not None]
+    wall = (max(ended) - min(sent)) if sent and ended else 0.0
+    return answers, wall
+
+
+# -- daphne ---------------------------------------------------------------------------
+
+
+@dataclass
+class ServerRun:
+    """A daphne started for the benchmark: how long it took to get ready and how big it got."""
+
+    label: str
+    env: dict
+    ready_s: float | None = None
+    peak_rss_mb: float | None = None
+    log_tail: str = ""
+    server: object = field(default=None, repr=False)
+
+
+@contextlib.contextmanager
+def daphne(workdir: Path, label: str, *, premigrate: bool, timeout: float = 120, **env: str):
+    """Start a LiveServer (timed from the start() call to /healthz 200); always stopped on exit.
+
+    With `premigrate`, the database is migrated first, untimed, so start() meets a migrated
+    database as a restarted server would (its own no-op migrate is still inside the timing).
+    """
+    from .liveserver import LiveServer
+
+    env.setdefault("REDIS_URL", loopback_url(os.environ.get("REDIS_URL"), CHANNEL_REDIS_URL))
+    env.setdefault("CHAT_CACHE_REDIS_URL", CACHE_REDIS_URL)
+    # Every benchmark connection is its own visitor, but 20 hits or 8 users must never meet the limiter.
+    env.setdefault("CHAT_RATE_LIMIT_PER_MINUTE", "0")
+    server = LiveServer(workdir, **env)
+    run = ServerRun(label=label, env=env, server=server)
+    try:
+        if premigrate:
+            server.manage("migrate", "-v0")
+        started = time.perf_counter()
+        server.start(timeout=timeout)
+        run.ready_s = time.perf_counter() - started
+        yield run
+    finally:
+        if server.process is not None:
+            run.peak_rss_mb = process_peak_rss_mb(server.process.pid)
+            with contextlib.suppress(OSError):
+                run.log_tail = server.log()
+        server.stop()
