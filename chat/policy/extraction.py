@@ -93,23 +93,32 @@ def _loads(candidate: str) -> object:
     )
 
 
-def _balanced_end(text: str, start: int) -> int | None:
-    """End index of the bracket span opened at `start`, or None; braces in strings don't count."""
-    closers = {"{": "}", "[": "]"}
-    stack: list[str] = []
+def _scan(text: str, start: int = 0):
+    """Yield (index, char, inside_string) from `start`, tracking JSON string quotes and escapes."""
     in_string = escaped = False
     for index in range(start, len(text)):
         char = text[index]
         if in_string:
+            yield index, char, True
             if escaped:
                 escaped = False
             elif char == "\\":
                 escaped = True
             elif char == '"':
                 in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in closers:
+        else:
+            in_string = char == '"'
+            yield index, char, in_string
+
+
+def _balanced_end(text: str, start: int) -> int | None:
+    """End index of the bracket span opened at `start`, or None; braces in strings don't count."""
+    closers = {"{": "}", "[": "]"}
+    stack: list[str] = []
+    for index, char, inside in _scan(text, start):
+        if inside:
+            continue
+        if char in closers:
             stack.append(closers[char])
         elif char in "}]":
             if not stack or stack.pop() != char:
@@ -121,19 +130,7 @@ def _balanced_end(text: str, start: int) -> int | None:
 
 def _strip_trailing_commas(text: str) -> str:
     """Drop commas directly before } or ], leaving string contents untouched."""
-    out: list[str] = []
-    in_string = escaped = False
-    for index, char in enumerate(text):
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char == "," and _CLOSER_AHEAD.match(text, index + 1):
-            continue
-        out.append(char)
-    return "".join(out)
+    return "".join(
+        char for index, char, inside in _scan(text)
+        if inside or char != "," or not _CLOSER_AHEAD.match(text, index + 1)
+    )

@@ -168,10 +168,8 @@ class StreamGate(Gate):
         return [], Outcome("ok", self._text)
 
 
-class BufferGate(Gate):
-    """Shows nothing until the end, then the whole answer must be (schema-valid) JSON."""
-
-    hold_reason = "holding the answer until it is complete"
+class _StructuredGate(Gate):
+    """A gate that validates held-back text against an optional JSON Schema."""
 
     def __init__(
         self,
@@ -182,7 +180,13 @@ class BufferGate(Gate):
     ) -> None:
         super().__init__(hooks, window_chars=window_chars)
         self._schema = schema
-        self._holding = False
+
+
+class BufferGate(_StructuredGate):
+    """Shows nothing until the end, then the whole answer must be (schema-valid) JSON."""
+
+    hold_reason = "holding the answer until it is complete"
+    _holding = False
 
     def _after_feed(self, chunk: str) -> list[Action]:
         if self._holding:
@@ -194,20 +198,11 @@ class BufferGate(Gate):
         return [], self._structured(self._text, self._schema)
 
 
-class AutoGate(Gate):
+class AutoGate(_StructuredGate):
     """Streams prose; from a JSON fence or a leading { / [ on, holds and validates the rest."""
 
-    def __init__(
-        self,
-        hooks: Iterable[ModerationHook],
-        schema: object | None = None,
-        *,
-        window_chars: int = 64,
-    ) -> None:
-        super().__init__(hooks, window_chars=window_chars)
-        self._schema = schema
-        self._emitted = 0  # text[:_emitted] has been shown
-        self._hold_at: int | None = None
+    _emitted = 0  # text[:_emitted] has been shown
+    _hold_at: int | None = None
 
     def _after_feed(self, chunk: str) -> list[Action]:
         return self._advance(final=False)
