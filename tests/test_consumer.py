@@ -248,3 +248,23 @@ async def test_a_user_over_the_rate_limit_gets_a_clear_error(client, monkeypatch
     error = await client.receive()
     assert (error["code"], error["request_id"]) == ("rate_limited", "again")
     assert "at most 1 a minute" in error["message"]
+
+
+async def test_a_finished_turn_shows_up_in_the_prometheus_metrics(client):
+    """/metrics counts the request by finish_reason and observes its time to first token."""
+    from django.test import AsyncClient
+
+    def sample(text: str, name: str) -> float:
+        for line in text.splitlines():
+            if line.split(" ")[0] == name:
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    before = (await AsyncClient().get("/metrics")).content.decode()
+    request_id = await client.prompt(SHORT)
+    await client.receive_until("done", request_id)
+    after = (await AsyncClient().get("/metrics")).content.decode()
+    eos = 'chat_request_success_total{finish_reason="eos"}'
+    assert sample(after, eos) == sample(before, eos) + 1
+    assert sample(after, "chat_time_to_first_token_seconds_count") == sample(before, "chat_time_to_first_token_seconds_count") + 1
+    assert "chat_requests_waiting" in after and "chat_cache_misses_total" in after
