@@ -85,3 +85,16 @@ def test_a_withdrawn_answer_is_replaced_by_a_notice(page, daphne_server):
     expect(answer).to_have_attribute("data-state", "retracted", timeout=60_000)
     expect(answer.locator(".text")).to_contain_text("Answer withdrawn")
     expect(answer.locator(".text")).not_to_contain_text("11")
+
+
+def test_html_in_prompts_and_answers_renders_as_text(page, daphne_server):
+    """Markup typed by a user or echoed by the model is shown literally and never runs."""
+    payload = '<img src=x onerror="window.__pwned=1"><b>bold</b><script>window.__pwned=2</script>'
+    open_chat(page, daphne_server)
+    page.fill("#prompt", f"Repeat exactly: {payload}")
+    page.click("#send")
+    answer = page.locator(".message.assistant").last
+    expect(answer).to_have_attribute("data-state", "done", timeout=60_000)
+    expect(page.locator(".message.user").last.locator(".text")).to_contain_text(payload)
+    assert page.locator("#messages img, #messages b, #messages script").count() == 0
+    assert page.evaluate("window.__pwned") is None

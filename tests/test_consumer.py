@@ -268,3 +268,24 @@ async def test_a_finished_turn_shows_up_in_the_prometheus_metrics(client):
     assert sample(after, eos) == sample(before, eos) + 1
     assert sample(after, "chat_time_to_first_token_seconds_count") == sample(before, "chat_time_to_first_token_seconds_count") + 1
     assert "chat_requests_waiting" in after and "chat_cache_misses_total" in after
+
+
+async def test_a_model_failure_mid_answer_is_an_error_and_the_queue_goes_on(client, runtime, monkeypatch):
+    """The model raising after some text: the client gets `error`, the partial text is stored as failed,
+    and the next prompt is answered normally."""
+    original = runtime.backend.generate_batch
+
+    def failing(requests, on_texts):
+        monkeypatch.setattr(runtime.backend, "generate_batch", original)  # only this call fails
+        on_texts[0]("Partial ")
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(runtime.backend, "generate_batch", failing)
+    request_id = await client.prompt(SHORT)
+    events = await client.receive_until("error", request_id)
+    assert [e["type"] for e in events] == ["accepted", "chunk", "error"]
+    assert events[-1]["code"] == "model_error" and "try again" in events[-1]["message"]
+    message = await wait_stored(events[0]["message"])
+    assert (message.status, message.text) == ("failed", "Partial ") and "simulated" in message.error
+    again = await client.prompt(SHORT, request_id="after")
+    assert (await client.receive_until("done", again))[-1]["finish_reason"] == "eos"
