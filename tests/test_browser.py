@@ -56,15 +56,32 @@ def test_a_finished_answer_shows_its_timings_and_survives_a_reload(page, daphne_
     page.screenshot(path=str(SCREENSHOT_DIR / "chat-done.png"))
 
 
+RECORD_STATES = """
+() => {
+  window.__states = [];
+  new MutationObserver((mutations) => {
+    for (const m of mutations) {
+      if (m.attributeName === 'data-state' && m.target.classList.contains('assistant')) {
+        window.__states.push(m.target.dataset.state);
+      }
+    }
+  }).observe(document.getElementById('messages'), {attributes: true, subtree: true, attributeFilter: ['data-state']});
+}
+"""
+
+
 def test_a_structured_answer_is_shown_as_validating_then_as_pretty_json(page, daphne_server):
     """Choosing the json policy: the answer shows "validating", then its JSON pretty-printed."""
     open_chat(page, daphne_server)
+    page.evaluate(RECORD_STATES)  # every state the answer passes through, however brief
     page.select_option("#policy", "json")
     page.fill("#prompt", "What is the capital of France?")
     page.click("#send")
     answer = page.locator(".message.assistant").last
-    expect(answer).to_have_attribute("data-state", "validating", timeout=30_000)
     expect(answer).to_have_attribute("data-state", "done", timeout=60_000)
+    states = page.evaluate("window.__states")
+    assert "validating" in states and states.index("validating") < states.index("done"), states
+    assert "streaming" not in states[states.index("validating"):], states  # no chunk after holding began
     expect(answer.locator("pre.json")).to_contain_text('"answer": "Paris"')
     SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOT_DIR / "chat-json.png"))
