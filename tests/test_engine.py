@@ -95,6 +95,8 @@ def test_cancelled_criteria_reports_the_flag_per_row():
     assert criteria(ids, None).tolist() == [False, False]
     flag.set()
     assert criteria(ids, None).tolist() == [True, True]
+    per_row = CancelledCriteria([threading.Event(), flag])
+    assert per_row(ids, None).tolist() == [False, True]
 
 
 @pytest.mark.parametrize("pieces", [["Hello\nUser: hi"], list("Hello\nUser: hi"), ["Hel", "lo\nUs", "er: hi"]])

@@ -16,7 +16,7 @@ import torch
 from transformers import StoppingCriteria, StopStringCriteria
 from transformers.generation.streamers import BaseStreamer
 
-from .stopping import StopStringHoldback
+from .stopping import CancelledCriteria, StopStringHoldback
 from .types import GenerationRequest
 
 OnText = Callable[[str], None]
@@ -106,6 +106,7 @@ class BatchStoppingCriteria(StoppingCriteria):
             if row.request.stop_strings:
                 groups.setdefault(tuple(row.request.stop_strings), []).append(index)
         self.stop_groups = [(stop_criteria(stops), indices) for stops, indices in groups.items()]
+        self.cancelled = CancelledCriteria([row.request.cancel for row in rows])
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
         new = input_ids.shape[1] - self.prompt_width
@@ -115,11 +116,12 @@ class BatchStoppingCriteria(StoppingCriteria):
             fired = criteria(input_ids, scores)
             for index in indices:
                 stop_hits[index] = bool(fired[index])
+        cancelled = self.cancelled(input_ids, scores).tolist()
         for index, row in enumerate(self.rows):
             if row.stop_len is not None:
                 continue
             row.hit_stop_string = stop_hits[index]
-            if row.request.cancel.is_set() or stop_hits[index] or last[index] in row.eos_ids or new >= row.max_new:
+            if cancelled[index] or stop_hits[index] or last[index] in row.eos_ids or new >= row.max_new:
                 row.stop_len = new
         return torch.tensor([row.stop_len is not None for row in self.rows], dtype=torch.bool, device=input_ids.device)
 

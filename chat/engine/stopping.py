@@ -15,7 +15,7 @@ class CancelledCriteria(StoppingCriteria):
     after the flag (about 9 us a step to check).
 
     Args:
-        event: the request's cancel flag.
+        events: one cancel flag for the whole batch, or one per row.
 
     Example::
 
@@ -23,11 +23,13 @@ class CancelledCriteria(StoppingCriteria):
         model.generate(**enc, stopping_criteria=[CancelledCriteria(cancel)])
     """
 
-    def __init__(self, event: threading.Event):
-        self.event = event
+    def __init__(self, events: threading.Event | list[threading.Event]):
+        self.events = events
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
-        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
+        if isinstance(self.events, threading.Event):
+            return torch.full((input_ids.shape[0],), self.events.is_set(), dtype=torch.bool, device=input_ids.device)
+        return torch.tensor([event.is_set() for event in self.events], dtype=torch.bool, device=input_ids.device)
 
 
 class StopStringHoldback:
