@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import redis
 from django.conf import settings
 
+from . import metrics
+
 log = logging.getLogger(__name__)
 
 KEY_PREFIX = "chat:answer:"
@@ -78,8 +80,6 @@ class CompletionCache:
                 log.warning("completion cache unavailable (%s); chat continues uncached", self.state.last_error)
             self.state.available = False
             self.state.retry_at = time.monotonic() + self.backoff_seconds
-            from . import metrics
-
             metrics.CACHE_ERRORS.labels(operation).inc()
             return None
         if not self.state.available:

@@ -346,11 +346,9 @@ class _TurnRun:
             actions, outcome = gate.finish()
             await self._apply(actions)
             if outcome.status == "ok":
-                text = gate.shown + (outcome.held_text if policy.mode == "auto" else "")
-                if policy.mode == "buffer":
-                    text = outcome.text
-                return await self._finish(result, result.finish_reason, text=text, raw=gate.text, outcome="ok",
-                                          json_value=outcome.json)
+                # What was shown plus what was held back: the whole text in every mode.
+                return await self._finish(result, result.finish_reason, text=gate.shown + outcome.held_text,
+                                          raw=gate.text, outcome="ok", json_value=outcome.json)
             if outcome.status == "moderated":
                 return await self._finish(result, "moderated", text="", raw=gate.text, outcome="moderated",
                                           reason=outcome.reason)
@@ -404,7 +402,7 @@ class _TurnRun:
         input_ids = backend.encode(backend.render(messages))
         if len(input_ids) + self.request.max_new_tokens > backend.context_length:
             return False
-        self.request = replace(self.request, input_ids=input_ids, cancel=self.request.cancel)
+        self.request = replace(self.request, input_ids=input_ids)  # same cancel flag
         try:
             turn._submit(self.request)
         except EngineError:
