@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from channels.testing import WebsocketCommunicator
@@ -11,8 +12,10 @@ ORIGIN = (b"origin", b"http://localhost")
 
 # Tests keep their cached answers apart from anything else on the machine's Redis,
 # and start every test with an empty cache so an earlier answer is never served.
-TEST_CACHE_URL = "redis://127.0.0.1:6379/15"
-LIVE_CACHE_URL = "redis://127.0.0.1:6379/14"
+# TEST_REDIS_DB moves them (to db N and N-1), so two suites can run side by side.
+_TEST_REDIS_DB = int(os.environ.get("TEST_REDIS_DB", "15"))
+TEST_CACHE_URL = f"redis://127.0.0.1:6379/{_TEST_REDIS_DB}"
+LIVE_CACHE_URL = f"redis://127.0.0.1:6379/{_TEST_REDIS_DB - 1}"
 
 
 @pytest.fixture(autouse=True)
