@@ -22,9 +22,19 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(PY) -m project.serve
 
+# The suite runs once per database: SQLite (the default) and the PostgreSQL server on 127.0.0.1
+# (production's database). `make test TEST_DATABASES=sqlite` runs the SQLite pass alone.
+TEST_DATABASES ?= sqlite postgres://postgres@127.0.0.1:5432/chat
+
 test: $(STAMP)
 	$(PY) -m chat.engine.prepare
-	$(PY) -m pytest $(PYTEST_ARGS)
+	@set -e; for db in $(TEST_DATABASES); do \
+	  if [ "$$db" = sqlite ]; then \
+	    echo "== make test: the suite on SQLite"; env -u DATABASE_URL $(PY) -m pytest $(PYTEST_ARGS); \
+	  else \
+	    echo "== make test: the suite on $$db"; DATABASE_URL=$$db $(PY) -m pytest $(PYTEST_ARGS); \
+	  fi; \
+	done
 
 benchmark: $(STAMP)
 	$(PY) -m chat.engine.prepare
