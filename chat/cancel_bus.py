@@ -11,6 +11,7 @@ cancels: the listener logs, backs off and reconnects, and local cancels go on.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from typing import Callable
 
@@ -56,7 +57,8 @@ class CancelBus:
         loop = asyncio.get_running_loop()
         if self._task is not None and not self._task.done() and self._task.get_loop() is loop:
             return
-        self._task = loop.create_task(self._listen(), name="chat-cancel-listener")
+        # A fresh context: the listener outlives the request or socket that started it.
+        self._task = loop.create_task(self._listen(), name="chat-cancel-listener", context=contextvars.Context())
 
     async def stop(self) -> None:
         """Stop listening (tests; a process simply exits)."""

@@ -7,6 +7,7 @@ it is handed; it never touches the model or the database itself.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from dataclasses import dataclass, field, replace
@@ -290,7 +291,10 @@ async def turn_start(*, owner: Owner, prompt, send: Send) -> Turn:
             "queue_position": position,
         }
     )
-    turn.task = asyncio.create_task(_TurnRun(turn, prepared.request).run(), name=f"turn-{turn.request_id}")
+    # A fresh context: the turn outlives the request that started it (an HTTP view's
+    # thread-sensitive executor is gone once the view returns).
+    turn.task = asyncio.create_task(_TurnRun(turn, prepared.request).run(), name=f"turn-{turn.request_id}",
+                                    context=contextvars.Context())
     return turn
 
 
