@@ -11,8 +11,8 @@ The body of the first two is a `prompt` frame; `type` and `request_id` may be le
 out. A prompt refused before it starts (bad body, rate limit, unknown conversation,
 model still loading) is an HTTP error whose JSON body is the `error` event, for
 both. The caller is the session (or signed-in user), as on the socket, and CSRF
-protection is on: `GET /api/csrf` sets the `csrftoken` cookie and returns the
-token, which goes back in the `X-CSRFToken` header with the cookies.
+protection is on: `GET /api/csrf` sets the session and `csrftoken` cookies and
+returns the token, which goes back in the `X-CSRFToken` header with the cookies.
 Closing the connection cancels the turn, like closing the tab.
 """
 
@@ -26,6 +26,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import JsonResponse, StreamingHttpResponse
 from django.middleware.csrf import get_token
+from django.views.csrf import csrf_failure as django_csrf_failure
 from django.views.decorators.http import require_GET, require_POST
 
 from . import services
@@ -161,5 +162,14 @@ async def cancel(request):
 
 @require_GET
 def csrf(request):
-    """Sets the csrftoken cookie and returns the token for the X-CSRFToken header."""
+    """Sets the session and csrftoken cookies; returns the token for the X-CSRFToken header."""
+    owner_of_request(request)  # a client without a session gets one, so its answers stay its own
     return JsonResponse({"csrf_token": get_token(request)})
+
+
+def csrf_failure(request, reason: str = ""):
+    """CSRF_FAILURE_VIEW: an `error` event for API clients, Django's page for everything else."""
+    if request.path.startswith("/api/"):
+        return JsonResponse(error_event("csrf_failed", f"CSRF check failed ({reason}); GET /api/csrf and send its "
+                                                       "token in an X-CSRFToken header with the cookies"), status=403)
+    return django_csrf_failure(request, reason)

@@ -154,19 +154,19 @@ async def test_without_the_csrf_token_a_post_is_forbidden(application):
     """CSRF protection stays on for the API: cookie without the X-CSRFToken header -> 403, nothing runs."""
     session_key = await new_session_key()
     for path in ("/api/chat", "/api/chat/stream", "/api/chat/cancel"):
-        status, _, _ = await HttpVisitor(application, session_key, csrf=False).post(path, {"text": SHORT, "message": 1})
-        assert status == 403
+        status, error, _ = await HttpVisitor(application, session_key, csrf=False).post(path, {"text": SHORT, "message": 1})
+        assert status == 403 and error["code"] == "csrf_failed" and "X-CSRFToken" in error["message"]
     assert await sync_to_async(Message.objects.count)() == 0
 
 
 async def test_the_csrf_endpoint_sets_the_cookie_and_returns_the_token():
-    """GET /api/csrf gives an API client the token to send back in X-CSRFToken."""
+    """GET /api/csrf gives an API client a session and the token to send back in X-CSRFToken."""
     from django.test import AsyncClient
 
     client = AsyncClient(enforce_csrf_checks=True)
     response = await client.get("/api/csrf")
     token = response.json()["csrf_token"]
-    assert token and "csrftoken" in response.cookies
+    assert token and "csrftoken" in response.cookies and "sessionid" in response.cookies
     refused = await client.post("/api/chat", {"text": "  "}, content_type="application/json")
     accepted = await client.post("/api/chat", {"text": "  "}, content_type="application/json", headers={"X-CSRFToken": token})
     assert refused.status_code == 403 and accepted.status_code == 400 and accepted.json()["code"] == "bad_prompt"
