@@ -1,5 +1,6 @@
 """The chat over HTTP (SSE and JSON) against the real ASGI application, model and Redis."""
 
+import asyncio
 import json
 
 import pytest
@@ -191,6 +192,23 @@ async def test_closing_the_sse_stream_cancels_the_generation(visitor):
         pass
     await reader.disconnect()
     message = await wait_stored(accepted["message"])
+    assert message.status == "cancelled" and message.finish_reason == "cancelled"
+
+
+async def test_leaving_post_api_chat_before_the_answer_cancels_it(visitor):
+    """POST /api/chat has no stream to close, but a client that disconnects while waiting still stops its turn."""
+    communicator = ApplicationCommunicator(visitor.application, visitor.scope("/api/chat"))
+    await communicator.send_input({"type": "http.request", "body": json.dumps({"text": LONG}).encode()})
+    answers = Message.objects.filter(conversation__session_key=visitor.session_key, role="assistant")
+    for _ in range(600):
+        answer = await sync_to_async(answers.first)()
+        if answer is not None:
+            break
+        await asyncio.sleep(0.05)
+    assert answer is not None, "the turn never started"
+    await communicator.send_input({"type": "http.disconnect"})
+    await communicator.wait(timeout=10)
+    message = await wait_stored(answer.pk)
     assert message.status == "cancelled" and message.finish_reason == "cancelled"
 
 
