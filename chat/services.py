@@ -56,6 +56,10 @@ class Owner:
     def rate_key(self) -> str:
         return f"user:{self.user_id}" if self.user_id is not None else f"session:{self.session_key}"
 
+    def is_same(self, other: "Owner") -> bool:
+        """The same signed-in user (from any session), or the same visitor's session."""
+        return self.rate_key == other.rate_key
+
 
 def conversations_for(owner: Owner):
     """The conversations `owner` may read or continue; nobody else's, ever."""
@@ -307,7 +311,7 @@ _running: dict[int, Turn] = {}
 def _cancel_heard(message_id: int, user_id: int | None, session_key: str) -> None:
     """A cancel published by another process: stop the turn if it runs here and is the same owner's."""
     turn = _running.get(message_id)
-    if turn is not None and not turn.finished and turn.owner == Owner(user_id=user_id, session_key=session_key):
+    if turn is not None and not turn.finished and turn.owner.is_same(Owner(user_id=user_id, session_key=session_key)):
         log.info("cancel for message %s from another process", message_id)
         turn.cancel()
 

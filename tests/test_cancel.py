@@ -89,6 +89,15 @@ async def test_a_published_cancel_of_another_owner_is_ignored(make_client):
     assert (await chat.receive_until("done", request_id))[-1]["finish_reason"] == "eos"
 
 
+def test_the_same_user_from_another_session_is_the_same_owner():
+    """A signed-in user's cancel from another device counts as theirs; a visitor is known by the session alone."""
+    Owner = services.Owner
+    assert Owner(user_id=1, session_key="phone").is_same(Owner(user_id=1, session_key="laptop"))
+    assert not Owner(user_id=1, session_key="s").is_same(Owner(user_id=2, session_key="s"))
+    assert not Owner(user_id=None, session_key="s").is_same(Owner(user_id=1, session_key="s"))
+    assert not Owner(user_id=None, session_key="a").is_same(Owner(user_id=None, session_key="b"))
+
+
 async def streaming_answer(session_key: str) -> int:
     """An answer stored as still generating, as if another process were running it."""
     def create():
