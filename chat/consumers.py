@@ -11,18 +11,16 @@ from django.conf import settings
 
 from . import services
 from .protocol import Cancel, Ping, Prompt, ProtocolError, error_event, parse_frame
-from .ratelimit import RateLimiter
 
 log = logging.getLogger(__name__)
-
-prompt_limiter = RateLimiter(settings.CHAT_RATE_LIMIT_PER_MINUTE)
 
 
 class ChatConsumer(AsyncWebsocketConsumer):
     """Speaks the chat protocol at /ws/chat/; one running answer per connection."""
 
-    # No groups and no cross-process messages yet: a turn lives in this process, so the
-    # consumer does not subscribe to the channel layer, and a Redis outage never drops a socket.
+    # A turn lives in this process; cancels from other processes reach it through
+    # services' one listener per process, not through each socket. So the consumer does
+    # not subscribe to the channel layer, and a Redis outage never drops a socket.
     channel_layer_alias = None
 
     async def connect(self):
@@ -56,13 +54,10 @@ class ChatConsumer(AsyncWebsocketConsumer):
         if prompt.request_id in self.turns:
             await self.send_event(error_event("duplicate_request_id", "request_id was already used on this connection", prompt.request_id))
             return
-        wait = prompt_limiter.check(self.owner.rate_key)
-        if wait:
-            await self.send_event(error_event(
-                "rate_limited",
-                f"too many prompts: at most {prompt_limiter.limit} a minute; try again in {wait:.0f} s",
-                prompt.request_id,
-            ))
+        try:
+            services.turn_rate_check(owner=self.owner)
+        except services.TurnError as exc:
+            await self.send_event(error_event(exc.code, exc.message, prompt.request_id))
             return
         running = [t for t in self.turns.values() if not t.finished]
         if running:
@@ -78,11 +73,24 @@ class ChatConsumer(AsyncWebsocketConsumer):
         self.turns[prompt.request_id] = turn
 
     async def cancel(self, command: Cancel):
+        """Stop this connection's request, or (with `message`) any of the owner's answers anywhere."""
+        if command.message is not None:
+            await self.cancel_message(command)
+            return
         turn = self.turns.get(command.request_id)
         if turn is None:
             await self.send_event(error_event("unknown_request", "no such request on this connection", command.request_id))
         elif not turn.finished:  # a Stop racing the last chunk is not an error
             turn.cancel()
+
+    async def cancel_message(self, command: Cancel):
+        try:
+            result = await services.turn_cancel(owner=self.owner, message_id=command.message)
+        except services.TurnError as exc:
+            await self.send_event(error_event(exc.code, exc.message, command.request_id))
+            return
+        await self.send_event({"type": "cancel_ack", "request_id": command.request_id, "message": command.message,
+                               "result": result})
 
     async def send_event(self, event: dict):
         await self.send(text_data=json.dumps(event, ensure_ascii=False))

@@ -22,16 +22,20 @@ def free_port() -> int:
 
 
 class LiveServer:
-    """daphne serving project.asgi on a free port with its own SQLite database."""
+    """daphne serving project.asgi on a free port with its own SQLite database.
 
-    def __init__(self, workdir: Path, **env: str):
+    Give `database_url` (and the same Redis in `env`) to several servers to run
+    them as one site spread over processes; `env` sets any further variables.
+    """
+
+    def __init__(self, workdir: Path, *, database_url: str | None = None, **env: str):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}/ws/chat/"
         self.log_path = workdir / f"daphne-{self.port}.log"
         self.env = {
             **os.environ,
-            "DATABASE_URL": f"sqlite:///{workdir / 'live.sqlite3'}",
+            "DATABASE_URL": database_url or f"sqlite:///{workdir / 'live.sqlite3'}",
             "PYTHONUNBUFFERED": "1",
             **env,
         }

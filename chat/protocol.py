@@ -6,6 +6,7 @@ A contract: fields and event types may be added, never renamed or removed.
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass
 
 MAX_FRAME_BYTES = 64 * 1024
@@ -32,7 +33,10 @@ class Prompt:
 
 @dataclass(frozen=True)
 class Cancel:
-    request_id: str
+    """Stop a request: this connection's `request_id`, or any of the owner's answers by `message` id."""
+
+    request_id: str | None
+    message: int | None = None
 
 
 @dataclass(frozen=True)
@@ -47,10 +51,7 @@ def _request_id(frame: dict) -> str:
     return value
 
 
-def parse_frame(text: str | None, *, max_prompt_chars: int) -> Prompt | Cancel | Ping:
-    """Turn one text frame into a command, or raise ProtocolError saying what is wrong."""
-    if text is None:
-        raise ProtocolError("binary_frame", "binary frames are not supported; send JSON text frames")
+def _json_object(text: str | bytes) -> dict:
     if len(text) > MAX_FRAME_BYTES:
         raise ProtocolError("frame_too_large", f"frames are limited to {MAX_FRAME_BYTES} bytes")
     try:
@@ -59,14 +60,41 @@ def parse_frame(text: str | None, *, max_prompt_chars: int) -> Prompt | Cancel |
         raise ProtocolError("bad_json", f"the frame is not valid JSON: {exc}") from None
     if not isinstance(frame, dict):
         raise ProtocolError("bad_frame", "a frame must be a JSON object")
+    return frame
+
+
+def parse_frame(text: str | None, *, max_prompt_chars: int) -> Prompt | Cancel | Ping:
+    """Turn one text frame into a command, or raise ProtocolError saying what is wrong."""
+    if text is None:
+        raise ProtocolError("binary_frame", "binary frames are not supported; send JSON text frames")
+    frame = _json_object(text)
     kind = frame.get("type")
     if kind == "ping":
         return Ping()
     if kind == "cancel":
-        return Cancel(_request_id(frame))
+        return _cancel(frame)
     if kind != "prompt":
         raise ProtocolError("unknown_type", f"unknown frame type {kind!r}; expected prompt, cancel or ping")
-    request_id = _request_id(frame)
+    return parse_prompt(frame, request_id=_request_id(frame), max_prompt_chars=max_prompt_chars)
+
+
+def _cancel(frame: dict) -> Cancel:
+    if "message" not in frame:
+        return Cancel(_request_id(frame))
+    # With a message id the request_id is optional: another tab does not know it.
+    request_id = _request_id(frame) if frame.get("request_id") is not None else None
+    return Cancel(request_id, message=message_id(frame.get("message"), request_id))
+
+
+def message_id(value, request_id: str | None = None) -> int:
+    """A message id from a client (the `message` of `accepted`), or ProtocolError."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ProtocolError("bad_message", "message must be the id of an answer (the `message` of `accepted`)", request_id)
+    return value
+
+
+def parse_prompt(frame: dict, *, request_id: str, max_prompt_chars: int) -> Prompt:
+    """The fields of a `prompt` frame (also the body of the HTTP API), checked."""
     prompt_text = frame.get("text")
     if not isinstance(prompt_text, str) or not prompt_text.strip():
         raise ProtocolError("bad_prompt", "text must be a non-empty string", request_id)
@@ -81,6 +109,20 @@ def parse_frame(text: str | None, *, max_prompt_chars: int) -> Prompt | Cancel |
     if policy is not None and (not isinstance(policy, str) or not policy or len(policy) > 50):
         raise ProtocolError("bad_policy", "policy must be a policy slug or omitted", request_id)
     return Prompt(request_id=request_id, text=prompt_text, conversation=conversation, policy=policy)
+
+
+def parse_http_prompt(body: bytes, *, max_prompt_chars: int) -> Prompt:
+    """The JSON body of `POST /api/chat[/stream]`: a `prompt` frame whose type and request_id may be left out."""
+    frame = _json_object(body)
+    if frame.get("type", "prompt") != "prompt":
+        raise ProtocolError("unknown_type", "the body must be a prompt (type may be omitted)")
+    request_id = _request_id(frame) if frame.get("request_id") is not None else f"http-{uuid.uuid4().hex}"
+    return parse_prompt(frame, request_id=request_id, max_prompt_chars=max_prompt_chars)
+
+
+def parse_http_cancel(body: bytes) -> int:
+    """The JSON body of `POST /api/chat/cancel`: {"message": <id>}; returns the message id."""
+    return message_id(_json_object(body).get("message"))
 
 
 def error_event(code: str, message: str, request_id: str | None = None) -> dict:

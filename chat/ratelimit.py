@@ -6,12 +6,15 @@ import threading
 import time
 from collections import defaultdict, deque
 
+from django.conf import settings
+
 
 class RateLimiter:
     """At most `limit` prompts per `window` seconds per key; 0 disables it.
 
-    In-process on purpose: a user's socket stays on one daphne process, and a
-    limit that needs Redis would fail closed exactly when Redis is down.
+    In-process on purpose: a limit that needs Redis would fail closed exactly when
+    Redis is down. With several daphne processes a user may get up to `limit` per
+    process (the balancer decides where each socket or request lands).
     """
 
     def __init__(self, limit: int, window: float = 60.0):
@@ -33,3 +36,7 @@ class RateLimiter:
                 return self.window - (now - hits[0])
             hits.append(now)
             return 0.0
+
+
+# One limit for every transport: WebSocket prompts and the HTTP API count together.
+prompt_limiter = RateLimiter(settings.CHAT_RATE_LIMIT_PER_MINUTE)

@@ -7,6 +7,7 @@ it is handed; it never touches the model or the database itself.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from dataclasses import dataclass, field, replace
@@ -19,10 +20,12 @@ from django.utils import timezone
 
 from . import metrics as prometheus
 from . import policies, review
+from .cancel_bus import CancelBus
 from .cache import CACHEABLE_FINISH, cache_key, completion_cache
 from .engine.types import EngineError, Failed, Finished, GenerationRequest, Queued, Started, TextChunk
 from .models import Conversation, Message
 from .policy import Emit, Hold, Retract, gate_for, reask_message
+from .ratelimit import prompt_limiter
 from .runtime import NotReady, runtime
 
 log = logging.getLogger(__name__)
@@ -52,6 +55,10 @@ class Owner:
     @property
     def rate_key(self) -> str:
         return f"user:{self.user_id}" if self.user_id is not None else f"session:{self.session_key}"
+
+    def is_same(self, other: "Owner") -> bool:
+        """The same signed-in user (from any session), or the same visitor's session."""
+        return self.rate_key == other.rate_key
 
 
 def conversations_for(owner: Owner):
@@ -190,6 +197,7 @@ class Turn:
     accepted_at: float
     policy: policies.ResolvedPolicy
     messages: list[dict]
+    owner: Owner | None = None
     prompt_text: str = ""
     rendered: str = ""
     cache_key: str | None = None
@@ -227,6 +235,14 @@ class Turn:
             self.cancel()
 
 
+def turn_rate_check(*, owner: Owner) -> None:
+    """Count one prompt against the owner's per-minute limit; TurnError `rate_limited` when over it."""
+    wait = prompt_limiter.check(owner.rate_key)
+    if wait:
+        raise TurnError("rate_limited",
+                        f"too many prompts: at most {prompt_limiter.limit} a minute; try again in {wait:.0f} s")
+
+
 async def turn_start(*, owner: Owner, prompt, send: Send) -> Turn:
     """Validate and queue one prompt; sends `accepted` and returns the running turn."""
     try:
@@ -246,6 +262,7 @@ async def turn_start(*, owner: Owner, prompt, send: Send) -> Turn:
             accepted_at=accepted_at,
             policy=prepared.policy,
             messages=prepared.messages,
+            owner=owner,
             prompt_text=prompt.text,
             rendered=prepared.rendered,
             cache_key=prepared.cache_key,
@@ -267,6 +284,8 @@ async def turn_start(*, owner: Owner, prompt, send: Send) -> Turn:
     finally:
         if not submitted:
             scheduler.unexpect()
+    _running[turn.message_id] = turn
+    cancel_bus.ensure_listening()
     await turn._emit(
         {
             "type": "accepted",
@@ -276,8 +295,64 @@ async def turn_start(*, owner: Owner, prompt, send: Send) -> Turn:
             "queue_position": position,
         }
     )
-    turn.task = asyncio.create_task(_TurnRun(turn, prepared.request).run(), name=f"turn-{turn.request_id}")
+    # A fresh context: the turn outlives the request that started it (an HTTP view's
+    # thread-sensitive executor is gone once the view returns).
+    turn.task = asyncio.create_task(_TurnRun(turn, prepared.request).run(), name=f"turn-{turn.request_id}",
+                                    context=contextvars.Context())
     return turn
+
+
+# -- cancelling a turn from any connection or process -------------------------------
+
+# The turns generating in this process, by message id: where a cancel from elsewhere looks.
+_running: dict[int, Turn] = {}
+
+
+def _cancel_heard(message_id: int, user_id: int | None, session_key: str) -> None:
+    """A cancel published by another process: stop the turn if it runs here and is the same owner's."""
+    turn = _running.get(message_id)
+    if turn is not None and not turn.finished and turn.owner.is_same(Owner(user_id=user_id, session_key=session_key)):
+        log.info("cancel for message %s from another process", message_id)
+        turn.cancel()
+
+
+cancel_bus = CancelBus(_cancel_heard)
+
+
+def _answer_status(owner: Owner, message_id: int) -> str | None:
+    return (
+        Message.objects.filter(pk=message_id, role=Message.Role.ASSISTANT, conversation__in=conversations_for(owner))
+        .values_list("status", flat=True)
+        .first()
+    )
+
+
+async def turn_cancel(*, owner: Owner, message_id: int) -> str:
+    """Stop the owner's answer `message_id` wherever it runs.
+
+    Returns "cancelled" (it ran here and was stopped), "sent" (it runs in another
+    process, which was told), or "finished" (it had already ended: nothing to do).
+    Raises TurnError `unknown_request` for an answer that is not the owner's or does
+    not exist, and `cancel_unavailable` when another process cannot be reached.
+    """
+    status = await sync_to_async(_answer_status)(owner, message_id)
+    if status is None:
+        raise TurnError("unknown_request", f"you have no answer {message_id}")
+    if status != Message.Status.STREAMING:
+        return "finished"
+    turn = _running.get(message_id)
+    if turn is not None:
+        if turn.finished:
+            return "finished"
+        turn.cancel()
+        return "cancelled"
+    try:
+        await cancel_bus.publish(message_id=message_id, user_id=owner.user_id, session_key=owner.session_key)
+    except Exception as exc:
+        log.warning("could not publish the cancel of message %s: %s: %s", message_id, type(exc).__name__, exc)
+        raise TurnError("cancel_unavailable",
+                        "the answer runs on another server, which cannot be reached right now; try again") from None
+    return "sent"
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -328,6 +403,7 @@ class _TurnRun:
             await self._run()
         finally:
             self.turn.finished = True
+            _running.pop(self.turn.message_id, None)
 
     async def _run(self) -> None:
         policy = self.turn.policy

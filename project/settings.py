@@ -49,6 +49,7 @@ if not SECRET_KEY:
     SECRET_KEY = "insecure-development-key-set-SECRET_KEY-in-production"
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", "")
+CSRF_FAILURE_VIEW = "chat.api.csrf_failure"  # API clients get a JSON `error`, browsers the usual page
 
 DATA_DIR = Path(env("DATA_DIR", str(BASE_DIR / "var")))
 

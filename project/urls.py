@@ -1,13 +1,17 @@
 from django.contrib import admin
 from django.urls import path
 
-from chat import views
+from chat import api, views
 from chat.admin_views import latency_view
 
 urlpatterns = [
     path("", views.index, name="index"),
     path("api/conversations/", views.conversations, name="conversations"),
     path("api/conversations/<int:conversation_id>/", views.conversation, name="conversation"),
+    path("api/chat", api.chat, name="api-chat"),
+    path("api/chat/stream", api.chat_stream, name="api-chat-stream"),
+    path("api/chat/cancel", api.cancel, name="api-chat-cancel"),
+    path("api/csrf", api.csrf, name="api-csrf"),
     path("healthz", views.healthz, name="healthz"),
     path("metrics", views.metrics, name="metrics"),
     path("admin/latency/", admin.site.admin_view(latency_view), name="admin-latency"),

@@ -238,10 +238,9 @@ async def test_cross_origin_websocket_is_refused(application):
 
 async def test_a_user_over_the_rate_limit_gets_a_clear_error(client, monkeypatch):
     """Past the per-user limit a prompt is refused with `rate_limited`, before anything runs."""
-    from chat import consumers
-    from chat.ratelimit import RateLimiter
+    from chat import ratelimit
 
-    monkeypatch.setattr(consumers, "prompt_limiter", RateLimiter(limit=1, window=60))
+    monkeypatch.setattr(ratelimit.prompt_limiter, "limit", 1)
     first = await client.prompt(SHORT)
     await client.receive_until("done", first)
     await client.prompt(SHORT, request_id="again")
