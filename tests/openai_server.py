@@ -49,6 +49,7 @@ class FakeOpenAIServer:
         self.api_key = api_key
         self.leak_stop_strings = leak_stop_strings
         self.fail_with: int | None = None  # answer every completion with this HTTP status
+        self.stall_after_first_chunk = False  # then send nothing more until the client goes away
         self.served: list[Served] = []
         self.active = 0  # streams open right now
         self._lock = threading.Lock()
@@ -183,6 +184,8 @@ class _Handler(BaseHTTPRequestHandler):
         def on_text(text: str) -> None:
             if send(chunk([{"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}])):
                 served.chunks_sent += 1
+                if self.fake.stall_after_first_chunk:
+                    select.select([self.connection], [], [], 60)  # a stuck engine: only the client's close wakes us
 
         result = self.fake.backend.generate(request, on_text)
         served.finish_reason, served.new_tokens = result.finish_reason, result.new_tokens

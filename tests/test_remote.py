@@ -98,6 +98,25 @@ def test_cancel_closes_the_upstream_stream_and_the_server_stops_generating(remot
     assert served.new_tokens < 300
 
 
+def test_cancel_wakes_a_read_waiting_on_a_silent_upstream(remote, fake):
+    """The server goes quiet after one chunk: the cancel still ends the call, because the socket is shut down under the read."""
+    fake.stall_after_first_chunk = True
+    try:
+        request = remote.request(STORY, max_new_tokens=300)
+        first = threading.Event()
+        outcome: dict = {}
+        worker = threading.Thread(target=lambda: outcome.update(result=remote.generate(request, lambda _t: first.set())))
+        worker.start()
+        assert first.wait(120)
+        request.cancel.set()
+        worker.join(30)  # hang guard: without the shutdown the read would wait the full 120 s timeout
+        assert not worker.is_alive() and outcome["result"].finish_reason == "cancelled"
+        served = fake.served[-1]
+        assert fake.wait_for(served.done.is_set) and served.client_gone_at is not None
+    finally:
+        fake.stall_after_first_chunk = False
+
+
 def test_an_upstream_that_is_down_gives_a_readable_engine_error(backend):
     """Nobody listening on the port: an EngineError that says the server refused the connection."""
     down = OpenAIBackend(RemoteConfig(base_url=f"http://127.0.0.1:{free_port()}/v1", model="m", timeout=5),
