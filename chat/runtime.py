@@ -82,8 +82,16 @@ class Runtime:
             from .engine.remote import OpenAIBackend
 
             backend = OpenAIBackend.from_config(self.remote_config(), progress=self._progress)
+            admission = None
+            if settings.CHAT_REMOTE_GLOBAL_CONCURRENCY:
+                from .engine.admission import RedisAdmission
+
+                # One queue per server and model, whichever process joins it.
+                admission = RedisAdmission(settings.REDIS_URL, backend.fingerprint[:16],
+                                           capacity=settings.CHAT_REMOTE_GLOBAL_CONCURRENCY,
+                                           lease_seconds=settings.CHAT_REMOTE_LEASE_SECONDS)
             scheduler = ConcurrentScheduler(backend, max_running=settings.CHAT_REMOTE_MAX_CONCURRENCY,
-                                            max_waiting=settings.CHAT_MAX_QUEUE)
+                                            max_waiting=settings.CHAT_MAX_QUEUE, admission=admission)
             return backend, scheduler
         from .engine.loading import load_backend
         from .engine.scheduler import Scheduler

@@ -199,6 +199,9 @@ CHAT_REMOTE_API_KEY = env("CHAT_REMOTE_API_KEY", "")  # sent as a Bearer token; 
 CHAT_REMOTE_MAX_CONCURRENCY = envint("CHAT_REMOTE_MAX_CONCURRENCY", 8)  # open streams per process
 CHAT_REMOTE_TIMEOUT = envfloat("CHAT_REMOTE_TIMEOUT", 60.0)  # connect, and longest wait for the next token
 CHAT_REMOTE_CONTEXT_LENGTH = envint("CHAT_REMOTE_CONTEXT_LENGTH", 0)  # 0: from the tokenizer folder, else unknown
+# Many processes, one server: a global FIFO in Redis (REDIS_URL) with this many slots; 0: per-process limit only.
+CHAT_REMOTE_GLOBAL_CONCURRENCY = envint("CHAT_REMOTE_GLOBAL_CONCURRENCY", 0)
+CHAT_REMOTE_LEASE_SECONDS = envfloat("CHAT_REMOTE_LEASE_SECONDS", 10.0)  # a dead process's tickets expire after this
 # A local tokenizer folder for token counts; empty: CHAT_MODEL_PATH or the bundled model if present; "none": none.
 CHAT_REMOTE_TOKENIZER = env("CHAT_REMOTE_TOKENIZER", "")
 
@@ -214,6 +217,10 @@ if CHAT_BACKEND == "openai":
         raise ImproperlyConfigured("CHAT_BACKEND=openai needs CHAT_REMOTE_MODEL, the served model's name")
     if CHAT_REMOTE_MAX_CONCURRENCY < 1:
         raise ImproperlyConfigured("CHAT_REMOTE_MAX_CONCURRENCY must be at least 1")
+    if CHAT_REMOTE_GLOBAL_CONCURRENCY < 0:
+        raise ImproperlyConfigured("CHAT_REMOTE_GLOBAL_CONCURRENCY must be 0 (off) or a number of streams")
+    if CHAT_REMOTE_LEASE_SECONDS < 1:
+        raise ImproperlyConfigured("CHAT_REMOTE_LEASE_SECONDS must be at least 1")
     if CHAT_REMOTE_TIMEOUT <= 0:
         raise ImproperlyConfigured("CHAT_REMOTE_TIMEOUT must be a positive number of seconds")
     if CHAT_REMOTE_CONTEXT_LENGTH < 0:

@@ -395,7 +395,8 @@ def _http_error(response: http.client.HTTPResponse, target: str) -> EngineError:
     except ValueError:
         payload = raw.strip()[:300]
     message = _error_message(payload)
-    code = payload.get("error", {}).get("code") if isinstance(payload, dict) and isinstance(payload.get("error"), dict) else None
+    error = payload.get("error") if isinstance(payload, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None  # OpenAI: "context_length_exceeded"
     if response.status in (400, 413, 422) and (code == "context_length_exceeded" or _CONTEXT_ERROR.search(message)):
         return PromptTooLong(f"the prompt is too long for the model: {message}")
     if response.status in (401, 403):
