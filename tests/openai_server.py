@@ -50,6 +50,7 @@ class FakeOpenAIServer:
         self.leak_stop_strings = leak_stop_strings
         self.fail_with: int | None = None  # answer every completion with this HTTP status
         self.stall_after_first_chunk = False  # then send nothing more until the client goes away
+        self.garbage: bytes | None = None  # sent as the first event's data instead of JSON
         self.served: list[Served] = []
         self.active = 0  # streams open right now
         self._lock = threading.Lock()
@@ -190,6 +191,8 @@ class _Handler(BaseHTTPRequestHandler):
 
         send(chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                      "finish_reason": None}]))
+        if self.fake.garbage is not None:
+            send(self.fake.garbage)
 
         def on_text(text: str) -> None:
             if send(chunk([{"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}])):

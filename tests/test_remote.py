@@ -136,6 +136,16 @@ def test_an_upstream_500_gives_a_readable_engine_error(remote, fake):
         fake.fail_with = None
 
 
+def test_a_malformed_event_gives_a_readable_engine_error(remote, fake):
+    """An event that is not JSON ends the answer with an EngineError quoting it, not a parser traceback."""
+    fake.garbage = b"{not json"
+    try:
+        with pytest.raises(EngineError, match="malformed event.*not json"):
+            remote.generate(remote.request(COUNT, max_new_tokens=4))
+    finally:
+        fake.garbage = None
+
+
 def test_a_context_length_refusal_is_prompt_too_long(fake, backend):
     """With no local context limit, the server's "maximum context length" 400 becomes PromptTooLong."""
     remote = remote_for(fake, backend, context_length=0, max_new_tokens_cap=10**6)
@@ -177,6 +187,27 @@ class Events:
     def has(self, kind) -> bool:
         with self.cond:
             return any(isinstance(e, kind) for e in self.items)
+
+
+def test_a_misconfigured_remote_backend_fails_at_start_up_with_a_clear_message():
+    """CHAT_BACKEND=openai without a URL, or with a bad number, stops Django from starting and says what to set."""
+    import os
+    import subprocess
+    import sys
+
+    from chat.liveserver import ROOT
+
+    def start(**env) -> str:
+        done = subprocess.run([sys.executable, "-c", "import django; django.setup()"], cwd=ROOT,
+                              env={**os.environ, "DJANGO_SETTINGS_MODULE": "project.settings", **env},
+                              capture_output=True, text=True)
+        assert done.returncode != 0
+        return done.stderr
+
+    assert "needs CHAT_REMOTE_URL" in start(CHAT_BACKEND="openai", CHAT_REMOTE_MODEL="m")
+    assert "needs CHAT_REMOTE_MODEL" in start(CHAT_BACKEND="openai", CHAT_REMOTE_URL="http://127.0.0.1:1/v1")
+    assert "CHAT_REMOTE_TIMEOUT='soon' is not a number" in start(CHAT_BACKEND="openai", CHAT_REMOTE_TIMEOUT="soon")
+    assert "CHAT_BACKEND='vllm'" in start(CHAT_BACKEND="vllm")
 
 
 def test_two_requests_stream_at_once_and_a_third_waits_with_a_truthful_position(remote, fake):
@@ -226,3 +257,20 @@ def test_a_failing_upstream_fails_one_request_and_the_queue_goes_on(remote, fake
     finally:
         fake.fail_with = None
         scheduler.close()
+
+
+@pytest.mark.django_db
+def test_healthz_names_the_remote_backend_and_reports_an_unreachable_upstream_as_degraded(settings, monkeypatch,
+                                                                                          runtime, backend):
+    """/healthz says which backend and model serve; an upstream that does not answer is "degraded", not "ok"."""
+    down = OpenAIBackend(RemoteConfig(base_url=f"http://127.0.0.1:{free_port()}/v1", model="served-model"),
+                         tokenizer=backend.tokenizer)
+    settings.CHAT_BACKEND, settings.CHAT_REMOTE_URL = "openai", down.config.base_url
+    monkeypatch.setattr(runtime, "backend", down)
+    from django.test import Client
+
+    response = Client().get("/healthz")
+    report = response.json()
+    assert response.status_code == 200 and report["status"] == "degraded"
+    assert report["backend"] == "openai" and report["model_name"] == "served-model"
+    assert report["upstream"] == down.config.base_url and report["upstream_status"].startswith("unavailable")

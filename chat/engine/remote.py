@@ -370,12 +370,12 @@ class _Stream:
             return "stop_string"
         if self.upstream_finish == "length":
             return "length"
-        if self.upstream_finish is not None:
-            # vLLM says which stop fired (stop_reason: the string, or a token id); others only say "stop".
-            if isinstance(self.stop_reason, str) and self.stop_reason in self.request.stop_strings:
-                return "stop_string"
-            return "eos"
-        return "cancelled"
+        if self.upstream_finish is None and self.request.cancel.is_set():
+            return "cancelled"
+        # vLLM says which stop fired (stop_reason: the string, or a token id); others only say "stop".
+        if isinstance(self.stop_reason, str) and self.stop_reason in self.request.stop_strings:
+            return "stop_string"
+        return "eos"  # "stop", a [DONE] without a reason, or a reason we do not know ("content_filter")
 
 
 def _error_message(payload) -> str:
