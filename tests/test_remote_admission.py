@@ -79,7 +79,8 @@ def test_two_processes_share_global_capacity_and_global_positions(fake, backend,
         b.cancel(tickets["b1"])  # a slot frees in B: the global head (B's) starts, A's waiter is next
         sinks["b2"].wait(TextChunk)
         assert fake.wait_for(lambda: positions(sinks["a3"])[-1:] == [1])
-        assert not sinks["a3"].has(Started) and fake.active == 2
+        assert not sinks["a3"].has(Started) and (a.running, b.running) == (1, 1)
+        assert a._admission.counts() == (2, 1)  # (running, waiting) in the global queue
 
         a.cancel(tickets["a1"])  # a slot frees in A: A's waiter starts
         sinks["a3"].wait(TextChunk)
