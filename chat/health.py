@@ -36,15 +36,20 @@ def health() -> tuple[bool, dict]:
         "status": "ok",
         "model": model,
         "model_name": runtime.backend.model_id if runtime.backend else None,
+        "backend": settings.CHAT_BACKEND,
         "detail": runtime.detail,
         "redis": redis_status(),
         "database": database_status(),
         "cache": completion_cache.status(),
     }
-    # Without Redis the chat still answers, uncached: degraded, not down.
+    if settings.CHAT_BACKEND == "openai":
+        report["upstream"] = settings.CHAT_REMOTE_URL
+        report["upstream_status"] = runtime.backend.probe() if runtime.backend else runtime.state
+    # Without Redis the chat still answers, uncached: degraded, not down. Every process shares
+    # one inference server, so its outage is reported but does not pull this one out of rotation.
     ready = model == "ready" and report["database"] == "ok"
     if not ready:
         report["status"] = "loading" if runtime.state in {"idle", "loading"} else "unavailable"
-    elif report["redis"] != "ok" or report["cache"] != "ok":
+    elif report["redis"] != "ok" or report["cache"] != "ok" or report.get("upstream_status", "ok") != "ok":
         report["status"] = "degraded"
     return ready, report

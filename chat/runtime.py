@@ -53,14 +53,56 @@ class Runtime:
         self.detail = line.strip()
         log.info("%s", line)  # the newcomer watching `make run` sees each step
 
-    def _load(self) -> None:
+    def remote_config(self):
+        """The inference server's settings (CHAT_BACKEND=openai)."""
+        from .engine.remote import RemoteConfig
+
+        tokenizer = settings.CHAT_REMOTE_TOKENIZER
+        if tokenizer == "":
+            from .checks import model_dir
+
+            folder = model_dir()  # the local model's folder doubles as the tokenizer when it is there
+            tokenizer = str(folder) if folder is not None else None
+        elif tokenizer == "none":
+            tokenizer = None
+        return RemoteConfig(
+            base_url=settings.CHAT_REMOTE_URL,
+            model=settings.CHAT_REMOTE_MODEL,
+            api_key=settings.CHAT_REMOTE_API_KEY,
+            timeout=settings.CHAT_REMOTE_TIMEOUT,
+            context_length=settings.CHAT_REMOTE_CONTEXT_LENGTH,
+            tokenizer_path=tokenizer,
+            max_new_tokens_cap=settings.CHAT_MAX_NEW_TOKENS_CAP,
+        )
+
+    def _make_engine(self):
+        """(backend, scheduler) for the configured CHAT_BACKEND."""
+        if settings.CHAT_BACKEND == "openai":
+            from .engine.concurrent import ConcurrentScheduler
+            from .engine.remote import OpenAIBackend
+
+            backend = OpenAIBackend.from_config(self.remote_config(), progress=self._progress)
+            admission = None
+            if settings.CHAT_REMOTE_GLOBAL_CONCURRENCY:
+                from .engine.admission import RedisAdmission
+
+                # One queue per server and model, whichever process joins it.
+                admission = RedisAdmission(settings.REDIS_URL, backend.fingerprint[:16],
+                                           capacity=settings.CHAT_REMOTE_GLOBAL_CONCURRENCY,
+                                           lease_seconds=settings.CHAT_REMOTE_LEASE_SECONDS)
+            scheduler = ConcurrentScheduler(backend, max_running=settings.CHAT_REMOTE_MAX_CONCURRENCY,
+                                            max_waiting=settings.CHAT_MAX_QUEUE, admission=admission)
+            return backend, scheduler
         from .engine.loading import load_backend
         from .engine.scheduler import Scheduler
 
+        backend = load_backend(self.engine_config(), progress=self._progress)
+        return backend, Scheduler(backend, max_waiting=settings.CHAT_MAX_QUEUE, max_batch=settings.CHAT_MAX_BATCH)
+
+    def _load(self) -> None:
         started = time.perf_counter()
         try:
-            backend = load_backend(self.engine_config(), progress=self._progress)
-            self.scheduler = Scheduler(backend, max_waiting=settings.CHAT_MAX_QUEUE, max_batch=settings.CHAT_MAX_BATCH)
+            backend, self.scheduler = self._make_engine()
             from .metrics import track_scheduler
 
             track_scheduler(self.scheduler)

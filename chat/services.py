@@ -109,7 +109,8 @@ def _fit_prompt(backend, policy: policies.ResolvedPolicy, history: list[dict], t
         history = history[2:]
 
 
-def _request_for(backend, policy: policies.ResolvedPolicy, input_ids: list[int], label: str) -> GenerationRequest:
+def _request_for(backend, policy: policies.ResolvedPolicy, input_ids: list[int], label: str,
+                 messages: list[dict]) -> GenerationRequest:
     eos_ids = tuple(i for i in (backend.token_id(t) for t in policy.extra_eos_tokens) if i is not None)
     return GenerationRequest(
         input_ids=input_ids,
@@ -120,6 +121,7 @@ def _request_for(backend, policy: policies.ResolvedPolicy, input_ids: list[int],
         top_p=policy.top_p,
         json_schema=policy.schema if policy.constrained else None,
         label=label,
+        messages=messages,
     )
 
 
@@ -153,7 +155,7 @@ def _prepare(owner: Owner, prompt, backend) -> _Prepared:
             policy_id=policy.id,
             policy_version=policy.version if policy.id else None,
         )
-    request = _request_for(backend, policy, input_ids, prompt.request_id)
+    request = _request_for(backend, policy, input_ids, prompt.request_id, messages)
     key = _cache_key(backend, policy, rendered, request) if policy.cache_enabled else None
     return _Prepared(conversation, assistant, policy, messages, rendered, request, key)
 
@@ -478,7 +480,7 @@ class _TurnRun:
         input_ids = backend.encode(backend.render(messages))
         if len(input_ids) + self.request.max_new_tokens > backend.context_length:
             return False
-        self.request = replace(self.request, input_ids=input_ids)  # same cancel flag
+        self.request = replace(self.request, input_ids=input_ids, messages=messages)  # same cancel flag
         try:
             turn._submit(self.request)
         except EngineError:

@@ -37,6 +37,16 @@ def envint(name: str, default: int) -> int:
         raise ImproperlyConfigured(f"{name}={value!r} is not an integer") from None
 
 
+def envfloat(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not a number") from None
+
+
 def envlist(name: str, default: str) -> list[str]:
     return [item.strip() for item in env(name, default).split(",") if item.strip()]
 
@@ -180,3 +190,43 @@ CHAT_MAX_BATCH = envint("CHAT_MAX_BATCH", 4)  # concurrent answers per generate 
 CHAT_HISTORY_TURNS = envint("CHAT_HISTORY_TURNS", 20)  # earlier messages sent back to the model
 CHAT_SYSTEM_PROMPT = env("CHAT_SYSTEM_PROMPT", "")
 CHAT_LOAD_MODEL = envbool("CHAT_LOAD_MODEL", True)  # off: serve pages/admin without a model
+
+# -- the model on an inference server (CHAT_BACKEND=openai) ----------------------
+# Any OpenAI-compatible streaming chat API: vLLM, text-generation-inference, ...
+CHAT_BACKEND = env("CHAT_BACKEND", "local")  # local: the model in this process; openai: a remote server
+CHAT_REMOTE_URL = env("CHAT_REMOTE_URL", "").rstrip("/")  # API root, e.g. http://10.0.0.5:8000/v1
+CHAT_REMOTE_MODEL = env("CHAT_REMOTE_MODEL", "")  # the served model's name
+CHAT_REMOTE_API_KEY = env("CHAT_REMOTE_API_KEY", "")  # sent as a Bearer token; empty sends none
+CHAT_REMOTE_MAX_CONCURRENCY = envint("CHAT_REMOTE_MAX_CONCURRENCY", 8)  # open streams per process
+CHAT_REMOTE_TIMEOUT = envfloat("CHAT_REMOTE_TIMEOUT", 60.0)  # connect, and longest wait for the next token
+CHAT_REMOTE_CONTEXT_LENGTH = envint("CHAT_REMOTE_CONTEXT_LENGTH", 0)  # 0: from the tokenizer folder, else unknown
+# Many processes, one server: a global FIFO in Redis (REDIS_URL) with this many slots; 0: per-process limit only.
+CHAT_REMOTE_GLOBAL_CONCURRENCY = envint("CHAT_REMOTE_GLOBAL_CONCURRENCY", 0)
+CHAT_REMOTE_LEASE_SECONDS = envfloat("CHAT_REMOTE_LEASE_SECONDS", 10.0)  # a dead process's tickets expire after this
+# A local tokenizer folder for token counts; empty: CHAT_MODEL_PATH or the bundled model if present; "none": none.
+CHAT_REMOTE_TOKENIZER = env("CHAT_REMOTE_TOKENIZER", "")
+
+if CHAT_BACKEND not in {"local", "openai"}:
+    raise ImproperlyConfigured(f"CHAT_BACKEND={CHAT_BACKEND!r}: use 'local' or 'openai'")
+if CHAT_BACKEND == "openai":
+    if not CHAT_REMOTE_URL.startswith(("http://", "https://")):
+        raise ImproperlyConfigured(
+            f"CHAT_BACKEND=openai needs CHAT_REMOTE_URL, the server's API root such as http://host:8000/v1 "
+            f"(got {CHAT_REMOTE_URL!r})"
+        )
+    if not CHAT_REMOTE_MODEL:
+        raise ImproperlyConfigured("CHAT_BACKEND=openai needs CHAT_REMOTE_MODEL, the served model's name")
+    if CHAT_REMOTE_MAX_CONCURRENCY < 1:
+        raise ImproperlyConfigured("CHAT_REMOTE_MAX_CONCURRENCY must be at least 1")
+    if CHAT_REMOTE_GLOBAL_CONCURRENCY < 0:
+        raise ImproperlyConfigured("CHAT_REMOTE_GLOBAL_CONCURRENCY must be 0 (off) or a number of streams")
+    if CHAT_REMOTE_LEASE_SECONDS < 1:
+        raise ImproperlyConfigured("CHAT_REMOTE_LEASE_SECONDS must be at least 1")
+    if CHAT_REMOTE_TIMEOUT <= 0:
+        raise ImproperlyConfigured("CHAT_REMOTE_TIMEOUT must be a positive number of seconds")
+    if CHAT_REMOTE_CONTEXT_LENGTH < 0:
+        raise ImproperlyConfigured("CHAT_REMOTE_CONTEXT_LENGTH must be 0 (unknown) or a number of tokens")
+    if CHAT_REMOTE_TOKENIZER not in {"", "none"} and not (Path(CHAT_REMOTE_TOKENIZER) / "tokenizer_config.json").is_file():
+        raise ImproperlyConfigured(
+            f"CHAT_REMOTE_TOKENIZER={CHAT_REMOTE_TOKENIZER}: no tokenizer_config.json there (use 'none' to count nothing)"
+        )

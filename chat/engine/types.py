@@ -36,6 +36,7 @@ class GenerationRequest:
         json_schema: constrain decoding so the output is JSON valid for this schema.
         min_new_tokens: suppress eos until this many tokens (benchmarks use it for fixed lengths).
         cancel: set it from any thread to stop after at most one more decode step.
+        messages: the chat as role/content dicts; a remote backend sends these instead of input_ids.
     """
 
     input_ids: list[int]
@@ -48,6 +49,7 @@ class GenerationRequest:
     min_new_tokens: int = 0
     cancel: threading.Event = field(default_factory=threading.Event)
     label: str = ""
+    messages: list[dict] | None = None
 
 
 @dataclass

@@ -1,0 +1,280 @@
+"""Many streams at once to an inference server that batches by itself: N slots, FIFO beyond them.
+
+`Scheduler` runs one `generate_batch` at a time, right for a model in this process.
+An inference server (vLLM, TGI) batches continuously, so here every request streams
+on its own thread as soon as one of `max_running` slots is free. Same public interface
+as `Scheduler` (expect, unexpect, submit, cancel, waiting, running, close) and the same
+events to each sink: Queued* -> Started -> TextChunk* -> Finished | Failed.
+
+Queue positions: 0 means the request starts now; a waiter's position is 1 (one of the
+running streams must end) plus the waiters ahead of it, as `Scheduler` counts a running batch.
+
+With an `admission` (chat/engine/admission.py) the slots and the queue are global, shared
+through Redis by every process using the same server; positions are then ranks in the
+global queue. If Redis cannot be reached the scheduler says so in the log and admits up
+to its own `max_running`, and goes back to the global queue once Redis answers again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from .scheduler import Sink, Ticket
+from .types import (
+    EngineError,
+    Failed,
+    Finished,
+    GenerationRequest,
+    GenerationResult,
+    Queued,
+    QueueFull,
+    Started,
+    TextChunk,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class RemoteTicket(Ticket):
+    """A ticket with its place in the global queue, when there is one."""
+
+    admission_id: str | None = None
+    position: int = 0
+
+
+class ConcurrentScheduler:
+    """Streams up to `max_running` requests at once through `backend.generate`, the rest wait in order.
+
+    A cancelled waiter leaves the queue at once (the server never hears of it); a
+    cancelled runner's stream is closed by the backend and its slot goes to the next waiter.
+
+    Args:
+        backend: anything with `generate(request, on_text)`.
+        max_running: streams open at once from this process.
+        max_waiting: further submissions are refused with QueueFull.
+        admission: a shared queue (RedisAdmission) whose slots every process must hold; None for per-process only.
+    """
+
+    def __init__(self, backend, *, max_running: int = 8, max_waiting: int = 64, admission=None):
+        self.backend = backend
+        self.max_running = max(1, max_running)
+        self.max_waiting = max_waiting
+        self._waiting: deque[RemoteTicket] = deque()
+        self._running: set[RemoteTicket] = set()
+        self._lock = threading.Lock()
+        self._numbers = itertools.count(1)
+        self._closed = False
+        self._pool = ThreadPoolExecutor(max_workers=self.max_running, thread_name_prefix="remote-stream")
+        self._admission = admission
+        self._global = admission is not None  # False while Redis is unreachable
+        self._down = admission.errors if admission is not None else ()
+        if admission is not None:
+            threading.Thread(target=self._coordinate, name="remote-admission", daemon=True).start()
+
+    # -- public ---------------------------------------------------------------
+
+    def expect(self) -> None:
+        """Nothing to gather: the server batches whatever arrives."""
+
+    def unexpect(self) -> None:
+        """See `expect`."""
+
+    def submit(self, request: GenerationRequest, sink: Sink, *, expected: bool = False) -> tuple[Ticket, int]:
+        """Start `request` now if a slot is free, else queue it; returns its ticket and queue position."""
+        with self._lock:
+            if self._closed:
+                raise EngineError("the server is shutting down")
+            ticket = RemoteTicket(request, sink, number=next(self._numbers))
+            position = self._place_global(ticket) if self._global else self._place_local(ticket)
+            if position == 0:
+                self._running.add(ticket)
+            else:
+                self._waiting.append(ticket)
+                ticket.position = position
+        if position == 0:
+            self._pool.submit(self._run, ticket)
+        return ticket, position
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Stop `ticket` wherever it is; a no-op once it has finished."""
+        ticket.request.cancel.set()  # a running stream's backend closes the connection on this
+        with self._lock:
+            try:
+                self._waiting.remove(ticket)
+            except ValueError:
+                return
+            moved = [] if self._global else list(self._waiting)
+        self._release(ticket)  # other processes' waiters move up
+        _finish_cancelled(ticket)
+        _announce(moved)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    def close(self) -> None:
+        """Cancel every waiter and every open stream (the server sees the connections close)."""
+        with self._lock:
+            self._closed = True
+            pending, self._waiting = list(self._waiting), deque()
+            running = list(self._running)
+        for ticket in pending:
+            ticket.request.cancel.set()
+            self._release(ticket)
+            _finish_cancelled(ticket)
+        for ticket in running:
+            ticket.request.cancel.set()
+        self._pool.shutdown(wait=False)
+
+    # -- admission ------------------------------------------------------------
+
+    def _place_local(self, ticket: RemoteTicket) -> int:
+        if len(self._running) < self.max_running and not self._waiting:
+            return 0
+        if len(self._waiting) >= self.max_waiting:
+            raise QueueFull(f"the server is busy: {len(self._waiting)} answers are waiting; try again shortly")
+        return len(self._waiting) + 1
+
+    def _place_global(self, ticket: RemoteTicket) -> int:
+        if len(self._waiting) >= self.max_waiting:
+            raise QueueFull(f"the server is busy: {len(self._waiting)} answers are waiting; try again shortly")
+        ticket.admission_id = self._admission.new_id()
+        try:
+            return self._admission.join(ticket.admission_id, room=self.max_running - len(self._running))
+        except self._down as exc:
+            ticket.admission_id = None
+            self._fall_back(exc)
+            return self._place_local(ticket)
+
+    def _fall_back(self, exc: Exception) -> None:
+        """Redis is away: admit by this process's own limit (called with the lock held)."""
+        if self._global:
+            log.warning("the shared admission queue in Redis is unreachable (%s); admitting up to %d streams "
+                        "in this process alone until it answers again", exc, self.max_running)
+        self._global = False
+
+    def _release(self, ticket: RemoteTicket) -> None:
+        if ticket.admission_id is None or not self._global:
+            return
+        try:
+            self._admission.release(ticket.admission_id)
+        except self._down as exc:
+            with self._lock:
+                self._fall_back(exc)
+
+    def _coordinate(self) -> None:
+        """Renew leases, take this process's turns and tell waiters their positions, whenever the queue moves."""
+        admission = self._admission
+        while not self._closed:
+            try:
+                if self._global:
+                    admission.wait(admission.renew_seconds)
+                    self._tick()
+                else:
+                    time.sleep(admission.renew_seconds)
+                    self._rejoin()
+            except self._down as exc:
+                with self._lock:
+                    self._fall_back(exc)
+                self._promote_local()
+        admission.close()
+
+    def _tick(self) -> None:
+        with self._lock:
+            if not self._global or self._closed:
+                return
+            runners = [t for t in self._running if t.admission_id]
+            waiters = list(self._waiting)
+            results = self._admission.admit([t.admission_id for t in runners + waiters],
+                                            room=self.max_running - len(self._running))
+            promoted, moved = [], []
+            for ticket, position in zip(waiters, results[len(runners):]):
+                if position == -1:  # our lease lapsed (this process stalled): queue again, at the back
+                    position = self._admission.join(ticket.admission_id, room=0)
+                if position == 0:
+                    self._waiting.remove(ticket)
+                    self._running.add(ticket)
+                    promoted.append(ticket)
+                elif position != ticket.position:
+                    ticket.position = position
+                    moved.append(ticket)
+        for ticket in promoted:
+            self._pool.submit(self._run, ticket)
+        for ticket in moved:
+            ticket.sink(Queued(position=ticket.position))
+
+    def _rejoin(self) -> None:
+        """Redis answers again: this process's waiters join the global queue, oldest first."""
+        with self._lock:
+            if self._closed:
+                return
+            self._admission.client.ping()
+            for ticket in self._waiting:
+                ticket.admission_id = self._admission.new_id()
+                self._admission.join(ticket.admission_id, room=0)
+            self._global = True
+        log.info("the shared admission queue in Redis answers again; using it")
+        self._tick()
+
+    def _promote_local(self) -> None:
+        with self._lock:
+            promoted = []
+            while self._waiting and len(self._running) < self.max_running and not self._closed:
+                ticket = self._waiting.popleft()
+                self._running.add(ticket)
+                promoted.append(ticket)
+            moved = list(self._waiting) if promoted else []
+        for ticket in promoted:
+            self._pool.submit(self._run, ticket)
+        _announce(moved)
+
+    # -- worker ---------------------------------------------------------------
+
+    def _run(self, ticket: RemoteTicket) -> None:
+        try:
+            self._stream(ticket)
+        finally:
+            with self._lock:
+                self._running.discard(ticket)
+            self._release(ticket)  # the coordinator hears of it and admits the next
+            if not self._global:
+                self._promote_local()
+
+    def _stream(self, ticket: Ticket) -> None:
+        request = ticket.request
+        if request.cancel.is_set():  # cancelled between leaving the queue and starting
+            _finish_cancelled(ticket)
+            return
+        ticket.sink(Started(at=time.perf_counter()))
+        try:
+            result = self.backend.generate(request, lambda text: ticket.sink(TextChunk(text)))
+        except Exception as exc:  # the queue must go on whatever one request does
+            if isinstance(exc, EngineError):
+                log.warning("generation failed for %s: %s", request.label or ticket.number, exc)
+            else:
+                log.exception("generation failed for %s", request.label or ticket.number)
+            ticket.sink(Failed(error=f"{type(exc).__name__}: {exc}", at=time.perf_counter()))
+            return
+        ticket.sink(Finished(result))
+
+
+def _finish_cancelled(ticket: Ticket) -> None:
+    now = time.perf_counter()
+    ticket.sink(Finished(GenerationResult("", "cancelled", 0, len(ticket.request.input_ids), now, None, now)))
+
+
+def _announce(tickets: list[Ticket]) -> None:
+    for index, ticket in enumerate(tickets):
+        ticket.position = index + 1
+        ticket.sink(Queued(position=index + 1))

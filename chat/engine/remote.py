@@ -1,0 +1,404 @@
+"""An inference server (vLLM, text-generation-inference) behind the OpenAI-compatible streaming chat API.
+
+`OpenAIBackend` stands in for `LocalBackend`: the rest of the app renders, counts,
+caches and streams the same way, but tokens come from `POST {base_url}/chat/completions`
+with `stream: true`. What has no remote meaning is decided here:
+
+- `render(messages)` is a canonical JSON of the messages: that, not a local template,
+  is what the server receives, so it is what the cache key must cover.
+- Token counts (prompt-length guard, history trimming, policy checks) use a local
+  tokenizer when one is configured (the served model's tokenizer folder); without one
+  the prompt is not counted here and the server's "context length" 400 becomes PromptTooLong.
+- Batching is the server's business: `batch_signature` says "alone" for every request.
+
+Cancellation closes the upstream socket at once (a watcher shuts it down, so a read
+waiting for the next token returns), which is how vLLM and TGI learn to stop generating.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import logging
+import re
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+from urllib.parse import urlsplit
+
+from .stopping import StopStringHoldback
+from .types import EngineError, GenerationRequest, GenerationResult, PromptTooLong
+
+log = logging.getLogger(__name__)
+
+OnText = Callable[[str], None]
+
+# How often a stream's cancel watcher looks whether the stream ended by itself; a cancel wakes it at once.
+_WATCH_SECONDS = 0.05
+# vLLM: "maximum context length is"; OpenAI: code context_length_exceeded; TGI: "must be <= N".
+_CONTEXT_ERROR = re.compile(r"context[ _]length|maximum context|must be <=|too many tokens|prompt is too long", re.I)
+
+
+@dataclass(frozen=True)
+class RemoteConfig:
+    """Where the inference server is and how to talk to it.
+
+    Args:
+        base_url: the API root, e.g. "http://10.0.0.5:8000/v1" (the path before /chat/completions).
+        model: the served model's name, sent as `model` in every request.
+        api_key: sent as `Authorization: Bearer`; empty sends none.
+        timeout: seconds to connect, and the longest wait for the next streamed token.
+        context_length: the served model's context in tokens; 0 means unknown (the server decides).
+        tokenizer_path: a local tokenizer folder for counting tokens; None counts nothing locally.
+        max_new_tokens_cap: server-side ceiling on any request's max_new_tokens (sent as max_tokens).
+    """
+
+    base_url: str
+    model: str
+    api_key: str = ""
+    timeout: float = 60.0
+    context_length: int = 0
+    tokenizer_path: str | None = None
+    max_new_tokens_cap: int = 1024
+
+
+def canonical_messages(messages: list[dict]) -> str:
+    return json.dumps(messages, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+class OpenAIBackend:
+    """Streams answers from an OpenAI-compatible chat completions endpoint.
+
+    Args:
+        config: the server's address, model and limits.
+        tokenizer: a Hugging Face tokenizer for local counting, or None.
+    """
+
+    def __init__(self, config: RemoteConfig, tokenizer=None):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.model_id = config.model
+        # The weights live on the server; its URL and model name are what identify them here.
+        self.fingerprint = hashlib.sha256(f"{config.base_url.rstrip('/')}\n{config.model}".encode()).hexdigest()
+        # Unknown context: never refuse locally; the server's own check answers.
+        self.context_length = config.context_length or 1 << 62
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self.eos_token_ids = [eos] if eos is not None else []
+        url = urlsplit(config.base_url)
+        if url.scheme not in {"http", "https"} or not url.hostname:
+            raise ValueError(f"{config.base_url!r} is not an http(s) URL")
+        self._url = url
+        self._path = url.path.rstrip("/")
+
+    @classmethod
+    def from_config(cls, config: RemoteConfig, progress: Callable[[str], None] = log.info) -> "OpenAIBackend":
+        tokenizer = None
+        if config.tokenizer_path:
+            from transformers import AutoTokenizer
+
+            progress(f"Loading the tokenizer in {config.tokenizer_path} for token counts...")
+            tokenizer = AutoTokenizer.from_pretrained(str(config.tokenizer_path))
+            if not config.context_length:
+                config = _with_context_from(config, Path(config.tokenizer_path))
+        progress(f"Remote model {config.model} at {config.base_url}")
+        return cls(config, tokenizer)
+
+    # -- prompts --------------------------------------------------------------
+
+    def render(self, messages: list[dict]) -> str:
+        """The messages as the server receives them, canonical JSON (the cache key covers this)."""
+        return canonical_messages(messages)
+
+    def encode(self, rendered: str) -> list[int]:
+        """Token ids of the prompt as the local tokenizer's chat template renders it; [] without a tokenizer."""
+        if self.tokenizer is None:
+            return []
+        text = self.tokenizer.apply_chat_template(json.loads(rendered), tokenize=False, add_generation_prompt=True)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def token_count(self, text: str) -> int:
+        if self.tokenizer is None:
+            return 0
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        """Refuse, rather than truncate, a prompt that leaves no room for the answer."""
+        if prompt_tokens + max_new_tokens > self.context_length:
+            raise PromptTooLong(
+                f"the prompt is {prompt_tokens} tokens; with room for {max_new_tokens} new tokens "
+                f"that exceeds the model's context of {self.context_length} tokens"
+            )
+
+    def request(self, messages: list[dict], **options) -> GenerationRequest:
+        """A request for `messages` (convenience for plain Python)."""
+        options.setdefault("max_new_tokens", min(256, self.config.max_new_tokens_cap))
+        return GenerationRequest(input_ids=self.encode(self.render(messages)), messages=messages, **options)
+
+    def token_id(self, token: str) -> int | None:
+        """Id of a single token in the local tokenizer, or None (then it cannot be sent as a stop token)."""
+        if self.tokenizer is None:
+            return None
+        from .eos import token_id
+
+        return token_id(self.tokenizer, token)
+
+    # -- health ---------------------------------------------------------------
+
+    def probe(self, timeout: float = 1.0) -> str:
+        """"ok" when `GET {base}/models` answers and lists our model, else what is wrong."""
+        connection = self._connection(timeout)
+        try:
+            connection.request("GET", f"{self._path}/models", headers=self._headers())
+            response = connection.getresponse()
+            body = response.read(1 << 20)
+            if response.status != 200:
+                return f"unavailable: HTTP {response.status} from {self.config.base_url}/models"
+            served = [m.get("id") for m in json.loads(body).get("data", [])]
+            if self.config.model not in served:
+                return f"unavailable: {self.config.model!r} is not served (the server has {served})"
+            return "ok"
+        except (OSError, http.client.HTTPException, ValueError, AttributeError) as exc:
+            return f"unavailable: {exc or type(exc).__name__}"
+        finally:
+            connection.close()
+
+    # -- generation -----------------------------------------------------------
+
+    @staticmethod
+    def batch_signature(request: GenerationRequest):
+        """None: the server batches by itself, so requests never share a call here."""
+        return None
+
+    def generate_batch(self, requests: list[GenerationRequest], on_texts: list[OnText]) -> list[GenerationResult]:
+        """Stream each request on its own connection, all at once; results in request order."""
+        if len(requests) == 1:
+            return [self.generate(requests[0], on_texts[0])]
+        with ThreadPoolExecutor(max_workers=len(requests), thread_name_prefix="remote-batch") as pool:
+            futures = [pool.submit(self.generate, r, t) for r, t in zip(requests, on_texts)]
+            return [f.result() for f in futures]
+
+    def generate(self, request: GenerationRequest, on_text: OnText = lambda _text: None) -> GenerationResult:
+        """Stream one answer in the calling thread, handing visible text to `on_text`.
+
+        The text handed out, concatenated, is exactly `result.text`.
+        """
+        if request.messages is None:
+            raise EngineError("a remote request needs its chat messages (GenerationRequest.messages)")
+        max_new = max(1, min(request.max_new_tokens, self.config.max_new_tokens_cap))
+        if request.input_ids:
+            self.check_fits(len(request.input_ids), max_new)
+        stream = _Stream(self, request, on_text, max_new)
+        return stream.run()
+
+    def _body(self, request: GenerationRequest, max_new: int) -> dict:
+        body = {
+            "model": self.config.model,
+            "messages": request.messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": max_new,
+            "temperature": request.temperature,
+            "top_p": request.top_p,
+        }
+        if request.stop_strings:
+            body["stop"] = list(request.stop_strings)
+        if request.eos_token_ids:
+            body["stop_token_ids"] = list(request.eos_token_ids)  # vLLM's extension; asked for only by policy
+        if request.min_new_tokens:
+            body["min_tokens"] = request.min_new_tokens  # vLLM's extension
+        if request.json_schema is not None:
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "answer", "schema": request.json_schema, "strict": True},
+            }
+        return body
+
+    def _headers(self) -> dict:
+        headers = {"Accept": "application/json"}
+        if self.config.api_key:
+            headers["Authorization"] = f"Bearer {self.config.api_key}"
+        return headers
+
+    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+        kind = http.client.HTTPSConnection if self._url.scheme == "https" else http.client.HTTPConnection
+        return kind(self._url.hostname, self._url.port, timeout=timeout)
+
+
+def _with_context_from(config: RemoteConfig, folder: Path) -> RemoteConfig:
+    """The context length from the tokenizer folder's model config, when it has one."""
+    from dataclasses import replace
+
+    try:
+        model_config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return config
+    length = model_config.get("max_position_embeddings")
+    return replace(config, context_length=int(length)) if length else config
+
+
+class _Stream:
+    """One streamed completion: send, read SSE events, hold back stop strings, map the end."""
+
+    def __init__(self, backend: OpenAIBackend, request: GenerationRequest, on_text: OnText, max_new: int):
+        self.backend = backend
+        self.request = request
+        self.on_text = on_text
+        self.max_new = max_new
+        self.holdback = StopStringHoldback(request.stop_strings)
+        self.shown: list[str] = []
+        self.chunks = 0
+        self.usage: dict | None = None
+        self.upstream_finish: str | None = None
+        self.stop_reason = None
+        self.first_token_at: float | None = None
+        self._ended = threading.Event()
+
+    def run(self) -> GenerationResult:
+        started = time.perf_counter()
+        backend = self.backend
+        target = f"{backend.config.base_url.rstrip('/')}/chat/completions"
+        connection = backend._connection(backend.config.timeout)
+        try:
+            try:
+                connection.connect()
+                sock = connection.sock  # kept: getresponse() may hand the socket to the response
+                threading.Thread(target=self._watch_cancel, args=(sock,), name="remote-cancel", daemon=True).start()
+                body = json.dumps(backend._body(self.request, self.max_new)).encode()
+                connection.request("POST", f"{backend._path}/chat/completions", body=body,
+                                   headers={**backend._headers(), "Content-Type": "application/json"})
+                response = connection.getresponse()
+                if response.status != 200:
+                    raise _http_error(response, target)
+                self._read(response)
+            except (socket.timeout, TimeoutError):
+                if not self.request.cancel.is_set():
+                    raise EngineError(
+                        f"the inference server at {target} sent nothing for {backend.config.timeout:g} s"
+                    ) from None
+            except ConnectionRefusedError:
+                raise EngineError(f"the inference server at {target} refused the connection (is it running?)") from None
+            except (OSError, http.client.HTTPException) as exc:
+                if not self.request.cancel.is_set():
+                    raise EngineError(f"the connection to the inference server at {target} failed: {exc}") from None
+        finally:
+            self._ended.set()
+            connection.close()
+        finished = time.perf_counter()
+        tail = self.holdback.finish()
+        if tail:
+            self._show(tail)
+        usage = self.usage or {}
+        return GenerationResult(
+            text="".join(self.shown),
+            finish_reason=self._finish_reason(),
+            new_tokens=int(usage.get("completion_tokens") or self.chunks),
+            prompt_tokens=int(usage.get("prompt_tokens") or len(self.request.input_ids)),
+            started_at=started,
+            first_token_at=self.first_token_at,
+            finished_at=finished,
+        )
+
+    def _watch_cancel(self, sock: socket.socket) -> None:
+        """Shut the socket down the moment the request is cancelled, waking a read blocked on the next token."""
+        while not self._ended.is_set():
+            if self.request.cancel.wait(_WATCH_SECONDS):
+                if not self._ended.is_set():
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass  # already closed
+                return
+
+    def _read(self, response: http.client.HTTPResponse) -> None:
+        """Consume `data:` events (SSE) until [DONE], the end of the stream, or a cancel."""
+        data: list[str] = []
+        while not self.request.cancel.is_set():
+            raw = response.readline(1 << 20)
+            if not raw:
+                break  # connection closed (by the server, or by the cancel watcher)
+            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            if line.startswith("data:"):
+                data.append(line[5:].removeprefix(" "))
+                continue
+            if line or not data:
+                continue  # comments (":"), other fields, stray blank lines
+            payload, data = "\n".join(data), []
+            if payload.strip() == "[DONE]":
+                return
+            self._event(payload)
+            if self.holdback.stopped:
+                return  # the server streamed one of our stop strings: nothing after it is wanted
+        if not self.request.cancel.is_set() and self.upstream_finish is None and not self.holdback.stopped:
+            raise EngineError("the inference server closed the stream before the answer ended")
+
+    def _event(self, payload: str) -> None:
+        try:
+            event = json.loads(payload)
+        except ValueError:
+            raise EngineError(f"the inference server sent a malformed event: {payload[:200]!r}") from None
+        if not isinstance(event, dict):
+            raise EngineError(f"the inference server sent a malformed event: {payload[:200]!r}")
+        if "error" in event:  # vLLM reports a failure mid-stream this way
+            raise EngineError(f"the inference server failed mid-answer: {_error_message(event)}")
+        if event.get("usage"):
+            self.usage = event["usage"]
+        for choice in event.get("choices") or []:
+            delta = choice.get("delta") or {}
+            text = delta.get("content")
+            if text:
+                self.chunks += 1
+                self.first_token_at = self.first_token_at or time.perf_counter()
+                visible = self.holdback.feed(text)
+                if visible:
+                    self._show(visible)
+            if choice.get("finish_reason"):
+                self.upstream_finish = choice["finish_reason"]
+                self.stop_reason = choice.get("stop_reason")
+
+    def _show(self, text: str) -> None:
+        self.shown.append(text)
+        self.on_text(text)
+
+    def _finish_reason(self) -> str:
+        # A natural end the server already reported wins over a cancel that came after it.
+        if self.holdback.stopped:
+            return "stop_string"
+        if self.upstream_finish == "length":
+            return "length"
+        if self.upstream_finish is None and self.request.cancel.is_set():
+            return "cancelled"
+        # vLLM says which stop fired (stop_reason: the string, or a token id); others only say "stop".
+        if isinstance(self.stop_reason, str) and self.stop_reason in self.request.stop_strings:
+            return "stop_string"
+        return "eos"  # "stop", a [DONE] without a reason, or a reason we do not know ("content_filter")
+
+
+def _error_message(payload) -> str:
+    if isinstance(payload, dict):
+        error = payload.get("error", payload)
+        if isinstance(error, dict):
+            return str(error.get("message") or error)
+        return str(error)
+    return str(payload)
+
+
+def _http_error(response: http.client.HTTPResponse, target: str) -> EngineError:
+    """A readable error for a refused request; a context-length refusal is PromptTooLong."""
+    raw = response.read(1 << 16).decode("utf-8", errors="replace")
+    try:
+        payload = json.loads(raw)
+    except ValueError:
+        payload = raw.strip()[:300]
+    message = _error_message(payload)
+    error = payload.get("error") if isinstance(payload, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None  # OpenAI: "context_length_exceeded"
+    if response.status in (400, 413, 422) and (code == "context_length_exceeded" or _CONTEXT_ERROR.search(message)):
+        return PromptTooLong(f"the prompt is too long for the model: {message}")
+    if response.status in (401, 403):
+        return EngineError(f"the inference server refused our credentials (HTTP {response.status}): {message}")
+    return EngineError(f"the inference server at {target} answered HTTP {response.status}: {message}")
