@@ -98,11 +98,7 @@ class LocalBackend:
 
     def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
         """Refuse, rather than truncate, a prompt that leaves no room for the answer."""
-        if prompt_tokens + max_new_tokens > self.context_length:
-            raise PromptTooLong(
-                f"the prompt is {prompt_tokens} tokens; with room for {max_new_tokens} new tokens "
-                f"that exceeds the model's context of {self.context_length} tokens"
-            )
+        PromptTooLong.check(prompt_tokens, max_new_tokens, self.context_length)
 
     def request(self, messages: list[dict], **options) -> GenerationRequest:
         """Render and tokenize `messages` into a request (convenience for plain Python)."""

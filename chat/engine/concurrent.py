@@ -25,13 +25,12 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from .scheduler import Sink, Ticket
+from .scheduler import Sink, Ticket, finish_cancelled
 from .types import (
     EngineError,
     Failed,
     Finished,
     GenerationRequest,
-    GenerationResult,
     Queued,
     QueueFull,
     Started,
@@ -112,7 +111,7 @@ class ConcurrentScheduler:
                 return
             moved = [] if self._global else list(self._waiting)
         self._release(ticket)  # other processes' waiters move up
-        _finish_cancelled(ticket)
+        finish_cancelled(ticket)
         _announce(moved)
 
     @property
@@ -132,7 +131,7 @@ class ConcurrentScheduler:
         for ticket in pending:
             ticket.request.cancel.set()
             self._release(ticket)
-            _finish_cancelled(ticket)
+            finish_cancelled(ticket)
         for ticket in running:
             ticket.request.cancel.set()
         self._pool.shutdown(wait=False)
@@ -254,7 +253,7 @@ class ConcurrentScheduler:
     def _stream(self, ticket: Ticket) -> None:
         request = ticket.request
         if request.cancel.is_set():  # cancelled between leaving the queue and starting
-            _finish_cancelled(ticket)
+            finish_cancelled(ticket)
             return
         ticket.sink(Started(at=time.perf_counter()))
         try:
@@ -267,11 +266,6 @@ class ConcurrentScheduler:
             ticket.sink(Failed(error=f"{type(exc).__name__}: {exc}", at=time.perf_counter()))
             return
         ticket.sink(Finished(result))
-
-
-def _finish_cancelled(ticket: Ticket) -> None:
-    now = time.perf_counter()
-    ticket.sink(Finished(GenerationResult("", "cancelled", 0, len(ticket.request.input_ids), now, None, now)))
 
 
 def _announce(tickets: list[Ticket]) -> None:

@@ -44,6 +44,12 @@ class Ticket:
     number: int = 0
 
 
+def finish_cancelled(ticket: Ticket) -> None:
+    """Tell a request that never ran (or never will) that it ended, cancelled, with no text."""
+    now = time.perf_counter()
+    ticket.sink(Finished(GenerationResult("", "cancelled", 0, len(ticket.request.input_ids), now, None, now)))
+
+
 class Scheduler:
     """Runs requests in arrival order, batched where they can share a step, on a daemon thread.
 
@@ -111,8 +117,7 @@ class Scheduler:
             except ValueError:
                 return  # running (the stopping criterion sees the flag) or already done
             moved = list(self._waiting)
-        now = time.perf_counter()
-        ticket.sink(Finished(GenerationResult("", "cancelled", 0, len(ticket.request.input_ids), now, None, now)))
+        finish_cancelled(ticket)
         self._announce(moved)
 
     @property
@@ -185,7 +190,7 @@ class Scheduler:
         live = []
         for ticket in batch:
             if ticket.request.cancel.is_set():  # cancelled between leaving the queue and starting
-                ticket.sink(Finished(GenerationResult("", "cancelled", 0, len(ticket.request.input_ids), now, None, now)))
+                finish_cancelled(ticket)
             else:
                 ticket.sink(Started(at=now))
                 live.append(ticket)

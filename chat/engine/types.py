@@ -17,6 +17,15 @@ class EngineError(RuntimeError):
 class PromptTooLong(EngineError):
     code = "prompt_too_long"
 
+    @classmethod
+    def check(cls, prompt_tokens: int, max_new_tokens: int, context_length: int) -> None:
+        """Refuse, rather than truncate, a prompt that leaves no room for the answer."""
+        if prompt_tokens + max_new_tokens > context_length:
+            raise cls(
+                f"the prompt is {prompt_tokens} tokens; with room for {max_new_tokens} new tokens "
+                f"that exceeds the model's context of {context_length} tokens"
+            )
+
 
 class QueueFull(EngineError):
     code = "queue_full"
