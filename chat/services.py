@@ -200,12 +200,17 @@ def _store_answer(message_id: int, **fields) -> None:
         Conversation.objects.filter(messages__pk=message_id).update(updated_at=timezone.now())
 
 
-def _store_answer_once(message_id: int, **fields) -> None:
+def _closing_on_error(fn, *args, **kwargs):
+    """Call `fn`; on a database error close this thread's connection, so a locked or broken one is not reused."""
     try:
-        _store_answer(message_id, **fields)
+        return fn(*args, **kwargs)
     except DatabaseError:
-        connection.close()  # a locked or broken connection is not reused for the next attempt
+        connection.close()
         raise
+
+
+def _store_answer_once(message_id: int, **fields) -> None:
+    _closing_on_error(_store_answer, message_id, **fields)
 
 
 async def answer_store(*, message_id: int, request_id: str, **fields) -> bool:
@@ -300,10 +305,9 @@ async def turn_start(*, owner: Owner, prompt, send: Send) -> Turn:
     submitted = False
     try:
         try:
-            prepared = await sync_to_async(_prepare)(owner, prompt, backend)
+            prepared = await sync_to_async(_closing_on_error)(_prepare, owner, prompt, backend)
         except DatabaseError as exc:
             log.warning("could not start %s: %s", prompt.request_id, exc)
-            await sync_to_async(connection.close)()
             raise TurnError("storage_failed", "the database is unavailable, so the prompt was not started; "
                                               "try again in a moment") from None
         turn = Turn(
