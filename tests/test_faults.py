@@ -137,3 +137,35 @@ async def test_the_whole_chat_keeps_answering_while_redis_is_stopped(tmp_path, r
     finally:
         server.stop()
     assert "Traceback" not in server.log_path.read_text()
+
+
+def on_postgresql() -> bool:
+    from django.db import connection
+
+    return connection.vendor == "postgresql"
+
+
+@pytest.mark.skipif(not on_postgresql(), reason="terminates a PostgreSQL backend; the SQLite lock test covers SQLite")
+@pytest.mark.django_db(transaction=True)
+async def test_a_terminated_database_connection_at_the_end_of_a_turn_is_retried_on_a_fresh_one(client):
+    """PostgreSQL kills the server's connection while the answer streams: the final write fails once,
+    is retried on a new connection, and the client gets its `done` with no error; the answer is stored whole."""
+    import psycopg
+    from django.db import connection
+
+    def server_backend() -> tuple[int, dict]:
+        with connection.cursor() as cursor:  # the thread the turn's database work runs in
+            cursor.execute("SELECT pg_backend_pid()")
+            return cursor.fetchone()[0], connection.settings_dict
+
+    request_id = await client.prompt(LONG)
+    events = await client.receive_until("chunk", request_id)
+    pid, db = await sync_to_async(server_backend)()
+    with psycopg.connect(host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"], dbname=db["NAME"],
+                         password=db["PASSWORD"] or None, autocommit=True) as admin:
+        assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]
+    await client.send({"type": "cancel", "request_id": request_id})
+    events += await client.receive_until("done", request_id)
+    assert "error" not in [e["type"] for e in events]
+    message = await sync_to_async(Message.objects.get)(pk=events[0]["message"])
+    assert (message.status, message.text) == ("cancelled", "".join(e["text"] for e in events if e["type"] == "chunk"))
