@@ -89,7 +89,8 @@ class Report:
     log_excerpt: str = ""
     rss_baseline_mb: float | None = None
     rss_peak_mb: float | None = None
-    rss_after_mb: float | None = None
+    rss_after_mb: list[float | None] = field(default_factory=list)  # one per round, once settled
+    rounds: int = 1
 
     @property
     def turns(self) -> list[Turn]:
@@ -348,14 +349,18 @@ async def _sample_peak(pid: int | None, stop: asyncio.Event, report: Report) -> 
             pass
 
 
-def run_load(workdir: Path, *, sockets: int = 200, seconds: float = 60.0, max_new_tokens: int = 12,
-             warmup_sockets: int = 8, warmup_seconds: float = 8.0, settle_seconds: float = 5.0,
+def run_load(workdir: Path, *, sockets: int = 200, seconds: float = 60.0, rounds: int = 1, max_new_tokens: int = 12,
+             warmup_seconds: float = 10.0, settle_seconds: float = 5.0,
              cancel_share: float = 0.3, continue_share: float = 0.5, seed: int = 1,
              server_env: dict | None = None, progress=print) -> Report:
-    """Start a daphne, warm it up, measure its RSS, run the load, settle, measure again, check everything."""
+    """Start a daphne, warm it up, measure its RSS, run the load, settle, measure again, check everything.
+
+    The warm-up uses as many sockets as the load, so the baseline has seen every kind of work once;
+    with several rounds, RSS after each tells a plateau (allocator high-water) from a leak (growth).
+    """
     server_env = dict(server_env or {})
     server = load_server(workdir, sockets=sockets, **server_env)
-    report = Report(sockets=sockets, seconds=seconds, max_new_tokens=max_new_tokens,
+    report = Report(sockets=sockets, seconds=seconds, rounds=rounds, max_new_tokens=max_new_tokens,
                     server_env={"CHAT_MAX_QUEUE": server.env["CHAT_MAX_QUEUE"], "CHAT_RATE_LIMIT_PER_MINUTE": "0",
                                 **server_env})
     progress(f"starting daphne on {server.url} (its own database in {workdir})")
@@ -364,27 +369,31 @@ def run_load(workdir: Path, *, sockets: int = 200, seconds: float = 60.0, max_ne
     try:
         policy_create(server, max_new_tokens=max_new_tokens)
         if warmup_seconds > 0:
-            progress(f"warm-up: {warmup_sockets} sockets for {warmup_seconds:.0f} s")
-            asyncio.run(drive(server, sockets=warmup_sockets, seconds=warmup_seconds, seed=seed + 1000,
+            progress(f"warm-up: {sockets} sockets for {warmup_seconds:.0f} s")
+            asyncio.run(drive(server, sockets=sockets, seconds=warmup_seconds, seed=seed + 1000,
                               cancel_share=cancel_share, continue_share=continue_share))
         time.sleep(settle_seconds)
         report.rss_baseline_mb = rss_mb(server.pid)
-        progress(f"baseline RSS {report.rss_baseline_mb:.0f} MB; load: {sockets} sockets for {seconds:.0f} s")
+        progress(f"baseline RSS {report.rss_baseline_mb:.0f} MB")
 
-        async def measured():
+        async def measured(round_seed: int):
             stop = asyncio.Event()
             sampler = asyncio.create_task(_sample_peak(server.pid, stop, report))
             try:
-                return await drive(server, sockets=sockets, seconds=seconds, seed=seed, cancel_share=cancel_share,
-                                   continue_share=continue_share)
+                return await drive(server, sockets=sockets, seconds=seconds, seed=round_seed,
+                                   cancel_share=cancel_share, continue_share=continue_share)
             finally:
                 stop.set()
                 await sampler
 
-        report.clients, report.wall_s = asyncio.run(measured())
-        progress(f"load done in {report.wall_s:.1f} s; settling {settle_seconds:.0f} s")
-        time.sleep(settle_seconds)
-        report.rss_after_mb = rss_mb(server.pid)
+        for number in range(1, rounds + 1):
+            progress(f"round {number}/{rounds}: {sockets} sockets for {seconds:.0f} s")
+            clients, wall = asyncio.run(measured(seed + number))
+            report.clients += clients
+            report.wall_s += wall
+            time.sleep(settle_seconds)
+            report.rss_after_mb.append(rss_mb(server.pid))
+            progress(f"  done in {wall:.1f} s; RSS after settling {report.rss_after_mb[-1]:.0f} MB")
         report.stored = stored_messages(server)
         # Only this run's answers: the warm-up's are in the same database.
         asked = {t.message for t in report.turns if t.message is not None}
@@ -427,19 +436,22 @@ def figures(report: Report) -> str:
     queue = [(t.done.get("metrics") or {}).get("queue_ms") for t in done]
     queue = [q / 1000 for q in queue if q is not None]
     connected = sum(1 for c in report.clients if not c.connect_error)
+    busy = report.seconds * report.rounds
+    baseline = report.rss_baseline_mb or 0.0
+    after = ", ".join(f"{a or 0:.0f} MB ({(a or 0) - baseline:+.0f})" for a in report.rss_after_mb) or "-"
     errors = report.error_codes()
     rows = [
         ("server", f"daphne on 127.0.0.1, {', '.join(f'{k}={v}' for k, v in report.server_env.items())}"),
-        ("load", f"{report.sockets} sockets x {report.seconds:.0f} s, policy '{POLICY_SLUG}' "
+        ("load", f"{report.sockets} sockets x {report.seconds:.0f} s x {report.rounds} round(s), policy '{POLICY_SLUG}' "
                  f"(stream, max_new_tokens={report.max_new_tokens}, cache off); wall {report.wall_s:.1f} s incl. drain"),
-        ("sockets", f"{connected}/{report.sockets} connected, "
+        ("sockets", f"{connected}/{len(report.clients)} connections opened, "
                     f"{sum(1 for c in report.clients if c.closed_early)} closed by the server"),
         ("prompts", f"{len(turns)} sent, {len(done)} done, {sum(1 for t in turns if t.error)} error"),
         ("finish", ", ".join(f"{k} {v}" for k, v in sorted(finishes.items())) or "-"),
         ("cancels sent", ", ".join(f"{k} {v}" for k, v in sorted(cancels.items())) or "-"),
         ("errors by code", ", ".join(f"{k} {v}" for k, v in sorted(errors.items())) or "none"),
-        ("generated", f"{tokens} tokens in {chunks} chunks; {tokens / report.seconds:.1f} tok/s, "
-                      f"{len(done) / report.seconds:.2f} answers/s over the {report.seconds:.0f} s"),
+        ("generated", f"{tokens} tokens in {chunks} chunks; {tokens / busy:.1f} tok/s, "
+                      f"{len(done) / busy:.2f} answers/s over the {busy:.0f} s of prompting"),
         ("first chunk", f"p50 {_ms(_pct(first, 0.5))}, p95 {_ms(_pct(first, 0.95))} (client: prompt sent -> chunk)"),
         ("whole answer", f"p50 {_ms(_pct(whole, 0.5))}, p95 {_ms(_pct(whole, 0.95))} (not cancelled)"),
         ("queue (server)", f"p50 {_ms(_pct(queue, 0.5))}, p95 {_ms(_pct(queue, 0.95))}"),
@@ -448,9 +460,8 @@ def figures(report: Report) -> str:
                       f"{report.orphans} orphan(s), "
                       f"{sum(len(t.anomalies) for t in turns)} protocol anomaly(ies)"),
         ("server log", f"{report.tracebacks} traceback(s), {report.error_lines} ERROR line(s) once ready"),
-        ("memory (RSS)", f"baseline {report.rss_baseline_mb or 0:.0f} MB (warmed up), peak during run "
-                         f"{report.rss_peak_mb or 0:.0f} MB, after {report.rss_after_mb or 0:.0f} MB "
-                         f"({(report.rss_after_mb or 0) - (report.rss_baseline_mb or 0):+.0f} MB)"),
+        ("memory (RSS)", f"baseline {baseline:.0f} MB (warmed up), peak during the load {report.rss_peak_mb or 0:.0f} MB, "
+                         f"after each round (settled) {after}"),
     ]
     width = max(len(name) for name, _ in rows)
     lines = [f"  {name:<{width}}  {value}" for name, value in rows]

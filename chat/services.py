@@ -370,8 +370,8 @@ async def _serve_cached(turn: Turn, entry: dict) -> None:
     turn.finished = True
     prometheus.observe_done(metrics, entry["finish_reason"], cached=True)
     try:
-        await sync_to_async(_store_cached_answer)(
-            turn.message_id, entry.get("record"), text=entry["text"], status=Message.Status.DONE,
+        await sync_to_async(_closing_on_error)(
+            _store_cached_answer, turn.message_id, entry.get("record"), text=entry["text"], status=Message.Status.DONE,
             finish_reason=entry["finish_reason"], metrics=metrics, outcome="ok", json_value=entry.get("json"),
             raw_text=entry["text"],
         )
@@ -508,14 +508,15 @@ class _TurnRun:
                 finish_reason=finish_reason, metrics=metrics, raw_text=raw, outcome=outcome, outcome_reason=reason,
                 json_value=json_value, retries=self.retries, held_ms=metrics["held_ms"],
             )
+            problem = ("the database is unavailable; the server keeps trying for a few minutes, until then it is "
+                       "missing from your history")
         except Exception:
             log.exception("could not store the answer of %s", turn.request_id)
-            stored = False
+            stored, problem = False, "it will not appear in your history"
         if not stored:
             await turn._emit(
                 {"type": "error", "request_id": turn.request_id, "code": "storage_failed",
-                 "message": "the answer was generated but could not be saved (the database is unavailable); "
-                            "the server keeps trying for a few minutes, until then it is missing from your history"}
+                 "message": f"the answer was generated but could not be saved: {problem}"}
             )
         if finish_reason == "moderated" and self.retracted is None:
             # Vetoed only at the end: anything shown must still be withdrawn.
