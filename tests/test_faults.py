@@ -11,6 +11,7 @@ from asgiref.sync import sync_to_async
 from chat.liveserver import LiveServer
 from chat.models import Conversation, Message
 from chat.recovery import INTERRUPTED
+from tests.conftest import LIVE_CACHE_URL
 from tests.test_cache import RedisServer
 
 LONG = "Write a very long story about a dragon who learns to bake bread."
@@ -38,8 +39,11 @@ def row(db_path, message_id: int) -> dict:
 
 @pytest.fixture
 def locked_db_server(tmp_path):
-    """A daphne whose SQLite writes give up after 0.2 s of waiting for a lock (the default is 5 s)."""
-    server = LiveServer(tmp_path, SQLITE_BUSY_TIMEOUT="0.2").start()
+    """A daphne whose SQLite writes give up after 0.2 s of waiting for a lock (the default is 5 s).
+
+    Its cache is the one emptied before every test: a cache hit is stored after its `done`, by design.
+    """
+    server = LiveServer(tmp_path, SQLITE_BUSY_TIMEOUT="0.2", CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL).start()
     yield server, tmp_path / "live.sqlite3"
     server.stop()
 
@@ -83,7 +87,7 @@ async def test_a_database_locked_at_the_end_of_a_turn_is_a_clear_error_and_nothi
         await ws.send(json.dumps({"type": "prompt", "request_id": "c", "text": SHORT}))
         assert (await events_until(ws, "done", "c"))[-1]["type"] == "done"
     with sqlite3.connect(db_path) as db:
-        assert db.execute("SELECT count(*) FROM chat_message WHERE status = 'streaming'").fetchone()[0] == 0
+        assert db.execute("SELECT id, role, status, request_id FROM chat_message WHERE status = 'streaming'").fetchall() == []
     assert "Traceback" not in server.log_path.read_text()  # refused cleanly, never an exception in the consumer
 
 
