@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
 
 
 class ChatConfig(AppConfig):
@@ -7,3 +8,7 @@ class ChatConfig(AppConfig):
 
     def ready(self):
         from . import checks  # noqa: F401  registers the system checks
+        from .recovery import on_post_migrate
+
+        # Start-up migrates before serving: answers a previous process left streaming are closed then.
+        post_migrate.connect(on_post_migrate, sender=self, dispatch_uid="chat-interrupted-answers")

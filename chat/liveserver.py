@@ -57,6 +57,15 @@ class LiveServer:
             time.sleep(0.25)
         raise RuntimeError(f"daphne not ready after {timeout} s:\n{self.log()}")
 
+    def restart(self, timeout: float = 180) -> "LiveServer":
+        """Stop daphne and start it again on the same port and database (start-up migrates, as `make run` does)."""
+        self.stop()
+        return self.start(timeout)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process and self.process.poll() is None else None
+
     def manage(self, *args: str) -> str:
         """Run a manage.py command against this server's database."""
         done = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, check=True,

@@ -15,7 +15,7 @@ from typing import Awaitable, Callable
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from . import metrics as prometheus
@@ -34,6 +34,13 @@ Send = Callable[[dict], Awaitable[None]]
 
 # Answers the model should not see again as context: withdrawn or invalid ones.
 _NOT_CONTEXT = ("moderated", "invalid")
+
+# Seconds to wait before each attempt at an answer's final write, before the client hears it failed.
+STORE_RETRY_DELAYS = (0.0, 0.5, 2.0)
+# After that the answer is kept in memory and written in the background (about five minutes in all);
+# if the process dies first, the start-up sweep (chat/recovery.py) marks the message interrupted.
+LATE_STORE_DELAYS = (5.0, 15.0, 30.0, 60.0, 60.0, 60.0, 60.0)
+_late_stores: set[asyncio.Task] = set()  # strong references, so pending writes are not collected
 
 
 class TurnError(Exception):
@@ -125,7 +132,22 @@ def _request_for(backend, policy: policies.ResolvedPolicy, input_ids: list[int],
     )
 
 
+def _check_prompt_tokens(backend, text: str) -> None:
+    """A per-prompt limit in the model's tokens; characters alone let odd text cost many tokens each."""
+    limit = settings.CHAT_MAX_PROMPT_TOKENS
+    if limit <= 0:
+        return
+    tokens = backend.token_count(text)
+    if tokens > limit:
+        raise TurnError(
+            "prompt_too_long",
+            f"the prompt is {len(text)} characters and {tokens} tokens; the limits are "
+            f"{settings.CHAT_MAX_PROMPT_CHARS} characters and {limit} tokens",
+        )
+
+
 def _prepare(owner: Owner, prompt, backend) -> _Prepared:
+    _check_prompt_tokens(backend, prompt.text)
     try:
         policy = policies.policy_for(prompt.policy)
     except policies.UnknownPolicy as exc:
@@ -181,9 +203,54 @@ def _store_cached_answer(message_id: int, record_id: int | None, **fields) -> No
 
 
 def _store_answer(message_id: int, **fields) -> None:
+    """The message and its conversation's time, in one transaction: both or neither."""
     with transaction.atomic():
         Message.objects.filter(pk=message_id).update(**fields)
         Conversation.objects.filter(messages__pk=message_id).update(updated_at=timezone.now())
+
+
+def _closing_on_error(fn, *args, **kwargs):
+    """Call `fn`; on a database error close this thread's connection, so a locked or broken one is not reused."""
+    try:
+        return fn(*args, **kwargs)
+    except DatabaseError:
+        connection.close()
+        raise
+
+
+def _store_answer_once(message_id: int, **fields) -> None:
+    _closing_on_error(_store_answer, message_id, **fields)
+
+
+async def answer_store(*, message_id: int, request_id: str, **fields) -> bool:
+    """Write an answer's final state, retrying briefly; False if the database stayed unavailable.
+
+    On False the write goes on in the background, so an answer is not lost to a short outage.
+    """
+    for delay in STORE_RETRY_DELAYS:
+        await asyncio.sleep(delay)
+        try:
+            await sync_to_async(_store_answer_once)(message_id, **fields)
+            return True
+        except DatabaseError as exc:
+            log.warning("could not store the answer of %s: %s", request_id, exc)
+    task = asyncio.create_task(_store_late(message_id, request_id, fields), name=f"store-{request_id}")
+    _late_stores.add(task)
+    task.add_done_callback(_late_stores.discard)
+    return False
+
+
+async def _store_late(message_id: int, request_id: str, fields: dict) -> None:
+    for delay in LATE_STORE_DELAYS:
+        await asyncio.sleep(delay)
+        try:
+            await sync_to_async(_store_answer_once)(message_id, **fields)
+        except DatabaseError as exc:
+            log.warning("still could not store the answer of %s: %s", request_id, exc)
+        else:
+            log.info("stored the answer of %s late, after the database came back", request_id)
+            return
+    log.error("gave up storing the answer of %s; it stays unfinished until the next start-up", request_id)
 
 
 # -- running a turn (async) --------------------------------------------------------
@@ -255,7 +322,12 @@ async def turn_start(*, owner: Owner, prompt, send: Send) -> Turn:
     scheduler.expect()  # users arriving together are batched together
     submitted = False
     try:
-        prepared = await sync_to_async(_prepare)(owner, prompt, backend)
+        try:
+            prepared = await sync_to_async(_closing_on_error)(_prepare, owner, prompt, backend)
+        except DatabaseError as exc:
+            log.warning("could not start %s: %s", prompt.request_id, exc)
+            raise TurnError("storage_failed", "the database is unavailable, so the prompt was not started; "
+                                              "try again in a moment") from None
         turn = Turn(
             request_id=prompt.request_id,
             conversation_id=prepared.conversation.pk,
@@ -375,8 +447,8 @@ async def _serve_cached(turn: Turn, entry: dict) -> None:
     turn.finished = True
     prometheus.observe_done(metrics, entry["finish_reason"], cached=True)
     try:
-        await sync_to_async(_store_cached_answer)(
-            turn.message_id, entry.get("record"), text=entry["text"], status=Message.Status.DONE,
+        await sync_to_async(_closing_on_error)(
+            _store_cached_answer, turn.message_id, entry.get("record"), text=entry["text"], status=Message.Status.DONE,
             finish_reason=entry["finish_reason"], metrics=metrics, outcome="ok", json_value=entry.get("json"),
             raw_text=entry["text"],
         )
@@ -509,16 +581,20 @@ class _TurnRun:
         metrics = self._metrics(done_at, result)
         status = Message.Status.CANCELLED if finish_reason == "cancelled" else Message.Status.DONE
         try:
-            await sync_to_async(_store_answer)(
-                turn.message_id, text=text, status=status, finish_reason=finish_reason, metrics=metrics,
-                raw_text=raw, outcome=outcome, outcome_reason=reason, json_value=json_value,
-                retries=self.retries, held_ms=metrics["held_ms"],
+            stored = await answer_store(
+                message_id=turn.message_id, request_id=turn.request_id, text=text, status=status,
+                finish_reason=finish_reason, metrics=metrics, raw_text=raw, outcome=outcome, outcome_reason=reason,
+                json_value=json_value, retries=self.retries, held_ms=metrics["held_ms"],
             )
+            problem = ("the database is unavailable; the server keeps trying for a few minutes, until then it is "
+                       "missing from your history")
         except Exception:
             log.exception("could not store the answer of %s", turn.request_id)
+            stored, problem = False, "it will not appear in your history"
+        if not stored:
             await turn._emit(
                 {"type": "error", "request_id": turn.request_id, "code": "storage_failed",
-                 "message": "the answer was generated but could not be saved; it will not appear in your history"}
+                 "message": f"the answer was generated but could not be saved: {problem}"}
             )
         if finish_reason == "moderated" and self.retracted is None:
             # Vetoed only at the end: anything shown must still be withdrawn.
@@ -558,9 +634,8 @@ class _TurnRun:
         turn = self.turn
         metrics = self._metrics(event.at, None)
         try:
-            await sync_to_async(_store_answer)(
-                turn.message_id, text=partial_text, status=Message.Status.FAILED, metrics=metrics, error=event.error
-            )
+            await answer_store(message_id=turn.message_id, request_id=turn.request_id, text=partial_text,
+                               status=Message.Status.FAILED, metrics=metrics, error=event.error)
         except Exception:
             log.exception("could not store the failure of %s", turn.request_id)
         prometheus.FAILURES.inc()

@@ -115,6 +115,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = {
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         "transaction_mode": "IMMEDIATE",
+        # How long a write waits for another connection's lock before "database is locked".
+        "timeout": envfloat("SQLITE_BUSY_TIMEOUT", 5.0),
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -184,6 +186,7 @@ CHAT_TORCH_THREADS = envint("CHAT_TORCH_THREADS", 0)
 CHAT_MAX_NEW_TOKENS = envint("CHAT_MAX_NEW_TOKENS", 256)  # default per answer
 CHAT_MAX_NEW_TOKENS_CAP = envint("CHAT_MAX_NEW_TOKENS_CAP", 1024)  # no request may ask for more
 CHAT_MAX_PROMPT_CHARS = envint("CHAT_MAX_PROMPT_CHARS", 4000)
+CHAT_MAX_PROMPT_TOKENS = envint("CHAT_MAX_PROMPT_TOKENS", 1024)  # the new prompt alone, in the model's tokens; 0 = no limit
 CHAT_MAX_QUEUE = envint("CHAT_MAX_QUEUE", 64)
 CHAT_RATE_LIMIT_PER_MINUTE = envint("CHAT_RATE_LIMIT_PER_MINUTE", 30)  # prompts per user; 0 = no limit
 CHAT_MAX_BATCH = envint("CHAT_MAX_BATCH", 4)  # concurrent answers per generate call; 1 = plain queue

@@ -27,7 +27,7 @@
 
   const config = readConfig();
   const state = {
-    ws: null, backoff: BACKOFF_MIN_MS, pingTimer: null,
+    ws: null, backoff: BACKOFF_MIN_MS, pingTimer: null, healthTimer: null,
     ready: false, conversation: config.conversation,
     running: null, // the one live answer, if any
     answers: new Map(), // request_id -> answer
@@ -369,6 +369,8 @@
     ws.addEventListener('open', () => {
       state.backoff = BACKOFF_MIN_MS;
       setConnection(true);
+      // A restarted server may still be loading its model: ask before enabling Send again.
+      pollHealth();
       clearInterval(state.pingTimer);
       state.pingTimer = setInterval(() => {
         if (socketOpen()) state.ws.send(JSON.stringify({ type: 'ping' }));
@@ -379,7 +381,9 @@
       if (state.ws !== ws) return;
       clearInterval(state.pingTimer);
       setConnection(false);
+      state.ready = false; // nothing can be sent until the socket is back and the server is ready
       markRunningLost();
+      updateControls();
       scheduleReconnect();
     });
   }
@@ -400,6 +404,8 @@
   // ---- health ------------------------------------------------------------
 
   async function pollHealth() {
+    clearTimeout(state.healthTimer); // one poll loop at a time, however often a socket reopens
+    state.healthTimer = null;
     let detail = '';
     try {
       const res = await fetch('/healthz', { cache: 'no-store', headers: { Accept: 'application/json' } });
@@ -418,7 +424,7 @@
     els.healthDetail.textContent = detail;
     els.health.hidden = false;
     updateControls();
-    setTimeout(pollHealth, 1000);
+    state.healthTimer = setTimeout(pollHealth, 1000);
   }
 
   // ---- conversations -----------------------------------------------------

@@ -1,0 +1,175 @@
+"""Faults against a real daphne: the database locked at the end of a turn, Redis stopped, a stopped server."""
+
+import asyncio
+import json
+import sqlite3
+
+import pytest
+import websockets
+from asgiref.sync import sync_to_async
+
+from chat.liveserver import LiveServer
+from chat.models import Conversation, Message
+from chat.recovery import INTERRUPTED
+from tests.conftest import LIVE_CACHE_URL
+from tests.test_cache import RedisServer
+
+LONG = "Write a very long story about a dragon who learns to bake bread."
+SHORT = "Count from 1 to 5, separated by commas."
+
+
+async def events_until(ws, kind: str, request_id: str) -> list[dict]:
+    """Every event up to the first `kind` (or `error`) for `request_id`; bounded so a hang fails, not blocks."""
+    events = []
+    while True:
+        event = json.loads(await asyncio.wait_for(ws.recv(), 120))
+        events.append(event)
+        if event.get("request_id") == request_id and event["type"] in {kind, "error"}:
+            return events
+
+
+def row(db_path, message_id: int) -> dict:
+    with sqlite3.connect(db_path) as db:
+        db.row_factory = sqlite3.Row
+        found = db.execute(
+            "SELECT m.status, m.text, m.finish_reason, m.error, c.updated_at FROM chat_message m "
+            "JOIN chat_conversation c ON c.id = m.conversation_id WHERE m.id = ?", (message_id,)).fetchone()
+    return dict(found)
+
+
+@pytest.fixture
+def locked_db_server(tmp_path):
+    """A daphne whose SQLite writes give up after 0.2 s of waiting for a lock (the default is 5 s).
+
+    Its cache is the one emptied before every test: a cache hit is stored after its `done`, by design.
+    """
+    server = LiveServer(tmp_path, SQLITE_BUSY_TIMEOUT="0.2", CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL).start()
+    yield server, tmp_path / "live.sqlite3"
+    server.stop()
+
+
+async def test_a_database_locked_at_the_end_of_a_turn_is_a_clear_error_and_nothing_half_written(locked_db_server):
+    """Another connection holds SQLite's write lock as the answer ends: the client gets `storage_failed`
+    and its `done`, a new prompt gets `storage_failed` at once, the message and its conversation stay
+    untouched together; once the lock goes, the answer is stored late, whole, and chat goes on."""
+    server, db_path = locked_db_server
+    async with websockets.connect(server.ws_url, origin=server.url) as ws:
+        await ws.send(json.dumps({"type": "prompt", "request_id": "a", "text": LONG}))
+        events = await events_until(ws, "chunk", "a")
+        message_id = events[0]["message"]
+        before = row(db_path, message_id)
+        locker = sqlite3.connect(db_path, isolation_level=None)
+        locker.execute("BEGIN IMMEDIATE")  # holds the one writer's lock; readers go on (WAL)
+        try:
+            await ws.send(json.dumps({"type": "cancel", "request_id": "a"}))
+            events += await events_until(ws, "error", "a")
+            assert events[-1]["code"] == "storage_failed" and "database" in events[-1]["message"]
+            done = (await events_until(ws, "done", "a"))[-1]
+            assert done["type"] == "done" and done["finish_reason"] == "cancelled"
+            shown = "".join(e["text"] for e in events if e["type"] == "chunk")
+            assert done["text"] == shown and shown
+            # Nothing half-written: neither the message nor its conversation moved.
+            assert row(db_path, message_id) == before and before["status"] == "streaming"
+            await ws.send(json.dumps({"type": "prompt", "request_id": "b", "text": SHORT}))
+            refused = (await events_until(ws, "accepted", "b"))[-1]
+            assert (refused["type"], refused["code"]) == ("error", "storage_failed")
+            assert "try again" in refused["message"]
+        finally:
+            locker.execute("ROLLBACK")
+            locker.close()
+        for _ in range(600):  # the background write retries every few seconds; bounded
+            stored = row(db_path, message_id)
+            if stored["status"] != "streaming":
+                break
+            await asyncio.sleep(0.1)
+        assert (stored["status"], stored["finish_reason"], stored["text"]) == ("cancelled", "cancelled", shown)
+        assert stored["updated_at"] > before["updated_at"]  # the conversation moved with it
+        await ws.send(json.dumps({"type": "prompt", "request_id": "c", "text": SHORT}))
+        assert (await events_until(ws, "done", "c"))[-1]["type"] == "done"
+    with sqlite3.connect(db_path) as db:
+        assert db.execute("SELECT id, role, status, request_id FROM chat_message WHERE status = 'streaming'").fetchall() == []
+    assert "Traceback" not in server.log_path.read_text()  # refused cleanly, never an exception in the consumer
+
+
+@pytest.mark.django_db
+def test_answers_left_streaming_are_marked_interrupted_when_the_server_starts():
+    """A process that died mid-answer leaves `streaming` rows; start-up (which migrates) closes them."""
+    from django.core.management.sql import emit_post_migrate_signal
+
+    conversation = Conversation.objects.create(session_key="s", title="t")
+    stuck = Message.objects.create(conversation=conversation, role="assistant", status="streaming", text="Once")
+    finished = Message.objects.create(conversation=conversation, role="assistant", status="done", text="Hi")
+    emit_post_migrate_signal(verbosity=0, interactive=False, db="default")
+    stuck.refresh_from_db()
+    finished.refresh_from_db()
+    assert (stuck.status, stuck.error, stuck.text) == ("failed", INTERRUPTED, "Once")
+    assert finished.status == "done"
+
+
+@pytest.fixture
+def redis_server():
+    server = RedisServer()
+    server.start()
+    yield server
+    if server.process.poll() is None:
+        server.stop()
+
+
+async def ask(server, text: str, request_id: str) -> list[dict]:
+    async with websockets.connect(server.ws_url, origin=server.url) as ws:
+        await ws.send(json.dumps({"type": "prompt", "request_id": request_id, "text": text}))
+        return await events_until(ws, "done", request_id)
+
+
+async def test_the_whole_chat_keeps_answering_while_redis_is_stopped(tmp_path, redis_server):
+    """Channel layer and cache both on a Redis that is stopped mid-run: new sockets connect and are answered
+    (uncached), /healthz says degraded; Redis back: still answering, health ok again."""
+    server = await sync_to_async(LiveServer(tmp_path, REDIS_URL=redis_server.url,
+                                            CHAT_CACHE_REDIS_URL=redis_server.url).start)()
+    try:
+        assert (await ask(server, SHORT, "before"))[-1]["type"] == "done"
+        redis_server.stop()
+        down = await ask(server, "Count from 1 to 6, separated by commas.", "down")
+        assert down[-1]["type"] == "done" and [e["type"] for e in down].count("chunk") > 1
+        assert down[-1]["finish_reason"] == "eos" and not down[-1]["cached"]
+        status, health = server.health()
+        assert status == 200 and health["status"] == "degraded" and health["redis"].startswith("unavailable")
+        redis_server.start()
+        await asyncio.sleep(2.5)  # past the cache's back-off (chat.cache.CompletionCache.backoff_seconds)
+        assert (await ask(server, "Count from 1 to 7, separated by commas.", "after"))[-1]["type"] == "done"
+        assert server.health()[1]["status"] == "ok"
+    finally:
+        server.stop()
+    assert "Traceback" not in server.log_path.read_text()
+
+
+def on_postgresql() -> bool:
+    from django.db import connection
+
+    return connection.vendor == "postgresql"
+
+
+@pytest.mark.skipif(not on_postgresql(), reason="terminates a PostgreSQL backend; the SQLite lock test covers SQLite")
+@pytest.mark.django_db(transaction=True)
+async def test_a_terminated_database_connection_at_the_end_of_a_turn_is_retried_on_a_fresh_one(client):
+    """PostgreSQL kills the server's connection while the answer streams: the final write fails once,
+    is retried on a new connection, and the client gets its `done` with no error; the answer is stored whole."""
+    import psycopg
+    from django.db import connection
+
+    def server_backend() -> tuple[int, dict]:
+        with connection.cursor() as cursor:  # the thread the turn's database work runs in
+            cursor.execute("SELECT pg_backend_pid()")
+            return cursor.fetchone()[0], connection.settings_dict
+
+    request_id = await client.prompt(LONG)
+    events = await client.receive_until("chunk", request_id)
+    pid, db = await sync_to_async(server_backend)()
+    with psycopg.connect(host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"], dbname=db["NAME"],
+                         password=db["PASSWORD"] or None, autocommit=True) as admin:
+        assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]
+    await client.send({"type": "cancel", "request_id": request_id})
+    events += await client.receive_until("done", request_id)
+    assert "error" not in [e["type"] for e in events]
+    message = await sync_to_async(Message.objects.get)(pk=events[0]["message"])
+    assert (message.status, message.text) == ("cancelled", "".join(e["text"] for e in events if e["type"] == "chunk"))
