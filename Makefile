@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test setup benchmark clean
+.PHONY: run test setup benchmark loadtest clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ test: $(STAMP)
 benchmark: $(STAMP)
 	$(PY) -m chat.engine.prepare
 	$(PY) manage.py benchmark $(BENCH_ARGS)
+
+# 200 WebSockets for 60 s against a daphne of its own, then every stored answer checked.
+loadtest: $(STAMP)
+	$(PY) -m chat.engine.prepare
+	$(PY) manage.py loadtest $(LOAD_ARGS)
 
 clean:
 	rm -rf $(VENV) var
