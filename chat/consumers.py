@@ -8,6 +8,7 @@ import logging
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from django.db import DatabaseError
 
 from . import services
 from .protocol import Cancel, Ping, Prompt, ProtocolError, error_event, parse_frame
@@ -26,7 +27,15 @@ class ChatConsumer(AsyncWebsocketConsumer):
     async def connect(self):
         """Accept, and make sure the visitor has a session their conversations belong to."""
         self.turns: dict[str, services.Turn] = {}
-        self.owner = await self._owner()
+        try:
+            self.owner = await self._owner()
+        except DatabaseError as exc:
+            # Say why before closing, so the page shows a reason and reconnects, not a bare failure.
+            log.warning("closing a new socket: the database is unavailable (%s)", exc)
+            await self.accept()
+            await self.send_event(error_event("storage_failed", "the database is unavailable; reconnect in a moment"))
+            await self.close(code=4503)  # 4000-4999: the application's own; "try again later"
+            return
         await self.accept()
 
     async def disconnect(self, code):

@@ -91,6 +91,28 @@ async def test_a_database_locked_at_the_end_of_a_turn_is_a_clear_error_and_nothi
     assert "Traceback" not in server.log_path.read_text()  # refused cleanly, never an exception in the consumer
 
 
+async def test_a_new_socket_while_the_database_is_locked_is_told_why_and_closed_then_works(locked_db_server):
+    """A visitor without a session needs one written; while SQLite is locked the socket gets a
+    `storage_failed` error and a close (4503), no traceback; once the lock goes it connects and chats."""
+    server, db_path = locked_db_server
+    locker = sqlite3.connect(db_path, isolation_level=None)
+    locker.execute("BEGIN IMMEDIATE")
+    try:
+        async with websockets.connect(server.ws_url, origin=server.url) as ws:
+            refused = json.loads(await asyncio.wait_for(ws.recv(), 30))
+            assert (refused["type"], refused["code"]) == ("error", "storage_failed")
+            with pytest.raises(websockets.exceptions.ConnectionClosed):
+                await asyncio.wait_for(ws.recv(), 30)
+            assert ws.close_code == 4503
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    async with websockets.connect(server.ws_url, origin=server.url) as ws:
+        await ws.send(json.dumps({"type": "prompt", "request_id": "a", "text": SHORT}))
+        assert (await events_until(ws, "done", "a"))[-1]["type"] == "done"
+    assert "Traceback" not in server.log_path.read_text()
+
+
 @pytest.mark.django_db
 def test_answers_left_streaming_are_marked_interrupted_when_the_server_starts():
     """A process that died mid-answer leaves `streaming` rows; start-up (which migrates) closes them."""
