@@ -37,6 +37,7 @@ class LiveServer:
             **os.environ,
             "DATABASE_URL": database_url or f"sqlite:///{workdir / 'live.sqlite3'}",
             "PYTHONUNBUFFERED": "1",
+            "PORT": str(self.port),  # part of CHAT_INSTANCE: two servers on one database stay apart
             **env,
         }
         self.process: subprocess.Popen | None = None

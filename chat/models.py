@@ -49,6 +49,9 @@ class Message(models.Model):
     raw_text = models.TextField(blank=True, help_text="what the model generated, before the policy")
     retries = models.PositiveSmallIntegerField(default=0)
     held_ms = models.FloatField(null=True, blank=True, help_text="how long the answer was held back")
+    instance = models.CharField(
+        max_length=200, blank=True, help_text="the server process (CHAT_INSTANCE) that generated the answer"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -174,6 +174,7 @@ def _prepare(owner: Owner, prompt, backend) -> _Prepared:
             role=Message.Role.ASSISTANT,
             status=Message.Status.STREAMING,
             request_id=prompt.request_id,
+            instance=settings.CHAT_INSTANCE,
             policy_id=policy.id,
             policy_version=policy.version if policy.id else None,
         )

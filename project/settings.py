@@ -4,6 +4,7 @@ Every variable is listed in README.md. A malformed value fails at start-up, not 
 """
 
 import os
+import socket
 from pathlib import Path
 
 import dj_database_url
@@ -193,6 +194,10 @@ CHAT_MAX_BATCH = envint("CHAT_MAX_BATCH", 4)  # concurrent answers per generate 
 CHAT_HISTORY_TURNS = envint("CHAT_HISTORY_TURNS", 20)  # earlier messages sent back to the model
 CHAT_SYSTEM_PROMPT = env("CHAT_SYSTEM_PROMPT", "")
 CHAT_LOAD_MODEL = envbool("CHAT_LOAD_MODEL", True)  # off: serve pages/admin without a model
+# Names this server process, stable across its restarts (host and port by default). Each answer
+# records it, and a migrate under the same name closes what that process left streaming when it
+# stopped, never what another live process is still generating.
+CHAT_INSTANCE = env("CHAT_INSTANCE", "") or f"{socket.gethostname()}:{env('PORT', '8000')}"
 
 # -- the model on an inference server (CHAT_BACKEND=openai) ----------------------
 # Any OpenAI-compatible streaming chat API: vLLM, text-generation-inference, ...

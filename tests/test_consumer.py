@@ -35,7 +35,7 @@ async def new_session_key() -> str:
     return session.session_key
 
 
-async def test_prompt_streams_chunks_that_assemble_to_the_stored_text(client):
+async def test_prompt_streams_chunks_that_assemble_to_the_stored_text(client, settings):
     """accepted, then chunks, then done; chunks joined equal done.text and the stored message."""
     request_id = await client.prompt(SHORT)
     events = await client.receive_until("done", request_id)
@@ -51,6 +51,7 @@ async def test_prompt_streams_chunks_that_assemble_to_the_stored_text(client):
     assert 0 < done["metrics"]["ttft_ms"] <= done["metrics"]["total_ms"]
     message = await stored(done["message"])
     assert message.text == done["text"] and message.status == "done" and message.finish_reason == "eos"
+    assert message.instance == settings.CHAT_INSTANCE  # the process a restart sweep would answer for
     assert message.metrics["new_tokens"] == done["metrics"]["new_tokens"]
     assert await client.communicator.receive_nothing(timeout=0.2)
 

@@ -114,17 +114,26 @@ async def test_a_new_socket_while_the_database_is_locked_is_told_why_and_closed_
 
 
 @pytest.mark.django_db
-def test_answers_left_streaming_are_marked_interrupted_when_the_server_starts():
-    """A process that died mid-answer leaves `streaming` rows; start-up (which migrates) closes them."""
+def test_answers_left_streaming_are_marked_interrupted_when_the_server_starts(settings):
+    """A process that died mid-answer leaves `streaming` rows; its start-up (which migrates) closes
+    them, and only them: another live process's answers on the same database keep streaming."""
     from django.core.management.sql import emit_post_migrate_signal
 
+    settings.CHAT_INSTANCE = "web-1:8001"
     conversation = Conversation.objects.create(session_key="s", title="t")
-    stuck = Message.objects.create(conversation=conversation, role="assistant", status="streaming", text="Once")
-    finished = Message.objects.create(conversation=conversation, role="assistant", status="done", text="Hi")
+    stuck = Message.objects.create(conversation=conversation, role="assistant", status="streaming", text="Once",
+                                   instance="web-1:8001")
+    older = Message.objects.create(conversation=conversation, role="assistant", status="streaming", text="Old")
+    elsewhere = Message.objects.create(conversation=conversation, role="assistant", status="streaming", text="Going",
+                                       instance="web-1:8002")
+    finished = Message.objects.create(conversation=conversation, role="assistant", status="done", text="Hi",
+                                      instance="web-1:8001")
     emit_post_migrate_signal(verbosity=0, interactive=False, db="default")
-    stuck.refresh_from_db()
-    finished.refresh_from_db()
+    for message in (stuck, older, elsewhere, finished):
+        message.refresh_from_db()
     assert (stuck.status, stuck.error, stuck.text) == ("failed", INTERRUPTED, "Once")
+    assert (older.status, older.error) == ("failed", INTERRUPTED)  # from before answers named their process
+    assert (elsewhere.status, elsewhere.error) == ("streaming", "")
     assert finished.status == "done"
 
 
