@@ -15,11 +15,10 @@ from typing import Awaitable, Callable
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import DatabaseError, connection, transaction
-from django.utils import timezone
+from django.db import DatabaseError, transaction
 
 from . import metrics as prometheus
-from . import policies, review
+from . import policies, review, storage
 from .cancel_bus import CancelBus
 from .cache import CACHEABLE_FINISH, cache_key, completion_cache
 from .engine.types import EngineError, Failed, Finished, GenerationRequest, Queued, Started, TextChunk
@@ -34,14 +33,6 @@ Send = Callable[[dict], Awaitable[None]]
 
 # Answers the model should not see again as context: withdrawn or invalid ones.
 _NOT_CONTEXT = ("moderated", "invalid")
-
-# Seconds to wait before each attempt at an answer's final write, before the client hears it failed.
-STORE_RETRY_DELAYS = (0.0, 0.5, 2.0)
-# After that the answer is kept in memory and written in the background (about five minutes in all);
-# if the process dies first, the start-up sweep (chat/recovery.py) marks the message interrupted.
-LATE_STORE_DELAYS = (5.0, 15.0, 30.0, 60.0, 60.0, 60.0, 60.0)
-_late_stores: set[asyncio.Task] = set()  # strong references, so pending writes are not collected
-
 
 class TurnError(Exception):
     """A turn refused before it started; `code` and `message` go to the client as `error`."""
@@ -196,64 +187,6 @@ def _cache_key(backend, policy: policies.ResolvedPolicy, rendered: str, request:
                      params=params, policy_slug=policy.slug, policy_version=policy.version)
 
 
-def _store_cached_answer(message_id: int, record_id: int | None, **fields) -> None:
-    with transaction.atomic():
-        _store_answer(message_id, **fields)
-        if record_id is not None:
-            review.answer_served(record_id)
-
-
-def _store_answer(message_id: int, **fields) -> None:
-    """The message and its conversation's time, in one transaction: both or neither."""
-    with transaction.atomic():
-        Message.objects.filter(pk=message_id).update(**fields)
-        Conversation.objects.filter(messages__pk=message_id).update(updated_at=timezone.now())
-
-
-def _closing_on_error(fn, *args, **kwargs):
-    """Call `fn`; on a database error close this thread's connection, so a locked or broken one is not reused."""
-    try:
-        return fn(*args, **kwargs)
-    except DatabaseError:
-        connection.close()
-        raise
-
-
-def _store_answer_once(message_id: int, **fields) -> None:
-    _closing_on_error(_store_answer, message_id, **fields)
-
-
-async def answer_store(*, message_id: int, request_id: str, **fields) -> bool:
-    """Write an answer's final state, retrying briefly; False if the database stayed unavailable.
-
-    On False the write goes on in the background, so an answer is not lost to a short outage.
-    """
-    for delay in STORE_RETRY_DELAYS:
-        await asyncio.sleep(delay)
-        try:
-            await sync_to_async(_store_answer_once)(message_id, **fields)
-            return True
-        except DatabaseError as exc:
-            log.warning("could not store the answer of %s: %s", request_id, exc)
-    task = asyncio.create_task(_store_late(message_id, request_id, fields), name=f"store-{request_id}")
-    _late_stores.add(task)
-    task.add_done_callback(_late_stores.discard)
-    return False
-
-
-async def _store_late(message_id: int, request_id: str, fields: dict) -> None:
-    for delay in LATE_STORE_DELAYS:
-        await asyncio.sleep(delay)
-        try:
-            await sync_to_async(_store_answer_once)(message_id, **fields)
-        except DatabaseError as exc:
-            log.warning("still could not store the answer of %s: %s", request_id, exc)
-        else:
-            log.info("stored the answer of %s late, after the database came back", request_id)
-            return
-    log.error("gave up storing the answer of %s; it stays unfinished until the next start-up", request_id)
-
-
 # -- running a turn (async) --------------------------------------------------------
 
 @dataclass(eq=False)
@@ -324,7 +257,7 @@ async def turn_start(*, owner: Owner, prompt, send: Send) -> Turn:
     submitted = False
     try:
         try:
-            prepared = await sync_to_async(_closing_on_error)(_prepare, owner, prompt, backend)
+            prepared = await sync_to_async(storage.closing_on_error)(_prepare, owner, prompt, backend)
         except DatabaseError as exc:
             log.warning("could not start %s: %s", prompt.request_id, exc)
             raise TurnError("storage_failed", "the database is unavailable, so the prompt was not started; "
@@ -354,7 +287,7 @@ async def turn_start(*, owner: Owner, prompt, send: Send) -> Turn:
             position = turn._submit(prepared.request, expected=True)
             submitted = True
         except EngineError as exc:
-            await sync_to_async(_store_answer)(turn.message_id, status=Message.Status.FAILED, error=str(exc))
+            await sync_to_async(storage.store_answer)(turn.message_id, status=Message.Status.FAILED, error=str(exc))
             raise TurnError(exc.code, str(exc)) from None
     finally:
         if not submitted:
@@ -448,8 +381,8 @@ async def _serve_cached(turn: Turn, entry: dict) -> None:
     turn.finished = True
     prometheus.observe_done(metrics, entry["finish_reason"], cached=True)
     try:
-        await sync_to_async(_closing_on_error)(
-            _store_cached_answer, turn.message_id, entry.get("record"), text=entry["text"], status=Message.Status.DONE,
+        await sync_to_async(storage.closing_on_error)(
+            storage.store_cached_answer, turn.message_id, entry.get("record"), text=entry["text"], status=Message.Status.DONE,
             finish_reason=entry["finish_reason"], metrics=metrics, outcome="ok", json_value=entry.get("json"),
             raw_text=entry["text"],
         )
@@ -582,7 +515,7 @@ class _TurnRun:
         metrics = self._metrics(done_at, result)
         status = Message.Status.CANCELLED if finish_reason == "cancelled" else Message.Status.DONE
         try:
-            stored = await answer_store(
+            stored = await storage.answer_store(
                 message_id=turn.message_id, request_id=turn.request_id, text=text, status=status,
                 finish_reason=finish_reason, metrics=metrics, raw_text=raw, outcome=outcome, outcome_reason=reason,
                 json_value=json_value, retries=self.retries, held_ms=metrics["held_ms"],
@@ -635,7 +568,7 @@ class _TurnRun:
         turn = self.turn
         metrics = self._metrics(event.at, None)
         try:
-            await answer_store(message_id=turn.message_id, request_id=turn.request_id, text=partial_text,
+            await storage.answer_store(message_id=turn.message_id, request_id=turn.request_id, text=partial_text,
                                status=Message.Status.FAILED, metrics=metrics, error=event.error)
         except Exception:
             log.exception("could not store the failure of %s", turn.request_id)
