@@ -52,15 +52,22 @@ def self_peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def process_peak_rss_mb(pid: int) -> float | None:
-    """VmHWM (peak resident set) of another process, or None if it is gone."""
+def process_status_mb(pid: int | None, key: str) -> float | None:
+    """A size from another process's /proc status ("VmRSS", "VmHWM", ...) in MB, or None if it is gone."""
+    if pid is None:
+        return None
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{key}:"):
                 return int(line.split()[1]) / 1024
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def process_peak_rss_mb(pid: int) -> float | None:
+    """VmHWM (peak resident set) of another process, or None if it is gone."""
+    return process_status_mb(pid, "VmHWM")
 
 
 def loopback_url(url: str | None, default: str) -> str:

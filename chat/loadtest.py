@@ -23,6 +23,7 @@ from pathlib import Path
 
 import websockets
 
+from .benchmarking import percentile, process_status_mb
 from .liveserver import LiveServer
 
 POLICY_SLUG = "loadtest"
@@ -124,15 +125,7 @@ class Report:
 
 def rss_mb(pid: int | None) -> float | None:
     """Current resident set (VmRSS) of `pid` in MB, or None if it is gone."""
-    if pid is None:
-        return None
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+    return process_status_mb(pid, "VmRSS")
 
 
 def load_server(workdir: Path, *, sockets: int, **env: str) -> LiveServer:
@@ -412,13 +405,6 @@ def run_load(workdir: Path, *, sockets: int = 200, seconds: float = 60.0, rounds
 # -- figures ------------------------------------------------------------------------------
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    values = sorted(values)
-    if not values:
-        return None
-    return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
-
-
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.0f} ms"
 
@@ -452,9 +438,9 @@ def figures(report: Report) -> str:
         ("errors by code", ", ".join(f"{k} {v}" for k, v in sorted(errors.items())) or "none"),
         ("generated", f"{tokens} tokens in {chunks} chunks; {tokens / busy:.1f} tok/s, "
                       f"{len(done) / busy:.2f} answers/s over the {busy:.0f} s of prompting"),
-        ("first chunk", f"p50 {_ms(_pct(first, 0.5))}, p95 {_ms(_pct(first, 0.95))} (client: prompt sent -> chunk)"),
-        ("whole answer", f"p50 {_ms(_pct(whole, 0.5))}, p95 {_ms(_pct(whole, 0.95))} (not cancelled)"),
-        ("queue (server)", f"p50 {_ms(_pct(queue, 0.5))}, p95 {_ms(_pct(queue, 0.95))}"),
+        ("first chunk", f"p50 {_ms(percentile(first, 0.5))}, p95 {_ms(percentile(first, 0.95))} (client: prompt sent -> chunk)"),
+        ("whole answer", f"p50 {_ms(percentile(whole, 0.5))}, p95 {_ms(percentile(whole, 0.95))} (not cancelled)"),
+        ("queue (server)", f"p50 {_ms(percentile(queue, 0.5))}, p95 {_ms(percentile(queue, 0.95))}"),
         ("integrity", f"{len([t for t in turns if t.message is not None])} answers checked against the database: "
                       f"{len(report.mismatches)} mismatch(es), {report.left_streaming} left streaming, "
                       f"{report.orphans} orphan(s), "
