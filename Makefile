@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test setup benchmark loadtest clean
+.PHONY: run test lint setup benchmark loadtest clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,7 +26,12 @@ run: $(STAMP)
 # (production's database). `make test TEST_DATABASES=sqlite` runs the SQLite pass alone.
 TEST_DATABASES ?= sqlite postgres://postgres@127.0.0.1:5432/chat
 
-test: $(STAMP)
+# ruff (pyflakes, import order, bugbear, pyupgrade; and the format check) before the suite.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: lint
 	$(PY) -m chat.engine.prepare
 	@set -e; for db in $(TEST_DATABASES); do \
 	  if [ "$$db" = sqlite ]; then \

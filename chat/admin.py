@@ -23,12 +23,33 @@ class ConversationAdmin(admin.ModelAdmin):
 
 @admin.register(Message)
 class MessageAdmin(admin.ModelAdmin):
-    list_display = ("id", "conversation", "role", "status", "finish_reason", "outcome", "policy", "created_at")
+    list_display = (
+        "id",
+        "conversation",
+        "role",
+        "status",
+        "finish_reason",
+        "outcome",
+        "policy",
+        "created_at",
+    )
     list_filter = ("role", "status", "finish_reason", "outcome", "policy")
     search_fields = ("text", "raw_text", "request_id")
     readonly_fields = (
-        "conversation", "role", "request_id", "metrics", "policy", "policy_version", "outcome",
-        "outcome_reason", "json_value", "raw_text", "retries", "held_ms", "created_at", "updated_at",
+        "conversation",
+        "role",
+        "request_id",
+        "metrics",
+        "policy",
+        "policy_version",
+        "outcome",
+        "outcome_reason",
+        "json_value",
+        "raw_text",
+        "retries",
+        "held_ms",
+        "created_at",
+        "updated_at",
     )
 
 
@@ -54,12 +75,34 @@ class OutputPolicyAdmin(admin.ModelAdmin):
     inlines = [PolicyRevisionInline]
     fieldsets = (
         (None, {"fields": ("name", "slug", "is_default", "mode", "version", "updated_at")}),
-        ("Checks before anyone sees the answer", {
-            "fields": ("json_schema", "constrained", "moderation_hooks", "blocklist_terms", "failure_action", "fallback_text", "max_retries"),
-        }),
-        ("Generation", {
-            "fields": ("system_prompt", "examples", "max_new_tokens", "stop_strings", "extra_eos_tokens", "temperature", "top_p"),
-        }),
+        (
+            "Checks before anyone sees the answer",
+            {
+                "fields": (
+                    "json_schema",
+                    "constrained",
+                    "moderation_hooks",
+                    "blocklist_terms",
+                    "failure_action",
+                    "fallback_text",
+                    "max_retries",
+                ),
+            },
+        ),
+        (
+            "Generation",
+            {
+                "fields": (
+                    "system_prompt",
+                    "examples",
+                    "max_new_tokens",
+                    "stop_strings",
+                    "extra_eos_tokens",
+                    "temperature",
+                    "top_p",
+                ),
+            },
+        ),
         ("Cache", {"fields": ("cache_enabled", "cache_ttl_seconds", "require_review")}),
     )
 
@@ -67,10 +110,18 @@ class OutputPolicyAdmin(admin.ModelAdmin):
         before = OutputPolicy.objects.get(pk=obj.pk).snapshot() if change else {}
         super().save_model(request, obj, form, change)
         after = obj.snapshot()
-        changes = {name: [before.get(name), value] for name, value in after.items() if before.get(name) != value}
+        changes = {
+            name: [before.get(name), value]
+            for name, value in after.items()
+            if before.get(name) != value
+        }
         if changes:
             PolicyRevision.objects.create(
-                policy=obj, version=obj.version, changed_by=request.user, changes=changes, snapshot=after
+                policy=obj,
+                version=obj.version,
+                changed_by=request.user,
+                changes=changes,
+                snapshot=after,
             )
 
 
@@ -78,13 +129,35 @@ class OutputPolicyAdmin(admin.ModelAdmin):
 class CachedAnswerAdmin(admin.ModelAdmin):
     """Review of cached answers; changing anything needs the review permission."""
 
-    list_display = ("short_prompt", "policy_slug", "policy_version", "status", "hits", "last_served_at", "updated_at")
+    list_display = (
+        "short_prompt",
+        "policy_slug",
+        "policy_version",
+        "status",
+        "hits",
+        "last_served_at",
+        "updated_at",
+    )
     list_filter = ("status", "policy_slug", "finish_reason", "model_id")
     search_fields = ("prompt", "answer", "key")
     readonly_fields = (
-        "key", "prompt", "rendered_prompt", "json_value", "finish_reason", "metrics", "policy", "policy_slug",
-        "policy_version", "model_id", "status", "hits", "first_served_at", "last_served_at", "reviewed_by",
-        "created_at", "updated_at",
+        "key",
+        "prompt",
+        "rendered_prompt",
+        "json_value",
+        "finish_reason",
+        "metrics",
+        "policy",
+        "policy_slug",
+        "policy_version",
+        "model_id",
+        "status",
+        "hits",
+        "first_served_at",
+        "last_served_at",
+        "reviewed_by",
+        "created_at",
+        "updated_at",
     )
     fields = ("prompt", "answer", *readonly_fields[2:], "key")
     actions = ["approve", "reject", "evict", "reset"]
@@ -107,15 +180,26 @@ class CachedAnswerAdmin(admin.ModelAdmin):
 
     def _report(self, request, done: int, total: int, verb: str):
         level = messages.SUCCESS if done == total else messages.WARNING
-        note = "" if done == total else " (Redis is unreachable; the rest will follow when it is back)"
-        self.message_user(request, f"{verb} {total} answer(s); {done} updated in the cache{note}.", level)
+        note = (
+            "" if done == total else " (Redis is unreachable; the rest will follow when it is back)"
+        )
+        self.message_user(
+            request, f"{verb} {total} answer(s); {done} updated in the cache{note}.", level
+        )
 
     @admin.action(description="Approve: serve from the cache", permissions=["review"])
     def approve(self, request, queryset):
         records = list(queryset)
-        self._report(request, sum(review.answer_approve(r, by=request.user) for r in records), len(records), "Approved")
+        self._report(
+            request,
+            sum(review.answer_approve(r, by=request.user) for r in records),
+            len(records),
+            "Approved",
+        )
 
-    @admin.action(description="Reject: evict and never cache again until reset", permissions=["review"])
+    @admin.action(
+        description="Reject: evict and never cache again until reset", permissions=["review"]
+    )
     def reject(self, request, queryset):
         records = list(queryset)
         self.message_user(request, f"Rejected {len(records)} answer(s).")
@@ -140,5 +224,9 @@ class CachedAnswerAdmin(admin.ModelAdmin):
         super().save_model(request, obj, form, change)
         if "answer" in form.changed_data:
             stored = review.answer_edited(obj)
-            self.message_user(request, "The edited answer is now served." if stored else
-                              "Saved; it is not served (rejected, evicted or awaiting approval).")
+            self.message_user(
+                request,
+                "The edited answer is now served."
+                if stored
+                else "Saved; it is not served (rejected, evicted or awaiting approval).",
+            )

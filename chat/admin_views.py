@@ -23,7 +23,14 @@ from . import latency
 from .models import Message
 
 PERMISSION = "chat.view_message"
-PRESET_HOURS = ((1, "1 h"), (6, "6 h"), (24, "24 h"), (72, "3 days"), (168, "7 days"), (720, "30 days"))
+PRESET_HOURS = (
+    (1, "1 h"),
+    (6, "6 h"),
+    (24, "24 h"),
+    (72, "3 days"),
+    (168, "7 days"),
+    (720, "30 days"),
+)
 
 # Chart geometry, in SVG user units (the SVG scales to the page width).
 WIDTH, HEIGHT = 760, 250
@@ -96,8 +103,12 @@ def time_ticks(since: datetime, until: datetime) -> list[tuple[datetime, str]]:
 class Series:
     key: str  # "p50" or "p95": the CSS class of its line
     label: str
-    segments: list[str] = field(default_factory=list)  # polyline `points`, one per run of buckets with data
-    points: list[dict] = field(default_factory=list)  # {"x", "y", "title"} for each bucket with data
+    segments: list[str] = field(
+        default_factory=list
+    )  # polyline `points`, one per run of buckets with data
+    points: list[dict] = field(
+        default_factory=list
+    )  # {"x", "y", "title"} for each bucket with data
 
 
 @dataclass
@@ -140,8 +151,13 @@ def build_chart(report: latency.LatencyReport, measure: str, title: str) -> Char
             x, y = x_of(bucket.mid), y_of(value)
             run.append(f"{x:.1f},{y:.1f}")
             when = timezone.localtime(bucket.end).strftime("%b %d %H:%M")
-            line.points.append({"x": f"{x:.1f}", "y": f"{y:.1f}",
-                                "title": f"{key} {format_ms(value)} (to {when}, {bucket.count} answers)"})
+            line.points.append(
+                {
+                    "x": f"{x:.1f}",
+                    "y": f"{y:.1f}",
+                    "title": f"{key} {format_ms(value)} (to {when}, {bucket.count} answers)",
+                }
+            )
         if run:
             line.segments.append(" ".join(run))
         series.append(line)
@@ -151,14 +167,25 @@ def build_chart(report: latency.LatencyReport, measure: str, title: str) -> Char
     for i in range(steps + 1):
         value = i * y_step
         y_ticks.append({"y": f"{y_of(value):.1f}", "label": format_axis(value)})
-    x_ticks = [{"x": f"{x_of(at):.1f}", "label": label} for at, label in time_ticks(report.since, report.until)]
+    x_ticks = [
+        {"x": f"{x_of(at):.1f}", "label": label}
+        for at, label in time_ticks(report.since, report.until)
+    ]
     legend = [
         {"key": "p50", "label": "p50 (median)", "x": right - 250, "y": 14},
         {"key": "p95", "label": "p95", "x": right - 110, "y": 14},
     ]
-    return Chart(id=f"chart-{measure}", title=title, width=WIDTH, height=HEIGHT,
-                 plot={"left": left, "right": right, "top": top, "bottom": bottom},
-                 y_ticks=y_ticks, x_ticks=x_ticks, series=series, legend=legend)
+    return Chart(
+        id=f"chart-{measure}",
+        title=title,
+        width=WIDTH,
+        height=HEIGHT,
+        plot={"left": left, "right": right, "top": top, "bottom": bottom},
+        y_ticks=y_ticks,
+        x_ticks=x_ticks,
+        series=series,
+        legend=legend,
+    )
 
 
 def _query(hours: int, include_cached: bool) -> str:
@@ -190,20 +217,33 @@ def latency_view(request):
         "max_hours": latency.MAX_HOURS,
         "max_rows": latency.MAX_ROWS,
         "bucket_width": format_duration(report.width),
-        "presets": [{"hours": h, "label": label, "query": _query(h, include_cached), "current": h == hours}
-                    for h, label in PRESET_HOURS],
+        "presets": [
+            {"hours": h, "label": label, "query": _query(h, include_cached), "current": h == hours}
+            for h, label in PRESET_HOURS
+        ],
         "toggle_query": _query(hours, not include_cached),
         "summary": {
-            "ttft_p50": format_ms(totals.ttft_p50), "ttft_p95": format_ms(totals.ttft_p95),
-            "total_p50": format_ms(totals.total_p50), "total_p95": format_ms(totals.total_p95),
+            "ttft_p50": format_ms(totals.ttft_p50),
+            "ttft_p95": format_ms(totals.ttft_p95),
+            "total_p50": format_ms(totals.total_p50),
+            "total_p95": format_ms(totals.total_p95),
             "cached_share": "—" if share is None else f"{share:.0%}",
         },
         "rows": [
-            {"end": b.end, "count": b.count, "ttft_p50": format_ms(b.ttft_p50), "ttft_p95": format_ms(b.ttft_p95),
-             "total_p50": format_ms(b.total_p50), "total_p95": format_ms(b.total_p95)}
-            for b in reversed(report.buckets) if b.count
+            {
+                "end": b.end,
+                "count": b.count,
+                "ttft_p50": format_ms(b.ttft_p50),
+                "ttft_p95": format_ms(b.ttft_p95),
+                "total_p50": format_ms(b.total_p50),
+                "total_p95": format_ms(b.total_p95),
+            }
+            for b in reversed(report.buckets)
+            if b.count
         ],
-        "charts": [] if report.is_empty else [
+        "charts": []
+        if report.is_empty
+        else [
             build_chart(report, "ttft", "Time to first token"),
             build_chart(report, "total", "Total time"),
         ],

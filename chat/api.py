@@ -52,7 +52,9 @@ STATUS_FOR_CODE = {
 
 
 def _error_response(code: str, message: str, request_id: str | None = None) -> JsonResponse:
-    response = JsonResponse(error_event(code, message, request_id), status=STATUS_FOR_CODE.get(code, 400))
+    response = JsonResponse(
+        error_event(code, message, request_id), status=STATUS_FOR_CODE.get(code, 400)
+    )
     if code == "rate_limited":
         response["Retry-After"] = "60"
     return response
@@ -74,7 +76,9 @@ class _TurnFeed:
         """Parse, rate-check and start the turn; an error response if it was refused."""
         prompt = None
         try:
-            prompt = parse_http_prompt(request.body, max_prompt_chars=settings.CHAT_MAX_PROMPT_CHARS)
+            prompt = parse_http_prompt(
+                request.body, max_prompt_chars=settings.CHAT_MAX_PROMPT_CHARS
+            )
             owner = await sync_to_async(owner_of_request)(request)
             services.turn_rate_check(owner=owner)
             self.turn = await services.turn_start(owner=owner, prompt=prompt, send=self.send)
@@ -110,7 +114,7 @@ async def chat_stream(request):
             while True:
                 try:
                     event = await asyncio.wait_for(feed.events.get(), KEEPALIVE_SECONDS)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     yield ": keepalive\n\n"
                     continue
                 if event is feed.END:
@@ -144,7 +148,9 @@ async def chat(request):
         feed.abandon()  # a no-op unless the client left before the end
     if done is not None:
         return JsonResponse(done)
-    error = error or error_event("model_error", "the answer ended without a result", feed.turn.request_id)
+    error = error or error_event(
+        "model_error", "the answer ended without a result", feed.turn.request_id
+    )
     return _error_response(error["code"], error["message"], error["request_id"])
 
 
@@ -157,7 +163,9 @@ async def cancel(request):
         result = await services.turn_cancel(owner=owner, message_id=message_id)
     except (ProtocolError, services.TurnError) as exc:
         return _error_response(exc.code, exc.message)
-    return JsonResponse({"type": "cancel_ack", "request_id": None, "message": message_id, "result": result})
+    return JsonResponse(
+        {"type": "cancel_ack", "request_id": None, "message": message_id, "result": result}
+    )
 
 
 @require_GET
@@ -170,6 +178,12 @@ def csrf(request):
 def csrf_failure(request, reason: str = ""):
     """CSRF_FAILURE_VIEW: an `error` event for API clients, Django's page for everything else."""
     if request.path.startswith("/api/"):
-        return JsonResponse(error_event("csrf_failed", f"CSRF check failed ({reason}); GET /api/csrf and send its "
-                                                       "token in an X-CSRFToken header with the cookies"), status=403)
+        return JsonResponse(
+            error_event(
+                "csrf_failed",
+                f"CSRF check failed ({reason}); GET /api/csrf and send its "
+                "token in an X-CSRFToken header with the cookies",
+            ),
+            status=403,
+        )
     return django_csrf_failure(request, reason)

@@ -141,19 +141,27 @@ def bare_generate(backend, input_ids: list[int], tokens: int) -> Timed:
     start = time.perf_counter()
     with torch.inference_mode():
         out = backend.model.generate(
-            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, min_new_tokens=tokens,
-            do_sample=False, pad_token_id=pad,
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=tokens,
+            min_new_tokens=tokens,
+            do_sample=False,
+            pad_token_id=pad,
         )
     total = time.perf_counter() - start
     return Timed(tokens=out.shape[1] - len(input_ids), total_s=total)
 
 
-def engine_forced_generate(backend, messages: list[dict], input_ids: list[int], tokens: int) -> tuple[Timed | None, str]:
+def engine_forced_generate(
+    backend, messages: list[dict], input_ids: list[int], tokens: int
+) -> tuple[Timed | None, str]:
     """The engine streaming the same answer with its length forced to `tokens`; (timing, how it was forced).
 
     The public path: backend.generate with the `chat` policy's stop string and min_new_tokens.
     """
-    request = backend.request(messages, max_new_tokens=tokens, min_new_tokens=tokens, stop_strings=CHAT_STOP_STRINGS)
+    request = backend.request(
+        messages, max_new_tokens=tokens, min_new_tokens=tokens, stop_strings=CHAT_STOP_STRINGS
+    )
     return _timed_engine(backend, request), "backend.generate, request.min_new_tokens"
 
 
@@ -168,7 +176,8 @@ def _timed_engine(backend, request) -> Timed:
     result = backend.generate(request, on_text)
     total = time.perf_counter() - start
     return Timed(
-        tokens=result.new_tokens, total_s=total,
+        tokens=result.new_tokens,
+        total_s=total,
         first_s=marks[0] - start if marks else None,
         model_first_s=result.first_token_at - start if result.first_token_at else None,
         finish=result.finish_reason,
@@ -177,7 +186,9 @@ def _timed_engine(backend, request) -> Timed:
 
 def engine_generate(backend, messages: list[dict], tokens: int) -> Timed:
     """The public engine path the server runs: backend.generate(request, on_text); eos may end it early."""
-    return _timed_engine(backend, backend.request(messages, max_new_tokens=tokens, stop_strings=CHAT_STOP_STRINGS))
+    return _timed_engine(
+        backend, backend.request(messages, max_new_tokens=tokens, stop_strings=CHAT_STOP_STRINGS)
+    )
 
 
 # -- WebSocket client -------------------------------------------------------------
@@ -229,24 +240,30 @@ def _connect(server):
     import websockets
 
     # proxy=None: never route loopback traffic through a proxy taken from the environment.
-    return websockets.connect(server.ws_url, origin=server.url, proxy=None, open_timeout=10, close_timeout=2)
+    return websockets.connect(
+        server.ws_url, origin=server.url, proxy=None, open_timeout=10, close_timeout=2
+    )
 
 
 async def converse(ws, answer: Answer, request_id: str, timeout: float) -> Answer:
     """Send one prompt on an open socket and read events until its done or error (bounded)."""
-    frame = json.dumps({"type": "prompt", "request_id": request_id, "text": answer.prompt, "conversation": None})
+    frame = json.dumps(
+        {"type": "prompt", "request_id": request_id, "text": answer.prompt, "conversation": None}
+    )
     answer.sent_at = time.perf_counter()
     await ws.send(frame)
     deadline = answer.sent_at + timeout
     parts: list[str] = []
-    for _ in range(100_000):  # far more events than any answer sends; the deadline is the real bound
+    for _ in range(
+        100_000
+    ):  # far more events than any answer sends; the deadline is the real bound
         remaining = deadline - time.perf_counter()
         if remaining <= 0:
             answer.error = f"no done within {timeout:.0f} s"
             break
         try:
             raw = await asyncio.wait_for(ws.recv(), remaining)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             answer.error = f"no done within {timeout:.0f} s"
             break
         now = time.perf_counter()
@@ -281,7 +298,7 @@ async def ask(server, prompt: str, request_id: str = "bench-1", timeout: float =
         async with _connect(server) as ws:
             answer.connect_ms = (time.perf_counter() - started) * 1000
             await converse(ws, answer, request_id, timeout)
-    except (OSError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, OSError) as exc:
         answer.error = answer.error or f"{type(exc).__name__}: {exc}"
     except Exception as exc:  # websockets' handshake and close errors
         answer.error = answer.error or f"{type(exc).__name__}: {exc}"
@@ -301,7 +318,10 @@ async def ask_together(server, prompts: list[str], timeout: float) -> tuple[list
             sockets.append(await stack.enter_async_context(_connect(server)))
             answer.connect_ms = (time.perf_counter() - started) * 1000
         await asyncio.gather(
-            *(converse(ws, a, f"bench-c{i}", timeout) for i, (ws, a) in enumerate(zip(sockets, answers))),
+            *(
+                converse(ws, a, f"bench-c{i}", timeout)
+                for i, (ws, a) in enumerate(zip(sockets, answers, strict=True))
+            ),
             return_exceptions=True,
         )
     sent = [a.sent_at for a in answers if a.sent_at is not None]

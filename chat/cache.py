@@ -26,8 +26,15 @@ KEY_PREFIX = "chat:answer:"
 CACHEABLE_FINISH = ("eos", "stop_string")
 
 
-def cache_key(*, model_id: str, fingerprint: str, rendered_prompt: str, params: dict, policy_slug: str,
-              policy_version: int) -> str:
+def cache_key(
+    *,
+    model_id: str,
+    fingerprint: str,
+    rendered_prompt: str,
+    params: dict,
+    policy_slug: str,
+    policy_version: int,
+) -> str:
     """sha256 of a canonical JSON of everything that shapes the answer."""
     canonical = json.dumps(
         {
@@ -36,7 +43,9 @@ def cache_key(*, model_id: str, fingerprint: str, rendered_prompt: str, params: 
             "params": params,
             "policy": [policy_slug, policy_version],
         },
-        sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
     )
     return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -77,7 +86,10 @@ class CompletionCache:
             self.state.errors += 1
             self.state.last_error = f"{type(exc).__name__}: {exc}"
             if self.state.available:
-                log.warning("completion cache unavailable (%s); chat continues uncached", self.state.last_error)
+                log.warning(
+                    "completion cache unavailable (%s); chat continues uncached",
+                    self.state.last_error,
+                )
             self.state.available = False
             self.state.retry_at = time.monotonic() + self.backoff_seconds
             metrics.CACHE_ERRORS.labels(operation).inc()
@@ -93,7 +105,9 @@ class CompletionCache:
 
     def put(self, key: str, entry: dict, ttl_seconds: int) -> bool:
         payload = json.dumps(entry, ensure_ascii=False)
-        return bool(self._call("put", lambda r: r.set(KEY_PREFIX + key, payload, ex=max(1, ttl_seconds))))
+        return bool(
+            self._call("put", lambda r: r.set(KEY_PREFIX + key, payload, ex=max(1, ttl_seconds)))
+        )
 
     def evict(self, key: str) -> bool:
         return bool(self._call("evict", lambda r: r.delete(KEY_PREFIX + key)))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 from channels.layers import get_channel_layer
 
@@ -49,7 +49,12 @@ class CancelBus:
         layer = get_channel_layer()
         if layer is None:
             raise RuntimeError("no channel layer is configured")
-        message = {"type": MESSAGE_TYPE, "message": message_id, "user_id": user_id, "session_key": session_key}
+        message = {
+            "type": MESSAGE_TYPE,
+            "message": message_id,
+            "user_id": user_id,
+            "session_key": session_key,
+        }
         await asyncio.wait_for(layer.group_send(GROUP, message), self.publish_timeout)
 
     def ensure_listening(self) -> None:
@@ -58,7 +63,9 @@ class CancelBus:
         if self._task is not None and not self._task.done() and self._task.get_loop() is loop:
             return
         # A fresh context: the listener outlives the request or socket that started it.
-        self._task = loop.create_task(self._listen(), name="chat-cancel-listener", context=contextvars.Context())
+        self._task = loop.create_task(
+            self._listen(), name="chat-cancel-listener", context=contextvars.Context()
+        )
 
     async def stop(self) -> None:
         """Stop listening (tests; a process simply exits)."""
@@ -80,11 +87,19 @@ class CancelBus:
                 raise
             except Exception as exc:
                 if self.connected:  # it was working: say so once, and retry soon
-                    log.warning("cancel listener lost the channel layer (%s: %s); retrying", type(exc).__name__, exc)
+                    log.warning(
+                        "cancel listener lost the channel layer (%s: %s); retrying",
+                        type(exc).__name__,
+                        exc,
+                    )
                     backoff = self.min_backoff
                 elif not self._warned:
-                    log.warning("cancel listener cannot reach the channel layer (%s: %s); cancels from other "
-                                "processes wait until it answers", type(exc).__name__, exc)
+                    log.warning(
+                        "cancel listener cannot reach the channel layer (%s: %s); cancels from other "
+                        "processes wait until it answers",
+                        type(exc).__name__,
+                        exc,
+                    )
                 self._warned = True
                 self.connected = False
             await asyncio.sleep(backoff)
@@ -118,6 +133,8 @@ class CancelBus:
         if message.get("type") != MESSAGE_TYPE:
             return
         try:
-            self.deliver(int(message["message"]), message.get("user_id"), str(message["session_key"]))
+            self.deliver(
+                int(message["message"]), message.get("user_id"), str(message["session_key"])
+            )
         except Exception:
             log.exception("could not act on cancel %r", message)

@@ -9,7 +9,11 @@ from django.core import checks
 def model_dir() -> Path | None:
     from .engine.loading import converted_model_dir
 
-    folder = Path(settings.CHAT_MODEL_PATH) if settings.CHAT_MODEL_PATH else converted_model_dir(settings.DATA_DIR)
+    folder = (
+        Path(settings.CHAT_MODEL_PATH)
+        if settings.CHAT_MODEL_PATH
+        else converted_model_dir(settings.DATA_DIR)
+    )
     return folder if (folder / "config.json").is_file() else None
 
 

@@ -33,7 +33,9 @@ class ChatConsumer(AsyncWebsocketConsumer):
             # Say why before closing, so the page shows a reason and reconnects, not a bare failure.
             log.warning("closing a new socket: the database is unavailable (%s)", exc)
             await self.accept()
-            await self.send_event(error_event("storage_failed", "the database is unavailable; reconnect in a moment"))
+            await self.send_event(
+                error_event("storage_failed", "the database is unavailable; reconnect in a moment")
+            )
             await self.close(code=4503)  # 4000-4999: the application's own; "try again later"
             return
         await self.accept()
@@ -61,7 +63,13 @@ class ChatConsumer(AsyncWebsocketConsumer):
 
     async def prompt(self, prompt: Prompt):
         if prompt.request_id in self.turns:
-            await self.send_event(error_event("duplicate_request_id", "request_id was already used on this connection", prompt.request_id))
+            await self.send_event(
+                error_event(
+                    "duplicate_request_id",
+                    "request_id was already used on this connection",
+                    prompt.request_id,
+                )
+            )
             return
         try:
             services.turn_rate_check(owner=self.owner)
@@ -71,7 +79,11 @@ class ChatConsumer(AsyncWebsocketConsumer):
         running = [t for t in self.turns.values() if not t.finished]
         if running:
             await self.send_event(
-                error_event("busy", f"request {running[0].request_id} is still running; wait for it or cancel it", prompt.request_id)
+                error_event(
+                    "busy",
+                    f"request {running[0].request_id} is still running; wait for it or cancel it",
+                    prompt.request_id,
+                )
             )
             return
         try:
@@ -88,7 +100,11 @@ class ChatConsumer(AsyncWebsocketConsumer):
             return
         turn = self.turns.get(command.request_id)
         if turn is None:
-            await self.send_event(error_event("unknown_request", "no such request on this connection", command.request_id))
+            await self.send_event(
+                error_event(
+                    "unknown_request", "no such request on this connection", command.request_id
+                )
+            )
         elif not turn.finished:  # a Stop racing the last chunk is not an error
             turn.cancel()
 
@@ -98,8 +114,14 @@ class ChatConsumer(AsyncWebsocketConsumer):
         except services.TurnError as exc:
             await self.send_event(error_event(exc.code, exc.message, command.request_id))
             return
-        await self.send_event({"type": "cancel_ack", "request_id": command.request_id, "message": command.message,
-                               "result": result})
+        await self.send_event(
+            {
+                "type": "cancel_ack",
+                "request_id": command.request_id,
+                "message": command.message,
+                "result": result,
+            }
+        )
 
     async def send_event(self, event: dict):
         await self.send(text_data=json.dumps(event, ensure_ascii=False))

@@ -12,7 +12,9 @@ from .runtime import runtime
 
 def redis_status() -> str:
     try:
-        client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=0.5, socket_timeout=0.5)
+        client = redis.Redis.from_url(
+            settings.REDIS_URL, socket_connect_timeout=0.5, socket_timeout=0.5
+        )
         client.ping()
         client.close()
         return "ok"
@@ -50,6 +52,10 @@ def health() -> tuple[bool, dict]:
     ready = model == "ready" and report["database"] == "ok"
     if not ready:
         report["status"] = "loading" if runtime.state in {"idle", "loading"} else "unavailable"
-    elif report["redis"] != "ok" or report["cache"] != "ok" or report.get("upstream_status", "ok") != "ok":
+    elif (
+        report["redis"] != "ok"
+        or report["cache"] != "ok"
+        or report.get("upstream_status", "ok") != "ok"
+    ):
         report["status"] = "degraded"
     return ready, report

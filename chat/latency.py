@@ -17,9 +17,9 @@ Which answers count:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Iterable, Sequence
 
 DEFAULT_HOURS = 24
 MIN_HOURS = 1
@@ -81,7 +81,9 @@ def bucket_width(hours: int) -> timedelta:
     return timedelta(minutes=math.ceil(minutes / MAX_BUCKETS))
 
 
-def bucket_bounds(since: datetime, until: datetime, width: timedelta) -> list[tuple[datetime, datetime]]:
+def bucket_bounds(
+    since: datetime, until: datetime, width: timedelta
+) -> list[tuple[datetime, datetime]]:
     """Consecutive (start, end] spans of `width` ending at `until`; the first is clipped at `since`."""
     count = max(1, math.ceil((until - since) / width))
     bounds = []
@@ -162,7 +164,11 @@ class LatencyReport:
 
 
 def summarize(
-    rows: Iterable[Sequence], *, until: datetime, hours: int, include_cached: bool = False,
+    rows: Iterable[Sequence],
+    *,
+    until: datetime,
+    hours: int,
+    include_cached: bool = False,
     truncated: bool = False,
 ) -> LatencyReport:
     """The report for rows of (created_at, status, metrics) over the `hours` before `until`."""
@@ -206,39 +212,67 @@ def summarize(
             all_total.append(total)
 
     buckets = [
-        Bucket(start, end, counter[0], percentile(ttft_values, 50), percentile(ttft_values, 95),
-               percentile(total_values, 50), percentile(total_values, 95))
-        for (start, end), (ttft_values, total_values, counter) in zip(bounds, per_bucket)
+        Bucket(
+            start,
+            end,
+            counter[0],
+            percentile(ttft_values, 50),
+            percentile(ttft_values, 95),
+            percentile(total_values, 50),
+            percentile(total_values, 95),
+        )
+        for (start, end), (ttft_values, total_values, counter) in zip(
+            bounds, per_bucket, strict=True
+        )
     ]
     totals = Totals(
-        answers=answers, count=count, cached=cached, cancelled=cancelled, failed=failed,
-        ttft_p50=percentile(all_ttft, 50), ttft_p95=percentile(all_ttft, 95),
-        total_p50=percentile(all_total, 50), total_p95=percentile(all_total, 95),
+        answers=answers,
+        count=count,
+        cached=cached,
+        cancelled=cancelled,
+        failed=failed,
+        ttft_p50=percentile(all_ttft, 50),
+        ttft_p95=percentile(all_ttft, 95),
+        total_p50=percentile(all_total, 50),
+        total_p95=percentile(all_total, 95),
     )
-    return LatencyReport(since, until, hours, width, include_cached, buckets, totals, truncated, oldest)
+    return LatencyReport(
+        since, until, hours, width, include_cached, buckets, totals, truncated, oldest
+    )
 
 
 # -- the database -------------------------------------------------------------------------------
 
 
-def fetch_answers(since: datetime, until: datetime, limit: int = MAX_ROWS) -> tuple[list[tuple], bool]:
+def fetch_answers(
+    since: datetime, until: datetime, limit: int = MAX_ROWS
+) -> tuple[list[tuple], bool]:
     """(created_at, status, metrics) of the newest `limit` assistant messages in the window, and
     whether there were more. Only those three columns are read."""
     from .models import Message
 
     rows = list(
-        Message.objects.filter(role=Message.Role.ASSISTANT, created_at__gte=since, created_at__lte=until)
+        Message.objects.filter(
+            role=Message.Role.ASSISTANT, created_at__gte=since, created_at__lte=until
+        )
         .order_by("-created_at", "-id")
         .values_list("created_at", "status", "metrics")[: limit + 1]
     )
     return rows[:limit], len(rows) > limit
 
 
-def latency_report(hours: int = DEFAULT_HOURS, include_cached: bool = False, *, now: datetime | None = None,
-                   limit: int = MAX_ROWS) -> LatencyReport:
+def latency_report(
+    hours: int = DEFAULT_HOURS,
+    include_cached: bool = False,
+    *,
+    now: datetime | None = None,
+    limit: int = MAX_ROWS,
+) -> LatencyReport:
     from django.utils import timezone
 
     until = now or timezone.now()
     hours = parse_hours(hours)
     rows, truncated = fetch_answers(until - timedelta(hours=hours), until, limit)
-    return summarize(rows, until=until, hours=hours, include_cached=include_cached, truncated=truncated)
+    return summarize(
+        rows, until=until, hours=hours, include_cached=include_cached, truncated=truncated
+    )

@@ -42,12 +42,26 @@ class LiveServer:
         }
         self.process: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 180) -> "LiveServer":
-        subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=self.env, check=True)
+    def start(self, timeout: float = 180) -> LiveServer:
+        subprocess.run(
+            [sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=self.env, check=True
+        )
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "project.asgi:application"],
-            cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "daphne",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "project.asgi:application",
+            ],
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -58,7 +72,7 @@ class LiveServer:
             time.sleep(0.25)
         raise RuntimeError(f"daphne not ready after {timeout} s:\n{self.log()}")
 
-    def restart(self, timeout: float = 180) -> "LiveServer":
+    def restart(self, timeout: float = 180) -> LiveServer:
         """Stop daphne and start it again on the same port and database (start-up migrates, as `make run` does)."""
         self.stop()
         return self.start(timeout)
@@ -69,8 +83,14 @@ class LiveServer:
 
     def manage(self, *args: str) -> str:
         """Run a manage.py command against this server's database."""
-        done = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, check=True,
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=self.env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         return done.stdout
 
     def health(self) -> tuple[int, dict | None]:

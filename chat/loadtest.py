@@ -109,8 +109,12 @@ class Report:
         found = list(self.mismatches)
         found += [f"{n} x error {code}" for code, n in self.server_errors.items()]
         found += [f"{t.request_id}: {a}" for t in self.turns for a in t.anomalies]
-        found += [f"client could not connect: {c.connect_error}" for c in self.clients if c.connect_error]
-        found += [f"socket closed by the server: {c.closed_early}" for c in self.clients if c.closed_early]
+        found += [
+            f"client could not connect: {c.connect_error}" for c in self.clients if c.connect_error
+        ]
+        found += [
+            f"socket closed by the server: {c.closed_early}" for c in self.clients if c.closed_early
+        ]
         if self.left_streaming:
             found.append(f"{self.left_streaming} message(s) still streaming after the run")
         if self.orphans:
@@ -134,7 +138,9 @@ def load_server(workdir: Path, *, sockets: int, **env: str) -> LiveServer:
     Without that, the load would mostly measure refusals (`queue_full`, `rate_limited`):
     each socket here is a new visitor, but 200 prompts at once exceed the default queue of 64.
     """
-    return LiveServer(workdir, CHAT_MAX_QUEUE=str(max(64, 2 * sockets)), CHAT_RATE_LIMIT_PER_MINUTE="0", **env)
+    return LiveServer(
+        workdir, CHAT_MAX_QUEUE=str(max(64, 2 * sockets)), CHAT_RATE_LIMIT_PER_MINUTE="0", **env
+    )
 
 
 def policy_create(server: LiveServer, *, max_new_tokens: int) -> None:
@@ -154,7 +160,10 @@ def stored_messages(server: LiveServer) -> dict[int, dict]:
         "print(json.dumps(list(M.objects.filter(role='assistant').values("
         "'id', 'text', 'status', 'finish_reason', 'error', 'conversation_id'))))"
     )
-    return {row["id"]: row for row in json.loads(server.manage("shell", "-c", code).strip().splitlines()[-1])}
+    return {
+        row["id"]: row
+        for row in json.loads(server.manage("shell", "-c", code).strip().splitlines()[-1])
+    }
 
 
 def scan_log(text: str) -> tuple[int, int, str]:
@@ -165,7 +174,7 @@ def scan_log(text: str) -> tuple[int, int, str]:
     excerpt = ""
     for index, line in enumerate(lines):
         if line.startswith("Traceback"):
-            excerpt = "\n".join(lines[max(0, index - 2): index + 25])
+            excerpt = "\n".join(lines[max(0, index - 2) : index + 25])
             break
     return tracebacks, errors, excerpt
 
@@ -176,8 +185,16 @@ def scan_log(text: str) -> tuple[int, int, str]:
 class Client:
     """One socket: prompts in a loop until the deadline, recording what it saw."""
 
-    def __init__(self, number: int, server: LiveServer, *, deadline: float, rng: random.Random,
-                 cancel_share: float, continue_share: float):
+    def __init__(
+        self,
+        number: int,
+        server: LiveServer,
+        *,
+        deadline: float,
+        rng: random.Random,
+        cancel_share: float,
+        continue_share: float,
+    ):
         self.number = number
         self.server = server
         self.deadline = deadline
@@ -188,8 +205,9 @@ class Client:
 
     async def run(self) -> ClientLog:
         try:
-            ws = await websockets.connect(self.server.ws_url, origin=self.server.url, open_timeout=60,
-                                          max_queue=None)
+            ws = await websockets.connect(
+                self.server.ws_url, origin=self.server.url, open_timeout=60, max_queue=None
+            )
         except Exception as exc:  # counted, never raised: one failed socket must not end the run
             self.log.connect_error = f"{type(exc).__name__}: {exc}"
             return self.log
@@ -210,23 +228,38 @@ class Client:
         return self.log
 
     async def _turn(self, ws, conversation: int | None) -> Turn:
-        turn = Turn(request_id=f"s{self.number}-{len(self.log.turns) + 1}", sent_at=time.monotonic())
+        turn = Turn(
+            request_id=f"s{self.number}-{len(self.log.turns) + 1}", sent_at=time.monotonic()
+        )
         self.log.turns.append(turn)
         # Some prompts are cancelled: as soon as accepted (usually still queued), or after a few chunks.
         plan = None
         if self.rng.random() < self.cancel_share:
             plan = self.rng.choice(["queued", "streaming"])
         cancel_after = self.rng.randint(1, 4)
-        await ws.send(json.dumps({"type": "prompt", "request_id": turn.request_id, "text": self.rng.choice(PROMPTS),
-                                  "conversation": conversation, "policy": POLICY_SLUG}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "prompt",
+                    "request_id": turn.request_id,
+                    "text": self.rng.choice(PROMPTS),
+                    "conversation": conversation,
+                    "policy": POLICY_SLUG,
+                }
+            )
+        )
         while turn.done is None and turn.error is None:
             remaining = self.deadline - time.monotonic()
             if turn.cancel is None and remaining <= 0:
                 await self._cancel(ws, turn, "deadline")
-            timeout = EVENT_TIMEOUT if turn.cancel is not None or remaining <= 0 else min(EVENT_TIMEOUT, remaining)
+            timeout = (
+                EVENT_TIMEOUT
+                if turn.cancel is not None or remaining <= 0
+                else min(EVENT_TIMEOUT, remaining)
+            )
             try:
                 raw = await asyncio.wait_for(ws.recv(), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if timeout < EVENT_TIMEOUT:
                     continue  # the deadline came first: loop to cancel
                 turn.anomalies.append(f"no event for {EVENT_TIMEOUT:.0f} s")
@@ -237,7 +270,11 @@ class Client:
                 continue
             if plan == "queued" and event["type"] == "accepted":
                 await self._cancel(ws, turn, "queued")
-            elif plan == "streaming" and event["type"] == "chunk" and len(turn.chunks) >= cancel_after:
+            elif (
+                plan == "streaming"
+                and event["type"] == "chunk"
+                and len(turn.chunks) >= cancel_after
+            ):
                 await self._cancel(ws, turn, "streaming")
         return turn
 
@@ -262,27 +299,45 @@ class Client:
         elif kind == "done":
             turn.done, turn.done_at = event, time.monotonic()
             if turn.message is not None and event.get("message") != turn.message:
-                turn.anomalies.append(f"done names message {event.get('message')}, accepted said {turn.message}")
+                turn.anomalies.append(
+                    f"done names message {event.get('message')}, accepted said {turn.message}"
+                )
         elif kind == "error":
             turn.error = event
         elif kind not in {"queued", "buffering"}:
             turn.anomalies.append(f"unexpected event {kind}")
 
 
-async def drive(server: LiveServer, *, sockets: int, seconds: float, seed: int, cancel_share: float,
-                continue_share: float) -> tuple[list[ClientLog], float]:
+async def drive(
+    server: LiveServer,
+    *,
+    sockets: int,
+    seconds: float,
+    seed: int,
+    cancel_share: float,
+    continue_share: float,
+) -> tuple[list[ClientLog], float]:
     """Run `sockets` clients for `seconds`, then until every cancelled answer ended (bounded)."""
     rng = random.Random(seed)
     deadline = time.monotonic() + seconds
-    clients = [Client(n, server, deadline=deadline, rng=random.Random(rng.random()), cancel_share=cancel_share,
-                      continue_share=continue_share) for n in range(1, sockets + 1)]
+    clients = [
+        Client(
+            n,
+            server,
+            deadline=deadline,
+            rng=random.Random(rng.random()),
+            cancel_share=cancel_share,
+            continue_share=continue_share,
+        )
+        for n in range(1, sockets + 1)
+    ]
     started = time.monotonic()
     tasks = [asyncio.create_task(c.run()) for c in clients]
     done, pending = await asyncio.wait(tasks, timeout=seconds + DRAIN_TIMEOUT + 60)
     for task in pending:
         task.cancel()
     logs = []
-    for client, task in zip(clients, tasks):
+    for client, task in zip(clients, tasks, strict=True):
         if task in done and task.exception() is None:
             logs.append(task.result())
         else:
@@ -307,14 +362,18 @@ def check(report: Report) -> None:
             continue
         if turn.error is not None:
             if row["status"] != "failed" and turn.error["code"] == "model_error":
-                report.mismatches.append(f"{turn.request_id}: model_error but stored as {row['status']}")
+                report.mismatches.append(
+                    f"{turn.request_id}: model_error but stored as {row['status']}"
+                )
             continue
         if turn.done is None:
             continue  # counted as an anomaly already
         done = turn.done
         want_status = "cancelled" if done["finish_reason"] == "cancelled" else "done"
         if done["text"] != turn.assembled:
-            report.mismatches.append(f"{turn.request_id}: done.text differs from the chunks it sent")
+            report.mismatches.append(
+                f"{turn.request_id}: done.text differs from the chunks it sent"
+            )
         if row["text"] != turn.assembled:
             report.mismatches.append(
                 f"{turn.request_id}: stored text {row['text']!r} != assembled chunks {turn.assembled!r}"
@@ -338,14 +397,25 @@ async def _sample_peak(pid: int | None, stop: asyncio.Event, report: Report) -> 
             report.rss_peak_mb = max(report.rss_peak_mb or 0.0, value)
         try:
             await asyncio.wait_for(stop.wait(), 0.5)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
 
-def run_load(workdir: Path, *, sockets: int = 200, seconds: float = 60.0, rounds: int = 1, max_new_tokens: int = 12,
-             warmup_seconds: float = 10.0, settle_seconds: float = 5.0,
-             cancel_share: float = 0.3, continue_share: float = 0.5, seed: int = 1,
-             server_env: dict | None = None, progress=print) -> Report:
+def run_load(
+    workdir: Path,
+    *,
+    sockets: int = 200,
+    seconds: float = 60.0,
+    rounds: int = 1,
+    max_new_tokens: int = 12,
+    warmup_seconds: float = 10.0,
+    settle_seconds: float = 5.0,
+    cancel_share: float = 0.3,
+    continue_share: float = 0.5,
+    seed: int = 1,
+    server_env: dict | None = None,
+    progress=print,
+) -> Report:
     """Start a daphne, warm it up, measure its RSS, run the load, settle, measure again, check everything.
 
     The warm-up uses as many sockets as the load, so the baseline has seen every kind of work once;
@@ -353,9 +423,17 @@ def run_load(workdir: Path, *, sockets: int = 200, seconds: float = 60.0, rounds
     """
     server_env = dict(server_env or {})
     server = load_server(workdir, sockets=sockets, **server_env)
-    report = Report(sockets=sockets, seconds=seconds, rounds=rounds, max_new_tokens=max_new_tokens,
-                    server_env={"CHAT_MAX_QUEUE": server.env["CHAT_MAX_QUEUE"], "CHAT_RATE_LIMIT_PER_MINUTE": "0",
-                                **server_env})
+    report = Report(
+        sockets=sockets,
+        seconds=seconds,
+        rounds=rounds,
+        max_new_tokens=max_new_tokens,
+        server_env={
+            "CHAT_MAX_QUEUE": server.env["CHAT_MAX_QUEUE"],
+            "CHAT_RATE_LIMIT_PER_MINUTE": "0",
+            **server_env,
+        },
+    )
     progress(f"starting daphne on {server.url} (its own database in {workdir})")
     server.start()
     log_start = server.log_path.stat().st_size  # start-up's 503s from /healthz are not the load's
@@ -363,8 +441,16 @@ def run_load(workdir: Path, *, sockets: int = 200, seconds: float = 60.0, rounds
         policy_create(server, max_new_tokens=max_new_tokens)
         if warmup_seconds > 0:
             progress(f"warm-up: {sockets} sockets for {warmup_seconds:.0f} s")
-            asyncio.run(drive(server, sockets=sockets, seconds=warmup_seconds, seed=seed + 1000,
-                              cancel_share=cancel_share, continue_share=continue_share))
+            asyncio.run(
+                drive(
+                    server,
+                    sockets=sockets,
+                    seconds=warmup_seconds,
+                    seed=seed + 1000,
+                    cancel_share=cancel_share,
+                    continue_share=continue_share,
+                )
+            )
         time.sleep(settle_seconds)
         report.rss_baseline_mb = rss_mb(server.pid)
         progress(f"baseline RSS {report.rss_baseline_mb:.0f} MB")
@@ -373,8 +459,14 @@ def run_load(workdir: Path, *, sockets: int = 200, seconds: float = 60.0, rounds
             stop = asyncio.Event()
             sampler = asyncio.create_task(_sample_peak(server.pid, stop, report))
             try:
-                return await drive(server, sockets=sockets, seconds=seconds, seed=round_seed,
-                                   cancel_share=cancel_share, continue_share=continue_share)
+                return await drive(
+                    server,
+                    sockets=sockets,
+                    seconds=seconds,
+                    seed=round_seed,
+                    cancel_share=cancel_share,
+                    continue_share=continue_share,
+                )
             finally:
                 stop.set()
                 await sampler
@@ -398,7 +490,9 @@ def run_load(workdir: Path, *, sockets: int = 200, seconds: float = 60.0, rounds
         server.stop()
     with server.log_path.open("rb") as log:
         log.seek(log_start)
-        report.tracebacks, report.error_lines, report.log_excerpt = scan_log(log.read().decode(errors="replace"))
+        report.tracebacks, report.error_lines, report.log_excerpt = scan_log(
+            log.read().decode(errors="replace")
+        )
     return report
 
 
@@ -424,37 +518,74 @@ def figures(report: Report) -> str:
     connected = sum(1 for c in report.clients if not c.connect_error)
     busy = report.seconds * report.rounds
     baseline = report.rss_baseline_mb or 0.0
-    after = ", ".join(f"{a or 0:.0f} MB ({(a or 0) - baseline:+.0f})" for a in report.rss_after_mb) or "-"
+    after = (
+        ", ".join(f"{a or 0:.0f} MB ({(a or 0) - baseline:+.0f})" for a in report.rss_after_mb)
+        or "-"
+    )
     errors = report.error_codes()
     rows = [
-        ("server", f"daphne on 127.0.0.1, {', '.join(f'{k}={v}' for k, v in report.server_env.items())}"),
-        ("load", f"{report.sockets} sockets x {report.seconds:.0f} s x {report.rounds} round(s), policy '{POLICY_SLUG}' "
-                 f"(stream, max_new_tokens={report.max_new_tokens}, cache off); wall {report.wall_s:.1f} s incl. drain"),
-        ("sockets", f"{connected}/{len(report.clients)} connections opened, "
-                    f"{sum(1 for c in report.clients if c.closed_early)} closed by the server"),
-        ("prompts", f"{len(turns)} sent, {len(done)} done, {sum(1 for t in turns if t.error)} error"),
+        (
+            "server",
+            f"daphne on 127.0.0.1, {', '.join(f'{k}={v}' for k, v in report.server_env.items())}",
+        ),
+        (
+            "load",
+            f"{report.sockets} sockets x {report.seconds:.0f} s x {report.rounds} round(s), policy '{POLICY_SLUG}' "
+            f"(stream, max_new_tokens={report.max_new_tokens}, cache off); wall {report.wall_s:.1f} s incl. drain",
+        ),
+        (
+            "sockets",
+            f"{connected}/{len(report.clients)} connections opened, "
+            f"{sum(1 for c in report.clients if c.closed_early)} closed by the server",
+        ),
+        (
+            "prompts",
+            f"{len(turns)} sent, {len(done)} done, {sum(1 for t in turns if t.error)} error",
+        ),
         ("finish", ", ".join(f"{k} {v}" for k, v in sorted(finishes.items())) or "-"),
         ("cancels sent", ", ".join(f"{k} {v}" for k, v in sorted(cancels.items())) or "-"),
         ("errors by code", ", ".join(f"{k} {v}" for k, v in sorted(errors.items())) or "none"),
-        ("generated", f"{tokens} tokens in {chunks} chunks; {tokens / busy:.1f} tok/s, "
-                      f"{len(done) / busy:.2f} answers/s over the {busy:.0f} s of prompting"),
-        ("first chunk", f"p50 {_ms(percentile(first, 0.5))}, p95 {_ms(percentile(first, 0.95))} (client: prompt sent -> chunk)"),
-        ("whole answer", f"p50 {_ms(percentile(whole, 0.5))}, p95 {_ms(percentile(whole, 0.95))} (not cancelled)"),
-        ("queue (server)", f"p50 {_ms(percentile(queue, 0.5))}, p95 {_ms(percentile(queue, 0.95))}"),
-        ("integrity", f"{len([t for t in turns if t.message is not None])} answers checked against the database: "
-                      f"{len(report.mismatches)} mismatch(es), {report.left_streaming} left streaming, "
-                      f"{report.orphans} orphan(s), "
-                      f"{sum(len(t.anomalies) for t in turns)} protocol anomaly(ies)"),
-        ("server log", f"{report.tracebacks} traceback(s), {report.error_lines} ERROR line(s) once ready"),
-        ("memory (RSS)", f"baseline {baseline:.0f} MB (warmed up), peak during the load {report.rss_peak_mb or 0:.0f} MB, "
-                         f"after each round (settled) {after}"),
+        (
+            "generated",
+            f"{tokens} tokens in {chunks} chunks; {tokens / busy:.1f} tok/s, "
+            f"{len(done) / busy:.2f} answers/s over the {busy:.0f} s of prompting",
+        ),
+        (
+            "first chunk",
+            f"p50 {_ms(percentile(first, 0.5))}, p95 {_ms(percentile(first, 0.95))} (client: prompt sent -> chunk)",
+        ),
+        (
+            "whole answer",
+            f"p50 {_ms(percentile(whole, 0.5))}, p95 {_ms(percentile(whole, 0.95))} (not cancelled)",
+        ),
+        (
+            "queue (server)",
+            f"p50 {_ms(percentile(queue, 0.5))}, p95 {_ms(percentile(queue, 0.95))}",
+        ),
+        (
+            "integrity",
+            f"{len([t for t in turns if t.message is not None])} answers checked against the database: "
+            f"{len(report.mismatches)} mismatch(es), {report.left_streaming} left streaming, "
+            f"{report.orphans} orphan(s), "
+            f"{sum(len(t.anomalies) for t in turns)} protocol anomaly(ies)",
+        ),
+        (
+            "server log",
+            f"{report.tracebacks} traceback(s), {report.error_lines} ERROR line(s) once ready",
+        ),
+        (
+            "memory (RSS)",
+            f"baseline {baseline:.0f} MB (warmed up), peak during the load {report.rss_peak_mb or 0:.0f} MB, "
+            f"after each round (settled) {after}",
+        ),
     ]
     width = max(len(name) for name, _ in rows)
     lines = [f"  {name:<{width}}  {value}" for name, value in rows]
     problems = report.problems
-    lines.append(f"  {'verdict':<{width}}  " + ("clean" if not problems else f"{len(problems)} problem(s)"))
+    lines.append(
+        f"  {'verdict':<{width}}  " + ("clean" if not problems else f"{len(problems)} problem(s)")
+    )
     lines += [f"    - {p}" for p in problems[:20]]
     if report.log_excerpt:
         lines += ["  first traceback in the daphne log:", report.log_excerpt]
     return "\n".join(lines)
-

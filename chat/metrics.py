@@ -5,29 +5,51 @@ from prometheus_client import Counter, Gauge, Histogram
 PREFIX = "chat"
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80)
 
-QUEUE_TIME = Histogram(f"{PREFIX}_request_queue_time_seconds", "Time a request waited for the model.", buckets=_LATENCY)
-TTFT = Histogram(f"{PREFIX}_time_to_first_token_seconds", "Accepted prompt to the model's first token.", buckets=_LATENCY)
+QUEUE_TIME = Histogram(
+    f"{PREFIX}_request_queue_time_seconds", "Time a request waited for the model.", buckets=_LATENCY
+)
+TTFT = Histogram(
+    f"{PREFIX}_time_to_first_token_seconds",
+    "Accepted prompt to the model's first token.",
+    buckets=_LATENCY,
+)
 TTFV = Histogram(
     f"{PREFIX}_time_to_first_visible_seconds",
-    "Accepted prompt to the first character the user sees (later for held-back answers).", buckets=_LATENCY,
+    "Accepted prompt to the first character the user sees (later for held-back answers).",
+    buckets=_LATENCY,
 )
-E2E = Histogram(f"{PREFIX}_e2e_request_latency_seconds", "Accepted prompt to done.", buckets=_LATENCY)
-HELD = Histogram(f"{PREFIX}_held_back_seconds", "How long a structured answer was held back.", buckets=_LATENCY)
+E2E = Histogram(
+    f"{PREFIX}_e2e_request_latency_seconds", "Accepted prompt to done.", buckets=_LATENCY
+)
+HELD = Histogram(
+    f"{PREFIX}_held_back_seconds", "How long a structured answer was held back.", buckets=_LATENCY
+)
 TPOT = Histogram(
-    f"{PREFIX}_time_per_output_token_seconds", "Mean inter-token latency of a request.",
+    f"{PREFIX}_time_per_output_token_seconds",
+    "Mean inter-token latency of a request.",
     buckets=(0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0),
 )
 TOKENS_PER_S = Histogram(
-    f"{PREFIX}_tokens_per_second", "Decode speed of a request.", buckets=(1, 2, 5, 10, 15, 20, 30, 50, 100, 200)
+    f"{PREFIX}_tokens_per_second",
+    "Decode speed of a request.",
+    buckets=(1, 2, 5, 10, 15, 20, 30, 50, 100, 200),
 )
 GENERATION_TOKENS = Counter(f"{PREFIX}_generation_tokens", "Tokens generated.")
-REQUESTS = Counter(f"{PREFIX}_request_success", "Finished requests by finish_reason.", ["finish_reason"])
-CANCELLATIONS = Counter(f"{PREFIX}_cancellations", "Requests stopped by the user or a closed socket.")
+REQUESTS = Counter(
+    f"{PREFIX}_request_success", "Finished requests by finish_reason.", ["finish_reason"]
+)
+CANCELLATIONS = Counter(
+    f"{PREFIX}_cancellations", "Requests stopped by the user or a closed socket."
+)
 FAILURES = Counter(f"{PREFIX}_request_failures", "Requests that failed in the model.")
-VALIDATION_FAILURES = Counter(f"{PREFIX}_validation_failures", "Structured answers that failed validation (each attempt).")
+VALIDATION_FAILURES = Counter(
+    f"{PREFIX}_validation_failures", "Structured answers that failed validation (each attempt)."
+)
 CACHE_HITS = Counter(f"{PREFIX}_cache_hits", "Prompts answered from the completion cache.")
 CACHE_MISSES = Counter(f"{PREFIX}_cache_misses", "Cacheable prompts not found in the cache.")
-CACHE_ERRORS = Counter(f"{PREFIX}_cache_errors", "Completion cache calls that failed (Redis down).", ["operation"])
+CACHE_ERRORS = Counter(
+    f"{PREFIX}_cache_errors", "Completion cache calls that failed (Redis down).", ["operation"]
+)
 RUNNING = Gauge(f"{PREFIX}_requests_running", "Requests being generated now.")
 WAITING = Gauge(f"{PREFIX}_requests_waiting", "Requests waiting in the queue.")
 
@@ -45,8 +67,13 @@ def observe_done(metrics: dict, finish_reason: str, cached: bool) -> None:
         CANCELLATIONS.inc()
     if cached:
         CACHE_HITS.inc()
-    for histogram, name in ((QUEUE_TIME, "queue_ms"), (TTFT, "ttft_ms"), (TTFV, "ttfv_ms"), (E2E, "total_ms"),
-                            (HELD, "held_ms")):
+    for histogram, name in (
+        (QUEUE_TIME, "queue_ms"),
+        (TTFT, "ttft_ms"),
+        (TTFV, "ttfv_ms"),
+        (E2E, "total_ms"),
+        (HELD, "held_ms"),
+    ):
         if metrics.get(name) is not None:
             histogram.observe(metrics[name] / 1000)
     tokens = metrics.get("new_tokens") or 0

@@ -7,7 +7,9 @@ from django.db import models
 class Conversation(models.Model):
     """A chat thread, private to a signed-in user or, for a visitor, to their session."""
 
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE
+    )
     session_key = models.CharField(max_length=64, blank=True, db_index=True)
     title = models.CharField(max_length=120, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -32,7 +34,9 @@ class Message(models.Model):
         CANCELLED = "cancelled"
         FAILED = "failed"
 
-    conversation = models.ForeignKey(Conversation, related_name="messages", on_delete=models.CASCADE)
+    conversation = models.ForeignKey(
+        Conversation, related_name="messages", on_delete=models.CASCADE
+    )
     role = models.CharField(max_length=16, choices=Role.choices)
     text = models.TextField(blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.DONE)
@@ -48,9 +52,13 @@ class Message(models.Model):
     json_value = models.JSONField(null=True, blank=True)
     raw_text = models.TextField(blank=True, help_text="what the model generated, before the policy")
     retries = models.PositiveSmallIntegerField(default=0)
-    held_ms = models.FloatField(null=True, blank=True, help_text="how long the answer was held back")
+    held_ms = models.FloatField(
+        null=True, blank=True, help_text="how long the answer was held back"
+    )
     instance = models.CharField(
-        max_length=200, blank=True, help_text="the server process (CHAT_INSTANCE) that generated the answer"
+        max_length=200,
+        blank=True,
+        help_text="the server process (CHAT_INSTANCE) that generated the answer",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -79,32 +87,55 @@ class OutputPolicy(models.Model):
         FALLBACK = "fallback", "fallback: show the fallback text instead"
 
     name = models.CharField(max_length=100)
-    slug = models.SlugField(max_length=50, unique=True, help_text="what a prompt frame names in its `policy` field")
-    is_default = models.BooleanField(default=False, help_text="used when a prompt names no policy; one policy at most")
+    slug = models.SlugField(
+        max_length=50, unique=True, help_text="what a prompt frame names in its `policy` field"
+    )
+    is_default = models.BooleanField(
+        default=False, help_text="used when a prompt names no policy; one policy at most"
+    )
     mode = models.CharField(max_length=10, choices=Mode.choices, default=Mode.STREAM)
     json_schema = models.JSONField(
-        null=True, blank=True, help_text="a JSON Schema the answer must satisfy; a stream policy with a schema buffers"
+        null=True,
+        blank=True,
+        help_text="a JSON Schema the answer must satisfy; a stream policy with a schema buffers",
     )
     moderation_hooks = models.JSONField(
-        default=list, blank=True,
+        default=list,
+        blank=True,
         help_text='a list of {"hook": "blocklist" | "repetition" | "dotted.path.Hook", "settings": {...}}',
     )
     constrained = models.BooleanField(
-        default=False, help_text="constrain decoding to the JSON Schema (xgrammar), so the model cannot write invalid JSON"
+        default=False,
+        help_text="constrain decoding to the JSON Schema (xgrammar), so the model cannot write invalid JSON",
     )
     examples = models.JSONField(
-        default=list, blank=True,
+        default=list,
+        blank=True,
         help_text='few-shot turns shown to the model before the chat: [{"user": "...", "assistant": "..."}]',
     )
-    blocklist_terms = models.TextField(blank=True, help_text="one term per line; an answer containing one is withdrawn")
-    failure_action = models.CharField(max_length=10, choices=FailureAction.choices, default=FailureAction.REJECT)
-    fallback_text = models.TextField(blank=True, help_text="shown instead of an answer that stays invalid")
-    max_retries = models.PositiveSmallIntegerField(default=2, help_text="re-asks after an invalid structured answer")
+    blocklist_terms = models.TextField(
+        blank=True, help_text="one term per line; an answer containing one is withdrawn"
+    )
+    failure_action = models.CharField(
+        max_length=10, choices=FailureAction.choices, default=FailureAction.REJECT
+    )
+    fallback_text = models.TextField(
+        blank=True, help_text="shown instead of an answer that stays invalid"
+    )
+    max_retries = models.PositiveSmallIntegerField(
+        default=2, help_text="re-asks after an invalid structured answer"
+    )
     system_prompt = models.TextField(blank=True)
-    max_new_tokens = models.PositiveIntegerField(default=256, help_text="capped by CHAT_MAX_NEW_TOKENS_CAP")
-    stop_strings = models.JSONField(default=list, blank=True, help_text='e.g. ["\\nUser:"]; never shown to the user')
+    max_new_tokens = models.PositiveIntegerField(
+        default=256, help_text="capped by CHAT_MAX_NEW_TOKENS_CAP"
+    )
+    stop_strings = models.JSONField(
+        default=list, blank=True, help_text='e.g. ["\\nUser:"]; never shown to the user'
+    )
     extra_eos_tokens = models.JSONField(
-        default=list, blank=True, help_text='tokens that also end the answer, e.g. ["<|endoftext|>"]'
+        default=list,
+        blank=True,
+        help_text='tokens that also end the answer, e.g. ["<|endoftext|>"]',
     )
     temperature = models.FloatField(default=0.0, help_text="0 is greedy (deterministic, cacheable)")
     top_p = models.FloatField(default=1.0)
@@ -120,7 +151,11 @@ class OutputPolicy(models.Model):
         ordering = ["name"]
         verbose_name_plural = "output policies"
         constraints = [
-            models.UniqueConstraint(fields=["is_default"], condition=models.Q(is_default=True), name="one_default_policy")
+            models.UniqueConstraint(
+                fields=["is_default"],
+                condition=models.Q(is_default=True),
+                name="one_default_policy",
+            )
         ]
 
     def __str__(self):
@@ -136,10 +171,26 @@ class OutputPolicy(models.Model):
     def snapshot(self) -> dict:
         """The settings that shape an answer, as plain JSON (for revisions and cache keys)."""
         fields = [
-            "name", "slug", "is_default", "mode", "json_schema", "constrained", "examples", "moderation_hooks",
+            "name",
+            "slug",
+            "is_default",
+            "mode",
+            "json_schema",
+            "constrained",
+            "examples",
+            "moderation_hooks",
             "blocklist_terms",
-            "failure_action", "fallback_text", "max_retries", "system_prompt", "max_new_tokens",
-            "stop_strings", "extra_eos_tokens", "temperature", "top_p", "cache_enabled", "cache_ttl_seconds",
+            "failure_action",
+            "fallback_text",
+            "max_retries",
+            "system_prompt",
+            "max_new_tokens",
+            "stop_strings",
+            "extra_eos_tokens",
+            "temperature",
+            "top_p",
+            "cache_enabled",
+            "cache_ttl_seconds",
             "require_review",
         ]
         return {name: getattr(self, name) for name in fields}
@@ -156,7 +207,9 @@ class OutputPolicy(models.Model):
     def save(self, *args, **kwargs):
         if self.is_default:
             # One default at a time: the new one takes over (the old one's answers do not change).
-            OutputPolicy.objects.filter(is_default=True).exclude(pk=self.pk).update(is_default=False)
+            OutputPolicy.objects.filter(is_default=True).exclude(pk=self.pk).update(
+                is_default=False
+            )
         if self.pk is not None:
             previous = OutputPolicy.objects.filter(pk=self.pk).first()
             if previous is not None and previous.snapshot() != self.snapshot():
@@ -169,14 +222,18 @@ class PolicyRevision(models.Model):
 
     policy = models.ForeignKey(OutputPolicy, related_name="revisions", on_delete=models.CASCADE)
     version = models.PositiveIntegerField()
-    changed_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
     changed_at = models.DateTimeField(auto_now_add=True)
     changes = models.JSONField(default=dict, help_text="field -> [old, new]")
     snapshot = models.JSONField(default=dict)
 
     class Meta:
         ordering = ["-changed_at", "-id"]
-        constraints = [models.UniqueConstraint(fields=["policy", "version"], name="one_revision_per_version")]
+        constraints = [
+            models.UniqueConstraint(fields=["policy", "version"], name="one_revision_per_version")
+        ]
 
     def __str__(self):
         return f"{self.policy.slug} v{self.version}"
@@ -193,7 +250,9 @@ class CachedAnswer(models.Model):
 
     key = models.CharField(max_length=64, unique=True)
     prompt = models.TextField(help_text="the user's prompt that produced it")
-    rendered_prompt = models.TextField(help_text="the exact model input, whole conversation included")
+    rendered_prompt = models.TextField(
+        help_text="the exact model input, whole conversation included"
+    )
     answer = models.TextField()
     json_value = models.JSONField(null=True, blank=True)
     finish_reason = models.CharField(max_length=16)
@@ -206,13 +265,17 @@ class CachedAnswer(models.Model):
     hits = models.PositiveIntegerField(default=0)
     first_served_at = models.DateTimeField(null=True, blank=True)
     last_served_at = models.DateTimeField(null=True, blank=True)
-    reviewed_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    reviewed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["-updated_at"]
-        permissions = [("review_cachedanswer", "Can review cached answers (approve, reject, evict, edit)")]
+        permissions = [
+            ("review_cachedanswer", "Can review cached answers (approve, reject, evict, edit)")
+        ]
 
     def __str__(self):
         return f"{self.prompt[:60]} ({self.status})"

@@ -51,8 +51,12 @@ class ResolvedPolicy:
 def builtin_policy() -> ResolvedPolicy:
     """Used when no policy is stored at all: plain streamed prose with the server defaults."""
     return ResolvedPolicy(
-        id=None, slug="builtin", version=0, mode="stream",
-        system_prompt=settings.CHAT_SYSTEM_PROMPT, max_new_tokens=settings.CHAT_MAX_NEW_TOKENS,
+        id=None,
+        slug="builtin",
+        version=0,
+        mode="stream",
+        system_prompt=settings.CHAT_SYSTEM_PROMPT,
+        max_new_tokens=settings.CHAT_MAX_NEW_TOKENS,
     )
 
 
@@ -61,7 +65,9 @@ def build_hooks(policy) -> list[ModerationHook]:
     hooks = []
     for index, entry in enumerate(policy.moderation_hooks or []):
         if not isinstance(entry, dict) or not isinstance(entry.get("hook"), str):
-            raise HookConfigError(f"hook {index + 1}: expected an object like {{\"hook\": \"blocklist\", \"settings\": {{}}}}")
+            raise HookConfigError(
+                f'hook {index + 1}: expected an object like {{"hook": "blocklist", "settings": {{}}}}'
+            )
         settings_ = entry.get("settings") or {}
         if not isinstance(settings_, dict):
             raise HookConfigError(f"hook {index + 1}: settings must be an object")
@@ -121,6 +127,7 @@ def policy_for(slug: str | None) -> ResolvedPolicy:
 
 # -- validation on save -------------------------------------------------------------
 
+
 def _string_list(value, name: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
         raise ValueError(f"{name} must be a JSON list of non-empty strings")
@@ -144,7 +151,9 @@ def policy_errors(policy) -> dict[str, list[str]]:
         errors["blocklist_terms"] = [str(exc)]
     examples = policy.examples or []
     if not isinstance(examples, list) or not all(
-        isinstance(e, dict) and set(e) == {"user", "assistant"} and all(isinstance(v, str) for v in e.values())
+        isinstance(e, dict)
+        and set(e) == {"user", "assistant"}
+        and all(isinstance(v, str) for v in e.values())
         for e in examples
     ):
         errors["examples"] = ['must be a list of {"user": "...", "assistant": "..."} objects']
@@ -153,7 +162,9 @@ def policy_errors(policy) -> dict[str, list[str]]:
     if policy.max_new_tokens < 1:
         errors["max_new_tokens"] = ["must be at least 1"]
     elif policy.max_new_tokens > settings.CHAT_MAX_NEW_TOKENS_CAP:
-        errors["max_new_tokens"] = [f"at most {settings.CHAT_MAX_NEW_TOKENS_CAP} (CHAT_MAX_NEW_TOKENS_CAP)"]
+        errors["max_new_tokens"] = [
+            f"at most {settings.CHAT_MAX_NEW_TOKENS_CAP} (CHAT_MAX_NEW_TOKENS_CAP)"
+        ]
     if not 0 <= policy.temperature <= 2:
         errors["temperature"] = ["must be between 0 and 2"]
     if not 0 < policy.top_p <= 1:
@@ -164,8 +175,13 @@ def policy_errors(policy) -> dict[str, list[str]]:
     tokenizer = runtime.tokenizer()
     try:
         for stop in _string_list(policy.stop_strings or [], "stop strings"):
-            if tokenizer is not None and tokenizer.decode(tokenizer(stop, add_special_tokens=False)["input_ids"]) != stop:
-                errors.setdefault("stop_strings", []).append(f"{stop!r} cannot be produced by this model's tokenizer")
+            if (
+                tokenizer is not None
+                and tokenizer.decode(tokenizer(stop, add_special_tokens=False)["input_ids"]) != stop
+            ):
+                errors.setdefault("stop_strings", []).append(
+                    f"{stop!r} cannot be produced by this model's tokenizer"
+                )
     except ValueError as exc:
         errors["stop_strings"] = [str(exc)]
     try:
@@ -177,4 +193,3 @@ def policy_errors(policy) -> dict[str, list[str]]:
     except ValueError as exc:
         errors["extra_eos_tokens"] = [str(exc)]
     return errors
-

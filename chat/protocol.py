@@ -47,7 +47,10 @@ class Ping:
 def _request_id(frame: dict) -> str:
     value = frame.get("request_id")
     if not isinstance(value, str) or not value or len(value) > MAX_REQUEST_ID:
-        raise ProtocolError("bad_request_id", f"request_id must be a non-empty string of at most {MAX_REQUEST_ID} characters")
+        raise ProtocolError(
+            "bad_request_id",
+            f"request_id must be a non-empty string of at most {MAX_REQUEST_ID} characters",
+        )
     return value
 
 
@@ -66,7 +69,9 @@ def _json_object(text: str | bytes) -> dict:
 def parse_frame(text: str | None, *, max_prompt_chars: int) -> Prompt | Cancel | Ping:
     """Turn one text frame into a command, or raise ProtocolError saying what is wrong."""
     if text is None:
-        raise ProtocolError("binary_frame", "binary frames are not supported; send JSON text frames")
+        raise ProtocolError(
+            "binary_frame", "binary frames are not supported; send JSON text frames"
+        )
     frame = _json_object(text)
     kind = frame.get("type")
     if kind == "ping":
@@ -74,7 +79,9 @@ def parse_frame(text: str | None, *, max_prompt_chars: int) -> Prompt | Cancel |
     if kind == "cancel":
         return _cancel(frame)
     if kind != "prompt":
-        raise ProtocolError("unknown_type", f"unknown frame type {kind!r}; expected prompt, cancel or ping")
+        raise ProtocolError(
+            "unknown_type", f"unknown frame type {kind!r}; expected prompt, cancel or ping"
+        )
     return parse_prompt(frame, request_id=_request_id(frame), max_prompt_chars=max_prompt_chars)
 
 
@@ -89,7 +96,11 @@ def _cancel(frame: dict) -> Cancel:
 def message_id(value, request_id: str | None = None) -> int:
     """A message id from a client (the `message` of `accepted`), or ProtocolError."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ProtocolError("bad_message", "message must be the id of an answer (the `message` of `accepted`)", request_id)
+        raise ProtocolError(
+            "bad_message",
+            "message must be the id of an answer (the `message` of `accepted`)",
+            request_id,
+        )
     return value
 
 
@@ -100,11 +111,17 @@ def parse_prompt(frame: dict, *, request_id: str, max_prompt_chars: int) -> Prom
         raise ProtocolError("bad_prompt", "text must be a non-empty string", request_id)
     if len(prompt_text) > max_prompt_chars:
         raise ProtocolError(
-            "prompt_too_long", f"the prompt is {len(prompt_text)} characters; the limit is {max_prompt_chars}", request_id
+            "prompt_too_long",
+            f"the prompt is {len(prompt_text)} characters; the limit is {max_prompt_chars}",
+            request_id,
         )
     conversation = frame.get("conversation")
-    if conversation is not None and (not isinstance(conversation, int) or isinstance(conversation, bool) or conversation < 1):
-        raise ProtocolError("bad_conversation", "conversation must be a conversation id or null", request_id)
+    if conversation is not None and (
+        not isinstance(conversation, int) or isinstance(conversation, bool) or conversation < 1
+    ):
+        raise ProtocolError(
+            "bad_conversation", "conversation must be a conversation id or null", request_id
+        )
     policy = frame.get("policy")
     if policy is not None and (not isinstance(policy, str) or not policy or len(policy) > 50):
         raise ProtocolError("bad_policy", "policy must be a policy slug or omitted", request_id)
@@ -116,7 +133,9 @@ def parse_http_prompt(body: bytes, *, max_prompt_chars: int) -> Prompt:
     frame = _json_object(body)
     if frame.get("type", "prompt") != "prompt":
         raise ProtocolError("unknown_type", "the body must be a prompt (type may be omitted)")
-    request_id = _request_id(frame) if frame.get("request_id") is not None else f"http-{uuid.uuid4().hex}"
+    request_id = (
+        _request_id(frame) if frame.get("request_id") is not None else f"http-{uuid.uuid4().hex}"
+    )
     return parse_prompt(frame, request_id=request_id, max_prompt_chars=max_prompt_chars)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict, deque
-from typing import Callable
+from collections.abc import Callable
 
 from django.conf import settings
 
@@ -20,7 +20,9 @@ class RateLimiter:
     the users active in the last minute, not every visitor ever seen.
     """
 
-    def __init__(self, limit: int, window: float = 60.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, limit: int, window: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ):
         self.limit = limit
         self.window = window
         self._clock = clock
@@ -45,7 +47,9 @@ class RateLimiter:
             return 0.0
 
     def _prune(self, now: float) -> None:
-        for key in [k for k, hits in self._hits.items() if not hits or now - hits[-1] >= self.window]:
+        for key in [
+            k for k, hits in self._hits.items() if not hits or now - hits[-1] >= self.window
+        ]:
             del self._hits[key]
         self._pruned_at = now
 

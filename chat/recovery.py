@@ -29,11 +29,19 @@ def interrupted_answers_close(*, instance: str | None = None, using: str = "defa
     instance = settings.CHAT_INSTANCE if instance is None else instance
     count = (
         Message.objects.using(using)
-        .filter(role=Message.Role.ASSISTANT, status=Message.Status.STREAMING, instance__in=[instance, ""])
+        .filter(
+            role=Message.Role.ASSISTANT,
+            status=Message.Status.STREAMING,
+            instance__in=[instance, ""],
+        )
         .update(status=Message.Status.FAILED, error=INTERRUPTED, updated_at=timezone.now())
     )
     if count:
-        log.warning("marked %d unfinished answer(s) of %s from a previous run as interrupted", count, instance)
+        log.warning(
+            "marked %d unfinished answer(s) of %s from a previous run as interrupted",
+            count,
+            instance,
+        )
     return count
 
 

@@ -38,24 +38,45 @@ def _publish(record: CachedAnswer) -> bool:
     return completion_cache.put(record.key, cache_entry(record), _ttl(record))
 
 
-def answer_remember(*, key: str, prompt: str, rendered_prompt: str, text: str, json_value, finish_reason: str,
-                    metrics: dict, policy_id: int | None, policy_slug: str, policy_version: int, model_id: str,
-                    require_review: bool) -> CachedAnswer | None:
+def answer_remember(
+    *,
+    key: str,
+    prompt: str,
+    rendered_prompt: str,
+    text: str,
+    json_value,
+    finish_reason: str,
+    metrics: dict,
+    policy_id: int | None,
+    policy_slug: str,
+    policy_version: int,
+    model_id: str,
+    require_review: bool,
+) -> CachedAnswer | None:
     """Record a normally ended, policy-passing answer; publish it unless it awaits review or was rejected."""
     with transaction.atomic():
         record, created = CachedAnswer.objects.select_for_update().get_or_create(
             key=key,
             defaults=dict(
-                prompt=prompt, rendered_prompt=rendered_prompt, answer=text, json_value=json_value,
-                finish_reason=finish_reason, metrics=metrics, policy_id=policy_id, policy_slug=policy_slug,
-                policy_version=policy_version, model_id=model_id,
+                prompt=prompt,
+                rendered_prompt=rendered_prompt,
+                answer=text,
+                json_value=json_value,
+                finish_reason=finish_reason,
+                metrics=metrics,
+                policy_id=policy_id,
+                policy_slug=policy_slug,
+                policy_version=policy_version,
+                model_id=model_id,
             ),
         )
         if record.status == CachedAnswer.Status.REJECTED:
             return None  # an admin said no: this key stays uncached until they reset it
         if not created:
             if record.answer != text and record.status == CachedAnswer.Status.APPROVED:
-                record.status = CachedAnswer.Status.PENDING  # a different answer needs its own approval
+                record.status = (
+                    CachedAnswer.Status.PENDING
+                )  # a different answer needs its own approval
             elif record.status == CachedAnswer.Status.EVICTED:
                 record.status = CachedAnswer.Status.PENDING
             record.answer, record.json_value, record.metrics = text, json_value, metrics
@@ -69,7 +90,9 @@ def answer_remember(*, key: str, prompt: str, rendered_prompt: str, text: str, j
 def answer_served(record_id: int) -> None:
     now = timezone.now()
     CachedAnswer.objects.filter(pk=record_id).update(hits=F("hits") + 1, last_served_at=now)
-    CachedAnswer.objects.filter(pk=record_id, first_served_at__isnull=True).update(first_served_at=now)
+    CachedAnswer.objects.filter(pk=record_id, first_served_at__isnull=True).update(
+        first_served_at=now
+    )
 
 
 def answer_approve(record: CachedAnswer, *, by) -> bool:
@@ -101,6 +124,10 @@ def answer_edited(record: CachedAnswer) -> bool:
     if record.status in (CachedAnswer.Status.REJECTED, CachedAnswer.Status.EVICTED):
         return False
     policy: OutputPolicy | None = record.policy
-    if policy is not None and policy.require_review and record.status != CachedAnswer.Status.APPROVED:
+    if (
+        policy is not None
+        and policy.require_review
+        and record.status != CachedAnswer.Status.APPROVED
+    ):
         return False
     return _publish(record)

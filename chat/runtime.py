@@ -61,7 +61,9 @@ class Runtime:
         if tokenizer == "":
             from .checks import model_dir
 
-            folder = model_dir()  # the local model's folder doubles as the tokenizer when it is there
+            folder = (
+                model_dir()
+            )  # the local model's folder doubles as the tokenizer when it is there
             tokenizer = str(folder) if folder is not None else None
         elif tokenizer == "none":
             tokenizer = None
@@ -87,17 +89,26 @@ class Runtime:
                 from .engine.admission import RedisAdmission
 
                 # One queue per server and model, whichever process joins it.
-                admission = RedisAdmission(settings.REDIS_URL, backend.fingerprint[:16],
-                                           capacity=settings.CHAT_REMOTE_GLOBAL_CONCURRENCY,
-                                           lease_seconds=settings.CHAT_REMOTE_LEASE_SECONDS)
-            scheduler = ConcurrentScheduler(backend, max_running=settings.CHAT_REMOTE_MAX_CONCURRENCY,
-                                            max_waiting=settings.CHAT_MAX_QUEUE, admission=admission)
+                admission = RedisAdmission(
+                    settings.REDIS_URL,
+                    backend.fingerprint[:16],
+                    capacity=settings.CHAT_REMOTE_GLOBAL_CONCURRENCY,
+                    lease_seconds=settings.CHAT_REMOTE_LEASE_SECONDS,
+                )
+            scheduler = ConcurrentScheduler(
+                backend,
+                max_running=settings.CHAT_REMOTE_MAX_CONCURRENCY,
+                max_waiting=settings.CHAT_MAX_QUEUE,
+                admission=admission,
+            )
             return backend, scheduler
         from .engine.loading import load_backend
         from .engine.scheduler import Scheduler
 
         backend = load_backend(self.engine_config(), progress=self._progress)
-        return backend, Scheduler(backend, max_waiting=settings.CHAT_MAX_QUEUE, max_batch=settings.CHAT_MAX_BATCH)
+        return backend, Scheduler(
+            backend, max_waiting=settings.CHAT_MAX_QUEUE, max_batch=settings.CHAT_MAX_BATCH
+        )
 
     def _load(self) -> None:
         started = time.perf_counter()
@@ -112,7 +123,10 @@ class Runtime:
             self.state, self.detail = "failed", f"{type(exc).__name__}: {exc}"
         else:
             self.load_seconds = time.perf_counter() - started
-            self.state, self.detail = "ready", f"{backend.model_id} loaded in {self.load_seconds:.1f} s"
+            self.state, self.detail = (
+                "ready",
+                f"{backend.model_id} loaded in {self.load_seconds:.1f} s",
+            )
         finally:
             self._ready.set()
 

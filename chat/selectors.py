@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .models import Conversation, Message
+from .models import Message
 from .services import Owner, conversations_for
 
 
@@ -16,7 +16,11 @@ def owner_of_request(request) -> Owner:
 
 def conversation_list(owner: Owner, limit: int = 50) -> list[dict]:
     return [
-        {"id": c.pk, "title": c.title or f"Conversation {c.pk}", "updated_at": c.updated_at.isoformat()}
+        {
+            "id": c.pk,
+            "title": c.title or f"Conversation {c.pk}",
+            "updated_at": c.updated_at.isoformat(),
+        }
         for c in conversations_for(owner).order_by("-updated_at")[:limit]
     ]
 

@@ -10,8 +10,8 @@ import asyncio
 import contextvars
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Awaitable, Callable
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -19,9 +19,17 @@ from django.db import DatabaseError, transaction
 
 from . import metrics as prometheus
 from . import policies, review, storage
-from .cancel_bus import CancelBus
 from .cache import CACHEABLE_FINISH, cache_key, completion_cache
-from .engine.types import EngineError, Failed, Finished, GenerationRequest, Queued, Started, TextChunk
+from .cancel_bus import CancelBus
+from .engine.types import (
+    EngineError,
+    Failed,
+    Finished,
+    GenerationRequest,
+    Queued,
+    Started,
+    TextChunk,
+)
 from .models import Conversation, Message
 from .policy import Emit, Hold, Retract, gate_for, reask_message
 from .ratelimit import prompt_limiter
@@ -33,6 +41,7 @@ Send = Callable[[dict], Awaitable[None]]
 
 # Answers the model should not see again as context: withdrawn or invalid ones.
 _NOT_CONTEXT = ("moderated", "invalid")
+
 
 class TurnError(Exception):
     """A turn refused before it started; `code` and `message` go to the client as `error`."""
@@ -54,7 +63,7 @@ class Owner:
     def rate_key(self) -> str:
         return f"user:{self.user_id}" if self.user_id is not None else f"session:{self.session_key}"
 
-    def is_same(self, other: "Owner") -> bool:
+    def is_same(self, other: Owner) -> bool:
         """The same signed-in user (from any session), or the same visitor's session."""
         return self.rate_key == other.rate_key
 
@@ -67,6 +76,7 @@ def conversations_for(owner: Owner):
 
 
 # -- preparing a turn (sync, in a worker thread) -----------------------------------
+
 
 @dataclass
 class _Prepared:
@@ -107,9 +117,12 @@ def _fit_prompt(backend, policy: policies.ResolvedPolicy, history: list[dict], t
         history = history[2:]
 
 
-def _request_for(backend, policy: policies.ResolvedPolicy, input_ids: list[int], label: str,
-                 messages: list[dict]) -> GenerationRequest:
-    eos_ids = tuple(i for i in (backend.token_id(t) for t in policy.extra_eos_tokens) if i is not None)
+def _request_for(
+    backend, policy: policies.ResolvedPolicy, input_ids: list[int], label: str, messages: list[dict]
+) -> GenerationRequest:
+    eos_ids = tuple(
+        i for i in (backend.token_id(t) for t in policy.extra_eos_tokens) if i is not None
+    )
     return GenerationRequest(
         input_ids=input_ids,
         max_new_tokens=policy.max_new_tokens,
@@ -147,9 +160,13 @@ def _prepare(owner: Owner, prompt, backend) -> _Prepared:
     if prompt.conversation is not None:
         conversation = conversations_for(owner).filter(pk=prompt.conversation).first()
         if conversation is None:
-            raise TurnError("unknown_conversation", f"conversation {prompt.conversation} does not exist")
+            raise TurnError(
+                "unknown_conversation", f"conversation {prompt.conversation} does not exist"
+            )
     try:
-        messages, rendered, input_ids = _fit_prompt(backend, policy, _history(conversation), prompt.text)
+        messages, rendered, input_ids = _fit_prompt(
+            backend, policy, _history(conversation), prompt.text
+        )
     except EngineError as exc:
         raise TurnError(exc.code, str(exc)) from None
     with transaction.atomic():
@@ -174,7 +191,9 @@ def _prepare(owner: Owner, prompt, backend) -> _Prepared:
     return _Prepared(conversation, assistant, policy, messages, rendered, request, key)
 
 
-def _cache_key(backend, policy: policies.ResolvedPolicy, rendered: str, request: GenerationRequest) -> str:
+def _cache_key(
+    backend, policy: policies.ResolvedPolicy, rendered: str, request: GenerationRequest
+) -> str:
     params = {
         "max_new_tokens": min(request.max_new_tokens, backend.config.max_new_tokens_cap),
         "stop_strings": list(request.stop_strings),
@@ -183,11 +202,18 @@ def _cache_key(backend, policy: policies.ResolvedPolicy, rendered: str, request:
         "top_p": request.top_p,
         "json_schema": request.json_schema,
     }
-    return cache_key(model_id=backend.model_id, fingerprint=backend.fingerprint, rendered_prompt=rendered,
-                     params=params, policy_slug=policy.slug, policy_version=policy.version)
+    return cache_key(
+        model_id=backend.model_id,
+        fingerprint=backend.fingerprint,
+        rendered_prompt=rendered,
+        params=params,
+        policy_slug=policy.slug,
+        policy_version=policy.version,
+    )
 
 
 # -- running a turn (async) --------------------------------------------------------
+
 
 @dataclass(eq=False)
 class Turn:
@@ -242,8 +268,10 @@ def turn_rate_check(*, owner: Owner) -> None:
     """Count one prompt against the owner's per-minute limit; TurnError `rate_limited` when over it."""
     wait = prompt_limiter.check(owner.rate_key)
     if wait:
-        raise TurnError("rate_limited",
-                        f"too many prompts: at most {prompt_limiter.limit} a minute; try again in {wait:.0f} s")
+        raise TurnError(
+            "rate_limited",
+            f"too many prompts: at most {prompt_limiter.limit} a minute; try again in {wait:.0f} s",
+        )
 
 
 async def turn_start(*, owner: Owner, prompt, send: Send) -> Turn:
@@ -257,11 +285,15 @@ async def turn_start(*, owner: Owner, prompt, send: Send) -> Turn:
     submitted = False
     try:
         try:
-            prepared = await sync_to_async(storage.closing_on_error)(_prepare, owner, prompt, backend)
+            prepared = await sync_to_async(storage.closing_on_error)(
+                _prepare, owner, prompt, backend
+            )
         except DatabaseError as exc:
             log.warning("could not start %s: %s", prompt.request_id, exc)
-            raise TurnError("storage_failed", "the database is unavailable, so the prompt was not started; "
-                                              "try again in a moment") from None
+            raise TurnError(
+                "storage_failed",
+                "the database is unavailable, so the prompt was not started; try again in a moment",
+            ) from None
         turn = Turn(
             request_id=prompt.request_id,
             conversation_id=prepared.conversation.pk,
@@ -278,7 +310,9 @@ async def turn_start(*, owner: Owner, prompt, send: Send) -> Turn:
             _scheduler=scheduler,
         )
         if turn.cache_key is not None:
-            entry = await sync_to_async(completion_cache.get, thread_sensitive=False)(turn.cache_key)
+            entry = await sync_to_async(completion_cache.get, thread_sensitive=False)(
+                turn.cache_key
+            )
             if entry is not None:
                 await _serve_cached(turn, entry)
                 return turn
@@ -287,7 +321,9 @@ async def turn_start(*, owner: Owner, prompt, send: Send) -> Turn:
             position = turn._submit(prepared.request, expected=True)
             submitted = True
         except EngineError as exc:
-            await sync_to_async(storage.store_answer)(turn.message_id, status=Message.Status.FAILED, error=str(exc))
+            await sync_to_async(storage.store_answer)(
+                turn.message_id, status=Message.Status.FAILED, error=str(exc)
+            )
             raise TurnError(exc.code, str(exc)) from None
     finally:
         if not submitted:
@@ -305,8 +341,11 @@ async def turn_start(*, owner: Owner, prompt, send: Send) -> Turn:
     )
     # A fresh context: the turn outlives the request that started it (an HTTP view's
     # thread-sensitive executor is gone once the view returns).
-    turn.task = asyncio.create_task(_TurnRun(turn, prepared.request).run(), name=f"turn-{turn.request_id}",
-                                    context=contextvars.Context())
+    turn.task = asyncio.create_task(
+        _TurnRun(turn, prepared.request).run(),
+        name=f"turn-{turn.request_id}",
+        context=contextvars.Context(),
+    )
     return turn
 
 
@@ -319,7 +358,11 @@ _running: dict[int, Turn] = {}
 def _cancel_heard(message_id: int, user_id: int | None, session_key: str) -> None:
     """A cancel published by another process: stop the turn if it runs here and is the same owner's."""
     turn = _running.get(message_id)
-    if turn is not None and not turn.finished and turn.owner.is_same(Owner(user_id=user_id, session_key=session_key)):
+    if (
+        turn is not None
+        and not turn.finished
+        and turn.owner.is_same(Owner(user_id=user_id, session_key=session_key))
+    ):
         log.info("cancel for message %s from another process", message_id)
         turn.cancel()
 
@@ -329,7 +372,9 @@ cancel_bus = CancelBus(_cancel_heard)
 
 def _answer_status(owner: Owner, message_id: int) -> str | None:
     return (
-        Message.objects.filter(pk=message_id, role=Message.Role.ASSISTANT, conversation__in=conversations_for(owner))
+        Message.objects.filter(
+            pk=message_id, role=Message.Role.ASSISTANT, conversation__in=conversations_for(owner)
+        )
         .values_list("status", flat=True)
         .first()
     )
@@ -355,11 +400,20 @@ async def turn_cancel(*, owner: Owner, message_id: int) -> str:
         turn.cancel()
         return "cancelled"
     try:
-        await cancel_bus.publish(message_id=message_id, user_id=owner.user_id, session_key=owner.session_key)
+        await cancel_bus.publish(
+            message_id=message_id, user_id=owner.user_id, session_key=owner.session_key
+        )
     except Exception as exc:
-        log.warning("could not publish the cancel of message %s: %s: %s", message_id, type(exc).__name__, exc)
-        raise TurnError("cancel_unavailable",
-                        "the answer runs on another server, which cannot be reached right now; try again") from None
+        log.warning(
+            "could not publish the cancel of message %s: %s: %s",
+            message_id,
+            type(exc).__name__,
+            exc,
+        )
+        raise TurnError(
+            "cancel_unavailable",
+            "the answer runs on another server, which cannot be reached right now; try again",
+        ) from None
     return "sent"
 
 
@@ -369,27 +423,65 @@ def _ms(seconds: float | None) -> float | None:
 
 async def _serve_cached(turn: Turn, entry: dict) -> None:
     """A hit: one `done` with cached=true, no queue, no generation; the message is stored as usual."""
-    await turn._emit({"type": "accepted", "request_id": turn.request_id, "conversation": turn.conversation_id,
-                      "message": turn.message_id, "queue_position": 0})
+    await turn._emit(
+        {
+            "type": "accepted",
+            "request_id": turn.request_id,
+            "conversation": turn.conversation_id,
+            "message": turn.message_id,
+            "queue_position": 0,
+        }
+    )
     elapsed = _ms(time.perf_counter() - turn.accepted_at)
-    metrics = {"queue_ms": 0.0, "ttft_ms": elapsed, "ttfv_ms": elapsed, "total_ms": elapsed, "held_ms": None,
-               "new_tokens": 0, "tokens_per_s": 0.0, "cached_new_tokens": entry.get("new_tokens"), "retries": 0}
-    done = {"type": "done", "request_id": turn.request_id, "message": turn.message_id, "text": entry["text"],
-            "json": entry.get("json"), "finish_reason": entry["finish_reason"], "cached": True, "metrics": metrics,
-            "reason": None, "policy": turn.policy.slug}
+    metrics = {
+        "queue_ms": 0.0,
+        "ttft_ms": elapsed,
+        "ttfv_ms": elapsed,
+        "total_ms": elapsed,
+        "held_ms": None,
+        "new_tokens": 0,
+        "tokens_per_s": 0.0,
+        "cached_new_tokens": entry.get("new_tokens"),
+        "retries": 0,
+    }
+    done = {
+        "type": "done",
+        "request_id": turn.request_id,
+        "message": turn.message_id,
+        "text": entry["text"],
+        "json": entry.get("json"),
+        "finish_reason": entry["finish_reason"],
+        "cached": True,
+        "metrics": metrics,
+        "reason": None,
+        "policy": turn.policy.slug,
+    }
     await turn._emit(done)
     turn.finished = True
     prometheus.observe_done(metrics, entry["finish_reason"], cached=True)
     try:
         await sync_to_async(storage.closing_on_error)(
-            storage.store_cached_answer, turn.message_id, entry.get("record"), text=entry["text"], status=Message.Status.DONE,
-            finish_reason=entry["finish_reason"], metrics=metrics, outcome="ok", json_value=entry.get("json"),
+            storage.store_cached_answer,
+            turn.message_id,
+            entry.get("record"),
+            text=entry["text"],
+            status=Message.Status.DONE,
+            finish_reason=entry["finish_reason"],
+            metrics=metrics,
+            outcome="ok",
+            json_value=entry.get("json"),
             raw_text=entry["text"],
         )
     except Exception:
         log.exception("could not store the cached answer of %s", turn.request_id)
-        await turn._emit({"type": "error", "request_id": turn.request_id, "code": "storage_failed",
-                          "message": "the answer could not be saved; it will not appear in your history"})
+        await turn._emit(
+            {
+                "type": "error",
+                "request_id": turn.request_id,
+                "code": "storage_failed",
+                "message": "the answer could not be saved; it will not appear in your history",
+            }
+        )
 
 
 class _TurnRun:
@@ -423,27 +515,55 @@ class _TurnRun:
             result = outcome_event.result
             self.new_tokens += result.new_tokens
             if self.retracted is not None:
-                return await self._finish(result, "moderated", text="", raw=gate.text, outcome="moderated",
-                                          reason=self.retracted)
+                return await self._finish(
+                    result,
+                    "moderated",
+                    text="",
+                    raw=gate.text,
+                    outcome="moderated",
+                    reason=self.retracted,
+                )
             if result.finish_reason == "cancelled":
                 return await self._finish(result, "cancelled", text=gate.shown, raw=gate.text)
             actions, outcome = gate.finish()
             await self._apply(actions)
             if outcome.status == "ok":
                 # What was shown plus what was held back: the whole text in every mode.
-                return await self._finish(result, result.finish_reason, text=gate.shown + outcome.held_text,
-                                          raw=gate.text, outcome="ok", json_value=outcome.json)
+                return await self._finish(
+                    result,
+                    result.finish_reason,
+                    text=gate.shown + outcome.held_text,
+                    raw=gate.text,
+                    outcome="ok",
+                    json_value=outcome.json,
+                )
             if outcome.status == "moderated":
-                return await self._finish(result, "moderated", text="", raw=gate.text, outcome="moderated",
-                                          reason=outcome.reason)
+                return await self._finish(
+                    result,
+                    "moderated",
+                    text="",
+                    raw=gate.text,
+                    outcome="moderated",
+                    reason=outcome.reason,
+                )
             prometheus.VALIDATION_FAILURES.inc()
             # invalid: nothing was shown in buffer mode, so the model may try again
-            if policy.mode == "buffer" and self.retries < policy.max_retries and self._reask(gate.text, outcome.reason):
+            if (
+                policy.mode == "buffer"
+                and self.retries < policy.max_retries
+                and self._reask(gate.text, outcome.reason)
+            ):
                 self.retries += 1
                 continue
             text = policy.fallback_text if policy.failure_action == "fallback" else gate.shown
-            return await self._finish(result, "invalid", text=text, raw=gate.text, outcome="invalid",
-                                      reason=outcome.reason)
+            return await self._finish(
+                result,
+                "invalid",
+                text=text,
+                raw=gate.text,
+                outcome="invalid",
+                reason=outcome.reason,
+            )
 
     async def _generate(self, gate):
         """Pump one generation's events through the gate; returns its Finished or Failed."""
@@ -455,7 +575,13 @@ class _TurnRun:
                     self.first_token_at = time.perf_counter()
                 await self._apply(gate.feed(event.text))
             elif isinstance(event, Queued):
-                await turn._emit({"type": "queued", "request_id": turn.request_id, "queue_position": event.position})
+                await turn._emit(
+                    {
+                        "type": "queued",
+                        "request_id": turn.request_id,
+                        "queue_position": event.position,
+                    }
+                )
             elif isinstance(event, Started):
                 self.started_at = self.started_at or event.at
             elif isinstance(event, (Finished, Failed)):
@@ -466,14 +592,22 @@ class _TurnRun:
         for action in actions:
             if isinstance(action, Emit):
                 self.first_visible_at = self.first_visible_at or time.perf_counter()
-                await turn._emit({"type": "chunk", "request_id": turn.request_id, "text": action.text})
+                await turn._emit(
+                    {"type": "chunk", "request_id": turn.request_id, "text": action.text}
+                )
             elif isinstance(action, Hold):
                 self.held_at = self.held_at or time.perf_counter()
-                await turn._emit({"type": "buffering", "request_id": turn.request_id, "reason": action.reason})
+                await turn._emit(
+                    {"type": "buffering", "request_id": turn.request_id, "reason": action.reason}
+                )
             elif isinstance(action, Retract):
                 self.retracted = action.reason
-                turn._scheduler.cancel(turn._ticket)  # not the user's cancel: the answer is withdrawn
-                await turn._emit({"type": "retract", "request_id": turn.request_id, "reason": action.reason})
+                turn._scheduler.cancel(
+                    turn._ticket
+                )  # not the user's cancel: the answer is withdrawn
+                await turn._emit(
+                    {"type": "retract", "request_id": turn.request_id, "reason": action.reason}
+                )
 
     def _reask(self, bad_answer: str, reason: str) -> bool:
         """Queue another attempt with the validation error; False if it cannot fit."""
@@ -486,7 +620,9 @@ class _TurnRun:
         input_ids = backend.encode(backend.render(messages))
         if len(input_ids) + self.request.max_new_tokens > backend.context_length:
             return False
-        self.request = replace(self.request, input_ids=input_ids, messages=messages)  # same cancel flag
+        self.request = replace(
+            self.request, input_ids=input_ids, messages=messages
+        )  # same cancel flag
         try:
             turn._submit(self.request)
         except EngineError:
@@ -503,32 +639,58 @@ class _TurnRun:
             "total_ms": _ms(done_at - turn.accepted_at),
             "held_ms": _ms(done_at - self.held_at) if self.held_at else None,
             "new_tokens": self.new_tokens,
-            "tokens_per_s": round(result.new_tokens / decode, 2) if result and result.new_tokens and decode else 0.0,
+            "tokens_per_s": round(result.new_tokens / decode, 2)
+            if result and result.new_tokens and decode
+            else 0.0,
             "prompt_tokens": result.prompt_tokens if result else None,
             "retries": self.retries,
         }
 
-    async def _finish(self, result, finish_reason: str, *, text: str, raw: str, outcome: str = "",
-                      reason: str = "", json_value=None) -> None:
+    async def _finish(
+        self,
+        result,
+        finish_reason: str,
+        *,
+        text: str,
+        raw: str,
+        outcome: str = "",
+        reason: str = "",
+        json_value=None,
+    ) -> None:
         turn = self.turn
         done_at = time.perf_counter()
         metrics = self._metrics(done_at, result)
         status = Message.Status.CANCELLED if finish_reason == "cancelled" else Message.Status.DONE
         try:
             stored = await storage.answer_store(
-                message_id=turn.message_id, request_id=turn.request_id, text=text, status=status,
-                finish_reason=finish_reason, metrics=metrics, raw_text=raw, outcome=outcome, outcome_reason=reason,
-                json_value=json_value, retries=self.retries, held_ms=metrics["held_ms"],
+                message_id=turn.message_id,
+                request_id=turn.request_id,
+                text=text,
+                status=status,
+                finish_reason=finish_reason,
+                metrics=metrics,
+                raw_text=raw,
+                outcome=outcome,
+                outcome_reason=reason,
+                json_value=json_value,
+                retries=self.retries,
+                held_ms=metrics["held_ms"],
             )
-            problem = ("the database is unavailable; the server keeps trying for a few minutes, until then it is "
-                       "missing from your history")
+            problem = (
+                "the database is unavailable; the server keeps trying for a few minutes, until then it is "
+                "missing from your history"
+            )
         except Exception:
             log.exception("could not store the answer of %s", turn.request_id)
             stored, problem = False, "it will not appear in your history"
         if not stored:
             await turn._emit(
-                {"type": "error", "request_id": turn.request_id, "code": "storage_failed",
-                 "message": f"the answer was generated but could not be saved: {problem}"}
+                {
+                    "type": "error",
+                    "request_id": turn.request_id,
+                    "code": "storage_failed",
+                    "message": f"the answer was generated but could not be saved: {problem}",
+                }
             )
         if finish_reason == "moderated" and self.retracted is None:
             # Vetoed only at the end: anything shown must still be withdrawn.
@@ -556,9 +718,17 @@ class _TurnRun:
         turn = self.turn
         try:
             await sync_to_async(review.answer_remember)(
-                key=turn.cache_key, prompt=turn.prompt_text, rendered_prompt=turn.rendered, text=text,
-                json_value=json_value, finish_reason=finish_reason, metrics=metrics, policy_id=turn.policy.id,
-                policy_slug=turn.policy.slug, policy_version=turn.policy.version, model_id=turn._backend.model_id,
+                key=turn.cache_key,
+                prompt=turn.prompt_text,
+                rendered_prompt=turn.rendered,
+                text=text,
+                json_value=json_value,
+                finish_reason=finish_reason,
+                metrics=metrics,
+                policy_id=turn.policy.id,
+                policy_slug=turn.policy.slug,
+                policy_version=turn.policy.version,
+                model_id=turn._backend.model_id,
                 require_review=turn.policy.require_review,
             )
         except Exception:
@@ -568,12 +738,22 @@ class _TurnRun:
         turn = self.turn
         metrics = self._metrics(event.at, None)
         try:
-            await storage.answer_store(message_id=turn.message_id, request_id=turn.request_id, text=partial_text,
-                               status=Message.Status.FAILED, metrics=metrics, error=event.error)
+            await storage.answer_store(
+                message_id=turn.message_id,
+                request_id=turn.request_id,
+                text=partial_text,
+                status=Message.Status.FAILED,
+                metrics=metrics,
+                error=event.error,
+            )
         except Exception:
             log.exception("could not store the failure of %s", turn.request_id)
         prometheus.FAILURES.inc()
         await turn._emit(
-            {"type": "error", "request_id": turn.request_id, "code": "model_error",
-             "message": "the model failed while answering; please try again"}
+            {
+                "type": "error",
+                "request_id": turn.request_id,
+                "code": "model_error",
+                "message": "the model failed while answering; please try again",
+            }
         )

@@ -68,7 +68,9 @@ async def answer_store(*, message_id: int, request_id: str, **fields) -> bool:
             return True
         except DatabaseError as exc:
             log.warning("could not store the answer of %s: %s", request_id, exc)
-    task = asyncio.create_task(_store_late(message_id, request_id, fields), name=f"store-{request_id}")
+    task = asyncio.create_task(
+        _store_late(message_id, request_id, fields), name=f"store-{request_id}"
+    )
     _late_stores.add(task)
     task.add_done_callback(_late_stores.discard)
     return False
@@ -84,4 +86,6 @@ async def _store_late(message_id: int, request_id: str, fields: dict) -> None:
         else:
             log.info("stored the answer of %s late, after the database came back", request_id)
             return
-    log.error("gave up storing the answer of %s; it stays unfinished until the next start-up", request_id)
+    log.error(
+        "gave up storing the answer of %s; it stays unfinished until the next start-up", request_id
+    )

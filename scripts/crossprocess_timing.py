@@ -54,7 +54,9 @@ async def until(ws, kind: str) -> dict:
 
 async def cancel_time(runs_on: LiveServer, cancel_on: LiveServer, cookie: str) -> float:
     def connect(server):
-        return websockets.connect(server.ws_url, origin=server.url, additional_headers={"Cookie": cookie})
+        return websockets.connect(
+            server.ws_url, origin=server.url, additional_headers={"Cookie": cookie}
+        )
 
     async with connect(runs_on) as ws, connect(cancel_on) as other:
         await ws.send(json.dumps({"type": "prompt", "request_id": "t", "text": LONG}))
@@ -70,10 +72,14 @@ async def cancel_time(runs_on: LiveServer, cancel_on: LiveServer, cookie: str) -
 
 async def cache_hit_time(a: LiveServer, b: LiveServer, cookie: str, n: int) -> float:
     prompt = f"Say the number {n}."
-    async with websockets.connect(a.ws_url, origin=a.url, additional_headers={"Cookie": cookie}) as ws:
+    async with websockets.connect(
+        a.ws_url, origin=a.url, additional_headers={"Cookie": cookie}
+    ) as ws:
         await ws.send(json.dumps({"type": "prompt", "request_id": "fill", "text": prompt}))
         await until(ws, "done")
-    async with websockets.connect(b.ws_url, origin=b.url, additional_headers={"Cookie": cookie}) as ws:
+    async with websockets.connect(
+        b.ws_url, origin=b.url, additional_headers={"Cookie": cookie}
+    ) as ws:
         started = time.perf_counter()
         await ws.send(json.dumps({"type": "prompt", "request_id": "hit", "text": prompt}))
         done = await until(ws, "done")
@@ -89,10 +95,15 @@ async def measure(a: LiveServer, b: LiveServer, rounds: int) -> None:
         local.append(await cancel_time(a, a, cookie))
         remote.append(await cancel_time(a, b, cookie))
         hits.append(await cache_hit_time(a, b, cookie, n))
-    for label, values in (("cancel, same process", local), ("cancel, other process", remote),
-                          ("cache hit on the other process", hits)):
-        print(f"{label:32s} median {statistics.median(values) * 1000:7.1f} ms  "
-              f"(min {min(values) * 1000:.1f}, max {max(values) * 1000:.1f}, n={len(values)})")
+    for label, values in (
+        ("cancel, same process", local),
+        ("cancel, other process", remote),
+        ("cache hit on the other process", hits),
+    ):
+        print(
+            f"{label:32s} median {statistics.median(values) * 1000:7.1f} ms  "
+            f"(min {min(values) * 1000:.1f}, max {max(values) * 1000:.1f}, n={len(values)})"
+        )
 
 
 def main() -> None:
@@ -109,7 +120,11 @@ def main() -> None:
         workdir = Path(tempfile.mkdtemp(prefix="crossprocess-"))
         env = {"CHAT_CACHE_REDIS_URL": cache_url, "CHAT_TORCH_THREADS": "1"}
         for _ in range(2):
-            servers.append(LiveServer(workdir, database_url=f"postgres://postgres@127.0.0.1:5432/{name}", **env).start())
+            servers.append(
+                LiveServer(
+                    workdir, database_url=f"postgres://postgres@127.0.0.1:5432/{name}", **env
+                ).start()
+            )
         asyncio.run(measure(*servers, args.rounds))
     finally:
         for server in servers:

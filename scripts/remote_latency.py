@@ -31,8 +31,12 @@ def cancel_once(remote: OpenAIBackend, fake: FakeOpenAIServer) -> tuple[float, f
     request = remote.request(MESSAGES, max_new_tokens=200)
     first = threading.Event()
     returned: list[float] = []
-    worker = threading.Thread(target=lambda: (remote.generate(request, lambda _t: first.set()),
-                                              returned.append(time.perf_counter())))
+    worker = threading.Thread(
+        target=lambda: (
+            remote.generate(request, lambda _t: first.set()),
+            returned.append(time.perf_counter()),
+        )
+    )
     worker.start()
     first.wait(120)
     served = fake.served[-1]
@@ -41,7 +45,11 @@ def cancel_once(remote: OpenAIBackend, fake: FakeOpenAIServer) -> tuple[float, f
     worker.join(120)
     served.done.wait(120)
     stopped_at = time.perf_counter()
-    return served.client_gone_at - cancelled_at, returned[0] - cancelled_at, stopped_at - cancelled_at
+    return (
+        served.client_gone_at - cancelled_at,
+        returned[0] - cancelled_at,
+        stopped_at - cancelled_at,
+    )
 
 
 def stream_once(generate, tokens: int) -> tuple[float, float]:
@@ -57,13 +65,20 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--tokens", type=int, default=30)
     args = parser.parse_args()
-    config = EngineConfig(data_dir=str(ROOT / "var"), dtype=os.environ.get("CHAT_MODEL_DTYPE", "auto"),
-                          threads=int(os.environ.get("CHAT_TORCH_THREADS", "0")))
+    config = EngineConfig(
+        data_dir=str(ROOT / "var"),
+        dtype=os.environ.get("CHAT_MODEL_DTYPE", "auto"),
+        threads=int(os.environ.get("CHAT_TORCH_THREADS", "0")),
+    )
     local = load_backend(config, progress=lambda line: print(line, file=sys.stderr))
     fake = FakeOpenAIServer(local).start()
-    remote = OpenAIBackend(RemoteConfig(base_url=fake.url, model=fake.model, context_length=local.context_length),
-                           tokenizer=local.tokenizer)
-    ms = lambda values: f"median {statistics.median(values) * 1000:7.1f} ms  (min {min(values) * 1000:.1f}, max {max(values) * 1000:.1f})"  # noqa: E731
+    remote = OpenAIBackend(
+        RemoteConfig(base_url=fake.url, model=fake.model, context_length=local.context_length),
+        tokenizer=local.tokenizer,
+    )
+    ms = lambda values: (
+        f"median {statistics.median(values) * 1000:7.1f} ms  (min {min(values) * 1000:.1f}, max {max(values) * 1000:.1f})"
+    )  # noqa: E731
 
     for label, stall in (("silent upstream", True), ("streaming upstream", False)):
         fake.stall_after_first_chunk = stall
@@ -75,8 +90,12 @@ def main() -> int:
     fake.stall_after_first_chunk = False
 
     fixed = dict(max_new_tokens=args.tokens, min_new_tokens=args.tokens)
-    rows = {"local backend.generate": lambda on: local.generate(local.request(MESSAGES, **fixed), on),
-            "remote over loopback HTTP/SSE": lambda on: remote.generate(remote.request(MESSAGES, **fixed), on)}
+    rows = {
+        "local backend.generate": lambda on: local.generate(local.request(MESSAGES, **fixed), on),
+        "remote over loopback HTTP/SSE": lambda on: remote.generate(
+            remote.request(MESSAGES, **fixed), on
+        ),
+    }
     stream_once(rows["local backend.generate"], args.tokens)  # warm-up
     print(f"streaming {args.tokens} tokens ({args.reps} runs each, alternating):")
     timings: dict[str, list] = {label: [] for label in rows}

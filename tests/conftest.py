@@ -54,7 +54,9 @@ def application(runtime):
 class ChatClient:
     """A WebSocket client speaking the chat protocol through Channels' communicator."""
 
-    def __init__(self, application, *, session_key: str | None = None, origin: bytes = b"http://localhost"):
+    def __init__(
+        self, application, *, session_key: str | None = None, origin: bytes = b"http://localhost"
+    ):
         headers = [(b"origin", origin)]
         if session_key:
             headers.append((b"cookie", f"sessionid={session_key}".encode()))
@@ -69,22 +71,36 @@ class ChatClient:
     async def send(self, frame: dict):
         await self.communicator.send_to(text_data=json.dumps(frame))
 
-    async def prompt(self, text: str, *, request_id: str | None = None, conversation=None, **extra) -> str:
+    async def prompt(
+        self, text: str, *, request_id: str | None = None, conversation=None, **extra
+    ) -> str:
         self.counter += 1
         request_id = request_id or f"r{self.counter}"
-        await self.send({"type": "prompt", "request_id": request_id, "text": text, "conversation": conversation, **extra})
+        await self.send(
+            {
+                "type": "prompt",
+                "request_id": request_id,
+                "text": text,
+                "conversation": conversation,
+                **extra,
+            }
+        )
         return request_id
 
     async def receive(self, timeout: float = 120) -> dict:
         return json.loads(await self.communicator.receive_from(timeout=timeout))
 
-    async def receive_until(self, kind: str, request_id: str | None = None, timeout: float = 120) -> list[dict]:
+    async def receive_until(
+        self, kind: str, request_id: str | None = None, timeout: float = 120
+    ) -> list[dict]:
         """Every event up to and including the first `kind` event (for `request_id`)."""
         events = []
         while True:
             event = await self.receive(timeout)
             events.append(event)
-            if event["type"] == kind and (request_id is None or event.get("request_id") == request_id):
+            if event["type"] == kind and (
+                request_id is None or event.get("request_id") == request_id
+            ):
                 return events
 
     async def close(self):
@@ -122,13 +138,22 @@ def daphne_server(tmp_path_factory):
     """One real daphne for the session (its own database, the already converted model)."""
     from chat.liveserver import LiveServer
 
-    server = LiveServer(tmp_path_factory.mktemp("live"), CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL).start()
+    server = LiveServer(
+        tmp_path_factory.mktemp("live"), CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL
+    ).start()
     yield server
     server.stop()
 
 
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +166,9 @@ def browser():
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        chromium = playwright.chromium.launch(
+            executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS
+        )
         yield chromium
         chromium.close()
 

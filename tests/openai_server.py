@@ -43,7 +43,14 @@ class FakeOpenAIServer:
         leak_stop_strings: ignore `stop` and stream everything, as a server without stop support would.
     """
 
-    def __init__(self, backend, *, model: str = "smollm2-test", api_key: str = "", leak_stop_strings: bool = False):
+    def __init__(
+        self,
+        backend,
+        *,
+        model: str = "smollm2-test",
+        api_key: str = "",
+        leak_stop_strings: bool = False,
+    ):
         self.backend = backend
         self.model = model
         self.api_key = api_key
@@ -58,9 +65,11 @@ class FakeOpenAIServer:
         self.httpd.daemon_threads = True
         self.httpd.fake = self
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="fake-openai", daemon=True)
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, name="fake-openai", daemon=True
+        )
 
-    def start(self) -> "FakeOpenAIServer":
+    def start(self) -> FakeOpenAIServer:
         self._thread.start()
         return self
 
@@ -107,7 +116,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _error(self, status: int, message: str, kind: str = "BadRequestError") -> None:
         # vLLM's error shape
-        self._json(status, {"object": "error", "message": message, "type": kind, "param": None, "code": status})
+        self._json(
+            status,
+            {"object": "error", "message": message, "type": kind, "param": None, "code": status},
+        )
 
     def _authorised(self) -> bool:
         if self.fake.api_key and self.headers.get("Authorization") != f"Bearer {self.fake.api_key}":
@@ -119,7 +131,9 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._authorised():
             return
         if self.path.rstrip("/") == "/v1/models":
-            return self._json(200, {"object": "list", "data": [{"id": self.fake.model, "object": "model"}]})
+            return self._json(
+                200, {"object": "list", "data": [{"id": self.fake.model, "object": "model"}]}
+            )
         self._error(404, f"no route {self.path}", "NotFoundError")
 
     def do_POST(self):
@@ -129,15 +143,22 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path.rstrip("/") != "/v1/chat/completions":
             return self._error(404, f"no route {self.path}", "NotFoundError")
         if self.fake.fail_with:
-            return self._error(self.fake.fail_with, "the engine died (simulated)", "InternalServerError")
+            return self._error(
+                self.fake.fail_with, "the engine died (simulated)", "InternalServerError"
+            )
         if body.get("model") != self.fake.model:
-            return self._error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+            return self._error(
+                404, f"The model `{body.get('model')}` does not exist.", "NotFoundError"
+            )
         backend = self.fake.backend
         input_ids = backend.encode(backend.render(body["messages"]))
         max_tokens = int(body.get("max_tokens") or 16)
         if len(input_ids) + max_tokens > backend.context_length:
-            return self._error(400, f"This model's maximum context length is {backend.context_length} tokens. "
-                                    f"However, you requested {len(input_ids) + max_tokens} tokens.")
+            return self._error(
+                400,
+                f"This model's maximum context length is {backend.context_length} tokens. "
+                f"However, you requested {len(input_ids) + max_tokens} tokens.",
+            )
         served = Served(body=body, prompt_tokens=len(input_ids))
         with self.fake._lock:
             self.fake.served.append(served)
@@ -153,9 +174,13 @@ class _Handler(BaseHTTPRequestHandler):
         body = served.body
         stops = tuple(body.get("stop") or ()) if not self.fake.leak_stop_strings else ()
         request = GenerationRequest(
-            input_ids=input_ids, max_new_tokens=max_tokens, stop_strings=stops,
-            eos_token_ids=tuple(body.get("stop_token_ids") or ()), temperature=float(body.get("temperature") or 0),
-            top_p=float(body.get("top_p") or 1), min_new_tokens=int(body.get("min_tokens") or 0),
+            input_ids=input_ids,
+            max_new_tokens=max_tokens,
+            stop_strings=stops,
+            eos_token_ids=tuple(body.get("stop_token_ids") or ()),
+            temperature=float(body.get("temperature") or 0),
+            top_p=float(body.get("top_p") or 1),
+            min_new_tokens=int(body.get("min_tokens") or 0),
         )
         self.close_connection = True  # one stream per connection, as the client uses them
         self.send_response(200)
@@ -166,8 +191,13 @@ class _Handler(BaseHTTPRequestHandler):
         completion_id, created = f"chatcmpl-{id(served):x}", int(time.time())
 
         def chunk(choices: list, usage=None) -> dict:
-            event = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
-                     "model": self.fake.model, "choices": choices}
+            event = {
+                "id": completion_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": self.fake.model,
+                "choices": choices,
+            }
             if usage is not None:
                 event["usage"] = usage
             return event
@@ -179,7 +209,11 @@ class _Handler(BaseHTTPRequestHandler):
             if served.client_gone_at is not None:
                 request.cancel.set()
                 return False
-            data = b"data: " + (event if isinstance(event, bytes) else json.dumps(event).encode()) + b"\n\n"
+            data = (
+                b"data: "
+                + (event if isinstance(event, bytes) else json.dumps(event).encode())
+                + b"\n\n"
+            )
             try:
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                 self.wfile.flush()
@@ -189,16 +223,39 @@ class _Handler(BaseHTTPRequestHandler):
                 return False
             return True
 
-        send(chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                     "finish_reason": None}]))
+        send(
+            chunk(
+                [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ]
+            )
+        )
         if self.fake.garbage is not None:
             send(self.fake.garbage)
 
         def on_text(text: str) -> None:
-            if send(chunk([{"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}])):
+            if send(
+                chunk(
+                    [
+                        {
+                            "index": 0,
+                            "delta": {"content": text},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ]
+                )
+            ):
                 served.chunks_sent += 1
                 if self.fake.stall_after_first_chunk:
-                    select.select([self.connection], [], [], 60)  # a stuck engine: only the client's close wakes us
+                    select.select(
+                        [self.connection], [], [], 60
+                    )  # a stuck engine: only the client's close wakes us
                     if served.client_gone_at is None and self._client_closed():
                         served.client_gone_at = time.perf_counter()
 
@@ -207,11 +264,32 @@ class _Handler(BaseHTTPRequestHandler):
         if result.finish_reason == "cancelled":
             return  # the client is gone; nothing more to say
         finish, stop_reason = {"eos": ("stop", None), "length": ("length", None)}.get(
-            result.finish_reason, ("stop", stops[0] if len(stops) == 1 else None))
-        send(chunk([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish, "stop_reason": stop_reason}]))
+            result.finish_reason, ("stop", stops[0] if len(stops) == 1 else None)
+        )
+        send(
+            chunk(
+                [
+                    {
+                        "index": 0,
+                        "delta": {},
+                        "logprobs": None,
+                        "finish_reason": finish,
+                        "stop_reason": stop_reason,
+                    }
+                ]
+            )
+        )
         if (body.get("stream_options") or {}).get("include_usage"):
-            send(chunk([], {"prompt_tokens": served.prompt_tokens, "completion_tokens": result.new_tokens,
-                            "total_tokens": served.prompt_tokens + result.new_tokens}))
+            send(
+                chunk(
+                    [],
+                    {
+                        "prompt_tokens": served.prompt_tokens,
+                        "completion_tokens": result.new_tokens,
+                        "total_tokens": served.prompt_tokens + result.new_tokens,
+                    },
+                )
+            )
         if send(b"[DONE]"):
             try:
                 self.wfile.write(b"0\r\n\r\n")

@@ -17,9 +17,15 @@ FORM = re.compile(r"<form\b(?P<attrs>[^>]*)>(?P<body>.*?)</form>", re.S | re.I)
 
 def test_every_post_form_in_the_templates_carries_the_csrf_token():
     """A form that posts without {% csrf_token %} would be refused for everyone, or be unprotected if exempted."""
-    forms = [(path, match) for path in TEMPLATES.rglob("*.html") for match in FORM.finditer(path.read_text())]
+    forms = [
+        (path, match)
+        for path in TEMPLATES.rglob("*.html")
+        for match in FORM.finditer(path.read_text())
+    ]
     assert forms, "no forms found: the scan is looking in the wrong place"
-    posting = [(path, m) for path, m in forms if re.search(r"method\s*=\s*[\"']?post", m["attrs"], re.I)]
+    posting = [
+        (path, m) for path, m in forms if re.search(r"method\s*=\s*[\"']?post", m["attrs"], re.I)
+    ]
     missing = [str(path) for path, m in posting if "{% csrf_token %}" not in m["body"]]
     assert missing == []
 
@@ -55,9 +61,22 @@ def test_admin_posts_without_a_csrf_token_are_refused(staff_without_token, examp
     policy = example_policies["json"]
     change = f"/admin/chat/outputpolicy/{policy.pk}/change/"
     assert staff_without_token.post(change, {"name": "hijacked", "slug": "json"}).status_code == 403
-    assert staff_without_token.post(f"/admin/chat/outputpolicy/{policy.pk}/delete/", {"post": "yes"}).status_code == 403
-    record = CachedAnswer.objects.create(key="k" * 64, prompt="p", rendered_prompt="p", answer="a",
-                                         finish_reason="eos", policy_slug="json", policy_version=1, model_id="m")
+    assert (
+        staff_without_token.post(
+            f"/admin/chat/outputpolicy/{policy.pk}/delete/", {"post": "yes"}
+        ).status_code
+        == 403
+    )
+    record = CachedAnswer.objects.create(
+        key="k" * 64,
+        prompt="p",
+        rendered_prompt="p",
+        answer="a",
+        finish_reason="eos",
+        policy_slug="json",
+        policy_version=1,
+        model_id="m",
+    )
     action = {"action": "approve", "_selected_action": [record.pk]}
     assert staff_without_token.post("/admin/chat/cachedanswer/", action).status_code == 403
     assert OutputPolicy.objects.get(pk=policy.pk).name != "hijacked"
@@ -69,7 +88,9 @@ def test_the_same_admin_post_with_the_token_gets_through(staff_without_token, ex
     """The check above fails for the right reason: with the page's token the same post is not refused."""
     change = f"/admin/chat/outputpolicy/{example_policies['json'].pk}/change/"
     page = staff_without_token.get(change)
-    token = re.search(rb'name="csrfmiddlewaretoken" value="([^"]+)"', page.content).group(1).decode()
+    token = (
+        re.search(rb'name="csrfmiddlewaretoken" value="([^"]+)"', page.content).group(1).decode()
+    )
     response = staff_without_token.post(change, {"csrfmiddlewaretoken": token, "name": "x"})
     assert response.status_code == 200  # the form comes back with its validation errors, not a 403
 
@@ -95,7 +116,9 @@ def signed_in(name: str) -> Client:
 def test_a_signed_in_user_cannot_read_or_list_another_users_conversation():
     """User B gets 404 for user A's conversation and never sees it listed or preselected on the page."""
     alice, bob = signed_in("alice"), signed_in("bob")
-    conversation = Conversation.objects.create(user=User.objects.get(username="alice"), title="alice's secret")
+    conversation = Conversation.objects.create(
+        user=User.objects.get(username="alice"), title="alice's secret"
+    )
     Message.objects.create(conversation=conversation, role="user", text="my secret")
     assert alice.get(f"/api/conversations/{conversation.pk}/").status_code == 200
     assert bob.get(f"/api/conversations/{conversation.pk}/").status_code == 404
@@ -115,7 +138,9 @@ async def test_a_signed_in_user_cannot_continue_or_cancel_another_users_turn(mak
     bob_http = await sync_to_async(signed_in)("bob")
     alice = await ws_client_for(make_client, alice_http)
     bob = await ws_client_for(make_client, bob_http)
-    request_id = await alice.prompt("Count from 1 to 10, separated by commas.", request_id="alice-1")
+    request_id = await alice.prompt(
+        "Count from 1 to 10, separated by commas.", request_id="alice-1"
+    )
     accepted = await alice.receive()
     assert accepted["type"] == "accepted"
     await bob.send({"type": "cancel", "request_id": request_id})
@@ -126,21 +151,44 @@ async def test_a_signed_in_user_cannot_continue_or_cancel_another_users_turn(mak
     await bob.prompt("What did she ask?", conversation=accepted["conversation"], request_id="peek")
     error = await bob.receive()
     assert (error["code"], error["request_id"]) == ("unknown_conversation", "peek")
-    owner = await sync_to_async(lambda: Conversation.objects.get(pk=accepted["conversation"]).user.username)()
+    owner = await sync_to_async(
+        lambda: Conversation.objects.get(pk=accepted["conversation"]).user.username
+    )()
     assert owner == "alice"
-    assert await sync_to_async(Message.objects.filter(conversation_id=accepted["conversation"]).count)() == 2
+    assert (
+        await sync_to_async(
+            Message.objects.filter(conversation_id=accepted["conversation"]).count
+        )()
+        == 2
+    )
 
 
 @pytest.mark.django_db
 def test_reviewing_needs_its_permission_even_for_staff_who_may_edit_policies():
     """Editing policies and reviewing cached answers are separate rights."""
     user = User.objects.create_user("editor", password="pw", is_staff=True)
-    user.user_permissions.add(*Permission.objects.filter(codename__in=["change_outputpolicy", "view_outputpolicy",
-                                                                        "view_cachedanswer"]))
+    user.user_permissions.add(
+        *Permission.objects.filter(
+            codename__in=["change_outputpolicy", "view_outputpolicy", "view_cachedanswer"]
+        )
+    )
     client = Client()
     client.force_login(user)
-    record = CachedAnswer.objects.create(key="k" * 64, prompt="p", rendered_prompt="p", answer="a",
-                                         finish_reason="eos", policy_slug="chat", policy_version=1, model_id="m")
+    record = CachedAnswer.objects.create(
+        key="k" * 64,
+        prompt="p",
+        rendered_prompt="p",
+        answer="a",
+        finish_reason="eos",
+        policy_slug="chat",
+        policy_version=1,
+        model_id="m",
+    )
     client.post("/admin/chat/cachedanswer/", {"action": "approve", "_selected_action": [record.pk]})
     assert CachedAnswer.objects.get(pk=record.pk).status == "pending"
-    assert client.post(f"/admin/chat/cachedanswer/{record.pk}/change/", {"answer": "edited"}).status_code == 403
+    assert (
+        client.post(
+            f"/admin/chat/cachedanswer/{record.pk}/change/", {"answer": "edited"}
+        ).status_code
+        == 403
+    )

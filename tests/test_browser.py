@@ -5,7 +5,9 @@ from pathlib import Path
 
 from playwright.sync_api import expect
 
-SCREENSHOT_DIR = Path(os.environ.get("SCREENSHOT_DIR", Path(__file__).resolve().parent.parent / "var" / "screenshots"))
+SCREENSHOT_DIR = Path(
+    os.environ.get("SCREENSHOT_DIR", Path(__file__).resolve().parent.parent / "var" / "screenshots")
+)
 
 
 def open_chat(page, server):
@@ -51,7 +53,9 @@ def test_a_finished_answer_shows_its_timings_and_survives_a_reload(page, daphne_
     expect(page.locator("#conversations a")).not_to_have_count(0)
     assert "?c=" in page.url
     page.reload()
-    expect(page.locator(".message.assistant .text").last).to_have_text("1, 2, 3, 4, 5, 6, 7, 8, 9, 10", timeout=10_000)
+    expect(page.locator(".message.assistant .text").last).to_have_text(
+        "1, 2, 3, 4, 5, 6, 7, 8, 9, 10", timeout=10_000
+    )
     SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOT_DIR / "chat-done.png"))
 
@@ -81,7 +85,9 @@ def test_a_structured_answer_is_shown_as_validating_then_as_pretty_json(page, da
     expect(answer).to_have_attribute("data-state", "done", timeout=60_000)
     states = page.evaluate("window.__states")
     assert "validating" in states and states.index("validating") < states.index("done"), states
-    assert "streaming" not in states[states.index("validating"):], states  # no chunk after holding began
+    assert "streaming" not in states[states.index("validating") :], (
+        states
+    )  # no chunk after holding began
     expect(answer.locator("pre.json")).to_contain_text('"answer": "Paris"')
     SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOT_DIR / "chat-json.png"))
@@ -90,7 +96,8 @@ def test_a_structured_answer_is_shown_as_validating_then_as_pretty_json(page, da
 def test_a_withdrawn_answer_is_replaced_by_a_notice(page, daphne_server):
     """A stream policy whose blocklist term appears: the shown text is replaced by a notice."""
     daphne_server.manage(
-        "shell", "-c",
+        "shell",
+        "-c",
         "from chat.models import OutputPolicy as P; P.objects.get_or_create(slug='clean', "
         "defaults=dict(name='Clean', mode='stream', blocklist_terms='12', max_new_tokens=200))",
     )

@@ -11,12 +11,18 @@ from django.contrib.auth.models import Permission, User
 from django.test import AsyncClient
 
 from chat.cache import cache_key, completion_cache
-from chat.models import CachedAnswer, Message
 from chat.liveserver import free_port
+from chat.models import CachedAnswer, Message
 
 PROMPT = "Count from 1 to 10, separated by commas."
-BASE = dict(model_id="m", fingerprint="f", rendered_prompt="p", params={"max_new_tokens": 5, "temperature": 0.0},
-            policy_slug="chat", policy_version=1)
+BASE = dict(
+    model_id="m",
+    fingerprint="f",
+    rendered_prompt="p",
+    params={"max_new_tokens": 5, "temperature": 0.0},
+    policy_slug="chat",
+    policy_version=1,
+)
 
 ws_db = pytest.mark.django_db(transaction=True)
 
@@ -38,7 +44,9 @@ def kinds(events):
     ],
 )
 def test_the_key_is_stable_and_changes_with_anything_that_shapes_the_answer(change):
-    assert cache_key(**BASE) == cache_key(**{**BASE, "params": dict(reversed(BASE["params"].items()))})
+    assert cache_key(**BASE) == cache_key(
+        **{**BASE, "params": dict(reversed(BASE["params"].items()))}
+    )
     assert cache_key(**BASE) != cache_key(**{**BASE, **change})
 
 
@@ -50,13 +58,16 @@ async def ask(client, text=PROMPT, **extra):
 def count_submits(runtime, monkeypatch) -> list:
     calls = []
     original = runtime.scheduler.submit
-    monkeypatch.setattr(runtime.scheduler, "submit", lambda *a, **k: (calls.append(1), original(*a, **k))[1])
+    monkeypatch.setattr(
+        runtime.scheduler, "submit", lambda *a, **k: (calls.append(1), original(*a, **k))[1]
+    )
     return calls
 
 
 @ws_db
-async def test_a_repeated_prompt_is_served_from_the_cache_without_generation(client, make_client, runtime,
-                                                                              example_policies, monkeypatch):
+async def test_a_repeated_prompt_is_served_from_the_cache_without_generation(
+    client, make_client, runtime, example_policies, monkeypatch
+):
     """The second identical prompt gets one `done` (cached), no chunk, no scheduler call; both are stored."""
     first = await ask(client)
     assert "chunk" in kinds(first) and first[-1]["cached"] is False
@@ -65,20 +76,34 @@ async def test_a_repeated_prompt_is_served_from_the_cache_without_generation(cli
     second = await ask(other)
     assert kinds(second) == ["accepted", "done"] and submits == []
     done = second[-1]
-    assert done["cached"] is True and done["text"] == first[-1]["text"] and done["finish_reason"] == "eos"
+    assert (
+        done["cached"] is True
+        and done["text"] == first[-1]["text"]
+        and done["finish_reason"] == "eos"
+    )
     assert done["metrics"]["new_tokens"] == 0 and done["metrics"]["total_ms"] < 1000
     message = await sync_to_async(Message.objects.get)(pk=done["message"])
-    assert message.text == done["text"] and message.metrics["cached_new_tokens"] == first[-1]["metrics"]["new_tokens"]
+    assert (
+        message.text == done["text"]
+        and message.metrics["cached_new_tokens"] == first[-1]["metrics"]["new_tokens"]
+    )
     record = await sync_to_async(CachedAnswer.objects.get)()
     assert (record.hits, record.status, record.policy_slug) == (1, "pending", "chat")
     assert record.first_served_at is not None and record.prompt == PROMPT
 
 
 @ws_db
-async def test_cancelled_length_and_invalid_answers_are_never_cached(client, runtime, make_policy, monkeypatch):
+async def test_cancelled_length_and_invalid_answers_are_never_cached(
+    client, runtime, make_policy, monkeypatch
+):
     await sync_to_async(make_policy)(slug="short", max_new_tokens=3)
-    await sync_to_async(make_policy)(slug="strict", mode="buffer", max_retries=0, max_new_tokens=20,
-                                     json_schema={"type": "array", "minItems": 50})
+    await sync_to_async(make_policy)(
+        slug="strict",
+        mode="buffer",
+        max_retries=0,
+        max_new_tokens=20,
+        json_schema={"type": "array", "minItems": 50},
+    )
     long_id = await client.prompt("Write a long story about a dragon.")
     await client.receive_until("chunk", long_id)
     await client.send({"type": "cancel", "request_id": long_id})
@@ -86,8 +111,11 @@ async def test_cancelled_length_and_invalid_answers_are_never_cached(client, run
     assert (await ask(client, policy="short"))[-1]["finish_reason"] == "length"
     assert (await ask(client, policy="strict"))[-1]["finish_reason"] == "invalid"
     submits = count_submits(runtime, monkeypatch)
-    again = [await ask(client, "Write a long story about a dragon.", policy="short"), await ask(client, policy="short"),
-             await ask(client, policy="strict")]
+    again = [
+        await ask(client, "Write a long story about a dragon.", policy="short"),
+        await ask(client, policy="short"),
+        await ask(client, policy="strict"),
+    ]
     assert len(submits) == 3 and all(not events[-1]["cached"] for events in again)
     assert await sync_to_async(CachedAnswer.objects.count)() == 0
 
@@ -106,7 +134,9 @@ async def admin_client(*, review: bool) -> AsyncClient:
 
 
 async def run_action(admin, action: str, record_id: int):
-    return await admin.post("/admin/chat/cachedanswer/", {"action": action, "_selected_action": [record_id]})
+    return await admin.post(
+        "/admin/chat/cachedanswer/", {"action": action, "_selected_action": [record_id]}
+    )
 
 
 @ws_db
@@ -124,9 +154,13 @@ async def test_admin_review_decides_what_is_served(make_client, runtime, make_po
     served = await ask(await make_client(), policy="reviewed")
     assert served[-1]["cached"] and served[-1]["text"] == first[-1]["text"]
 
-    change = await reviewer.post(f"/admin/chat/cachedanswer/{record.pk}/change/", {"answer": "Edited by a reviewer."})
+    change = await reviewer.post(
+        f"/admin/chat/cachedanswer/{record.pk}/change/", {"answer": "Edited by a reviewer."}
+    )
     assert change.status_code == 302
-    assert (await ask(await make_client(), policy="reviewed"))[-1]["text"] == "Edited by a reviewer."
+    assert (await ask(await make_client(), policy="reviewed"))[-1][
+        "text"
+    ] == "Edited by a reviewer."
 
     await run_action(reviewer, "reject", record.pk)
     submits = count_submits(runtime, monkeypatch)
@@ -173,8 +207,18 @@ class RedisServer:
 
     def start(self):
         self.process = subprocess.Popen(
-            [shutil.which("redis-server"), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no"], stdout=subprocess.DEVNULL,
+            [
+                shutil.which("redis-server"),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
         )
         import redis
 
@@ -192,8 +236,9 @@ class RedisServer:
 
 
 @ws_db
-async def test_chat_goes_on_uncached_while_redis_is_down_and_caching_resumes(client, settings, example_policies,
-                                                                              monkeypatch):
+async def test_chat_goes_on_uncached_while_redis_is_down_and_caching_resumes(
+    client, settings, example_policies, monkeypatch
+):
     """Redis stopped mid-run: answers keep coming (uncached, no error); restarted: caching resumes by itself."""
     server = RedisServer()
     server.start()

@@ -38,8 +38,12 @@ async def test_a_second_connection_of_the_same_visitor_stops_the_first_ones_answ
     second = await make_client(session_key=session_key)
     request_id, accepted = await started(first, LONG)
     await second.send({"type": "cancel", "message": accepted["message"]})
-    assert await second.receive() == {"type": "cancel_ack", "request_id": None, "message": accepted["message"],
-                                      "result": "cancelled"}
+    assert await second.receive() == {
+        "type": "cancel_ack",
+        "request_id": None,
+        "message": accepted["message"],
+        "result": "cancelled",
+    }
     done = (await first.receive_until("done", request_id))[-1]
     assert done["finish_reason"] == "cancelled"
     assert (await wait_stored(accepted["message"])).status == "cancelled"
@@ -59,8 +63,14 @@ async def test_another_visitor_cannot_cancel_an_answer_and_it_goes_on(make_clien
     assert (await owner.receive_until("done", request_id))[-1]["finish_reason"] == "eos"
 
 
-@pytest.mark.parametrize("frame, code", [({"message": "7"}, "bad_message"), ({"message": 0}, "bad_message"),
-                                          ({"message": 5, "request_id": ""}, "bad_request_id")])
+@pytest.mark.parametrize(
+    "frame, code",
+    [
+        ({"message": "7"}, "bad_message"),
+        ({"message": 0}, "bad_message"),
+        ({"message": 5, "request_id": ""}, "bad_request_id"),
+    ],
+)
 async def test_a_malformed_cancel_by_message_is_a_clear_error(client, frame, code):
     """A cancel whose `message` is not an answer id is refused with a code, the socket stays open."""
     await client.send({"type": "cancel", **frame})
@@ -74,7 +84,9 @@ async def test_a_published_cancel_stops_the_owners_turn_in_this_process(make_cli
     session_key = await new_session_key()
     chat = await make_client(session_key=session_key)
     request_id, accepted = await started(chat, LONG)
-    await services.cancel_bus.publish(message_id=accepted["message"], user_id=None, session_key=session_key)
+    await services.cancel_bus.publish(
+        message_id=accepted["message"], user_id=None, session_key=session_key
+    )
     done = (await chat.receive_until("done", request_id))[-1]
     assert done["finish_reason"] == "cancelled"
 
@@ -100,9 +112,12 @@ def test_the_same_user_from_another_session_is_the_same_owner():
 
 async def streaming_answer(session_key: str) -> int:
     """An answer stored as still generating, as if another process were running it."""
+
     def create():
         conversation = Conversation.objects.create(session_key=session_key, title="elsewhere")
-        return Message.objects.create(conversation=conversation, role="assistant", status="streaming").pk
+        return Message.objects.create(
+            conversation=conversation, role="assistant", status="streaming"
+        ).pk
 
     return await sync_to_async(create)()
 
@@ -128,8 +143,12 @@ async def test_the_listener_survives_redis_going_away_and_rejoins(settings):
     """Redis stopped: cancels to other processes fail clearly, the listener retries; restarted, they arrive again."""
     server = RedisServer()
     server.start()
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
-                                           "CONFIG": {"hosts": [server.url]}}}
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [server.url]},
+        }
+    }
     session_key = await new_session_key()
     owner = services.Owner(user_id=None, session_key=session_key)
     message_id = await streaming_answer(session_key)

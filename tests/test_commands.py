@@ -2,7 +2,6 @@
 
 import io
 
-import pytest
 from django.core.management import call_command
 
 from chat.engine.eos import eos_report
@@ -41,15 +40,24 @@ def test_streamtiming_prints_streamed_and_plain_side_by_side(backend):
     out = io.StringIO()
     call_command("streamtiming", "--tokens", "8", stdout=out, stderr=io.StringIO())
     text = out.getvalue()
-    for row in ("model.generate, not streamed", "engine streamer (server path)", "TextIteratorStreamer + thread (seed)", "cancel:"):
+    for row in (
+        "model.generate, not streamed",
+        "engine streamer (server path)",
+        "TextIteratorStreamer + thread (seed)",
+        "cancel:",
+    ):
         assert row in text
     assert "8 new tokens" in text
 
 
 PRODUCTION_ENV = {
-    "DEBUG": "0", "SECRET_KEY": "x" * 30 + "-production-secret-for-the-check-only-" + "y" * 20,
-    "ALLOWED_HOSTS": "chat.example.com", "SECURE_SSL_REDIRECT": "1", "SECURE_HSTS_SECONDS": "31536000",
-    "BEHIND_TLS_PROXY": "1", "CHAT_LOAD_MODEL": "0",
+    "DEBUG": "0",
+    "SECRET_KEY": "x" * 30 + "-production-secret-for-the-check-only-" + "y" * 20,
+    "ALLOWED_HOSTS": "chat.example.com",
+    "SECURE_SSL_REDIRECT": "1",
+    "SECURE_HSTS_SECONDS": "31536000",
+    "BEHIND_TLS_PROXY": "1",
+    "CHAT_LOAD_MODEL": "0",
 }
 
 
@@ -61,7 +69,9 @@ def test_the_documented_production_settings_pass_check_deploy():
 
     done = subprocess.run(
         [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
-        env={**os.environ, **PRODUCTION_ENV}, capture_output=True, text=True,
+        env={**os.environ, **PRODUCTION_ENV},
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "no issues" in done.stdout
@@ -73,5 +83,7 @@ def test_production_refuses_to_start_without_a_secret_key():
     import sys
 
     env = {**os.environ, **PRODUCTION_ENV, "SECRET_KEY": ""}
-    done = subprocess.run([sys.executable, "manage.py", "check"], env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "manage.py", "check"], env=env, capture_output=True, text=True
+    )
     assert done.returncode != 0 and "SECRET_KEY must be set when DEBUG is off" in done.stderr

@@ -50,8 +50,12 @@ async def test_prompt_streams_chunks_that_assemble_to_the_stored_text(client, se
     assert set(done["metrics"]) >= {"queue_ms", "ttft_ms", "total_ms", "new_tokens", "tokens_per_s"}
     assert 0 < done["metrics"]["ttft_ms"] <= done["metrics"]["total_ms"]
     message = await stored(done["message"])
-    assert message.text == done["text"] and message.status == "done" and message.finish_reason == "eos"
-    assert message.instance == settings.CHAT_INSTANCE  # the process a restart sweep would answer for
+    assert (
+        message.text == done["text"] and message.status == "done" and message.finish_reason == "eos"
+    )
+    assert (
+        message.instance == settings.CHAT_INSTANCE
+    )  # the process a restart sweep would answer for
     assert message.metrics["new_tokens"] == done["metrics"]["new_tokens"]
     assert await client.communicator.receive_nothing(timeout=0.2)
 
@@ -67,8 +71,12 @@ async def test_follow_up_prompt_is_answered_with_the_conversation_as_context(cli
     assert events[0]["conversation"] == conversation
     first_input = first_done["metrics"]["prompt_tokens"]
     # The second input is the first prompt, its answer and the new question, not the question alone.
-    assert events[-1]["metrics"]["prompt_tokens"] > first_input + first_done["metrics"]["new_tokens"]
-    roles = await sync_to_async(list)(Message.objects.filter(conversation_id=conversation).values_list("role", flat=True))
+    assert (
+        events[-1]["metrics"]["prompt_tokens"] > first_input + first_done["metrics"]["new_tokens"]
+    )
+    roles = await sync_to_async(list)(
+        Message.objects.filter(conversation_id=conversation).values_list("role", flat=True)
+    )
     assert roles == ["user", "assistant", "user", "assistant"]
 
 
@@ -89,12 +97,21 @@ async def test_ping_gets_pong(client):
         ('{"type": "prompt", "request_id": 7, "text": "hi"}', "bad_request_id"),
         ('{"type": "prompt", "request_id": "a", "text": 5}', "bad_prompt"),
         ('{"type": "prompt", "request_id": "a", "text": "   "}', "bad_prompt"),
-        ('{"type": "prompt", "request_id": "a", "text": "hi", "conversation": "x"}', "bad_conversation"),
-        ('{"type": "prompt", "request_id": "a", "text": "hi", "conversation": true}', "bad_conversation"),
+        (
+            '{"type": "prompt", "request_id": "a", "text": "hi", "conversation": "x"}',
+            "bad_conversation",
+        ),
+        (
+            '{"type": "prompt", "request_id": "a", "text": "hi", "conversation": true}',
+            "bad_conversation",
+        ),
         ('{"type": "prompt", "request_id": "a", "text": "hi", "policy": 3}', "bad_policy"),
         ('{"type": "cancel"}', "bad_request_id"),
         ('{"type": "cancel", "request_id": "never-sent"}', "unknown_request"),
-        ('{"type": "prompt", "request_id": "a", "text": "hi", "conversation": 999999}', "unknown_conversation"),
+        (
+            '{"type": "prompt", "request_id": "a", "text": "hi", "conversation": 999999}',
+            "unknown_conversation",
+        ),
     ],
 )
 async def test_every_bad_frame_gets_an_error_and_the_socket_stays_usable(client, raw, code):
@@ -150,7 +167,11 @@ async def test_cancel_mid_stream_stops_and_stores_the_partial_answer(client):
     assert chunks_text(events) == done["text"] and done["text"]
     assert done["metrics"]["new_tokens"] < 100
     message = await stored(done["message"])
-    assert (message.status, message.finish_reason, message.text) == ("cancelled", "cancelled", done["text"])
+    assert (message.status, message.finish_reason, message.text) == (
+        "cancelled",
+        "cancelled",
+        done["text"],
+    )
 
 
 async def test_closed_socket_cancels_the_generation(make_client):
@@ -189,7 +210,11 @@ async def test_cancelling_a_waiting_request_removes_it_from_the_queue(make_clien
     assert (await carol.receive())["queue_position"] == 2
     await bob.send({"type": "cancel", "request_id": b})
     done = (await bob.receive_until("done", b))[-1]
-    assert done["finish_reason"] == "cancelled" and done["metrics"]["new_tokens"] == 0 and done["text"] == ""
+    assert (
+        done["finish_reason"] == "cancelled"
+        and done["metrics"]["new_tokens"] == 0
+        and done["text"] == ""
+    )
     moved = await carol.receive()
     assert moved == {"type": "queued", "request_id": c, "queue_position": 1}
     await alice.send({"type": "cancel", "request_id": a})
@@ -231,7 +256,9 @@ async def test_cross_origin_websocket_is_refused(application):
     """A page on another origin cannot open the chat socket."""
     from channels.testing import WebsocketCommunicator
 
-    communicator = WebsocketCommunicator(application, "/ws/chat/", headers=[(b"origin", b"http://evil.example")])
+    communicator = WebsocketCommunicator(
+        application, "/ws/chat/", headers=[(b"origin", b"http://evil.example")]
+    )
     connected, _ = await communicator.connect()
     assert not connected
     await communicator.disconnect()
@@ -266,11 +293,16 @@ async def test_a_finished_turn_shows_up_in_the_prometheus_metrics(client):
     after = (await AsyncClient().get("/metrics")).content.decode()
     eos = 'chat_request_success_total{finish_reason="eos"}'
     assert sample(after, eos) == sample(before, eos) + 1
-    assert sample(after, "chat_time_to_first_token_seconds_count") == sample(before, "chat_time_to_first_token_seconds_count") + 1
+    assert (
+        sample(after, "chat_time_to_first_token_seconds_count")
+        == sample(before, "chat_time_to_first_token_seconds_count") + 1
+    )
     assert "chat_requests_waiting" in after and "chat_cache_misses_total" in after
 
 
-async def test_a_model_failure_mid_answer_is_an_error_and_the_queue_goes_on(client, runtime, monkeypatch):
+async def test_a_model_failure_mid_answer_is_an_error_and_the_queue_goes_on(
+    client, runtime, monkeypatch
+):
     """The model raising after some text: the client gets `error`, the partial text is stored as failed,
     and the next prompt is answered normally."""
     original = runtime.backend.generate_batch

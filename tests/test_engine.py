@@ -24,7 +24,9 @@ def test_chunks_concatenate_to_the_result_text(backend):
 def test_stop_string_ends_with_stop_string_and_is_never_shown(backend):
     """A stop string cuts the answer; neither it nor a prefix of it reaches the user."""
     chunks = []
-    result = backend.generate(backend.request(COUNT, max_new_tokens=60, stop_strings=(", 5",)), chunks.append)
+    result = backend.generate(
+        backend.request(COUNT, max_new_tokens=60, stop_strings=(", 5",)), chunks.append
+    )
     assert result.finish_reason == "stop_string"
     assert result.text == "1, 2, 3, 4"
     assert "".join(chunks) == result.text
@@ -49,14 +51,20 @@ def test_max_new_tokens_ends_with_length(backend):
 
 def test_max_new_tokens_is_capped_by_the_server(backend, monkeypatch):
     """No request can ask for more than the configured ceiling."""
-    monkeypatch.setattr(backend, "config", backend.config.__class__(**{**backend.config.__dict__, "max_new_tokens_cap": 3}))
+    monkeypatch.setattr(
+        backend,
+        "config",
+        backend.config.__class__(**{**backend.config.__dict__, "max_new_tokens_cap": 3}),
+    )
     result = backend.generate(backend.request(COUNT, max_new_tokens=500))
     assert (result.finish_reason, result.new_tokens) == ("length", 3)
 
 
 def test_cancel_mid_stream_stops_within_one_step(backend):
     """Setting the cancel flag as the first chunk arrives stops after at most one more token."""
-    request = backend.request([{"role": "user", "content": "Write a long story about a dragon."}], max_new_tokens=200)
+    request = backend.request(
+        [{"role": "user", "content": "Write a long story about a dragon."}], max_new_tokens=200
+    )
     seen = []
 
     def on_text(text):
@@ -71,7 +79,9 @@ def test_cancel_mid_stream_stops_within_one_step(backend):
 
 def test_cancel_from_another_thread_stops_generation(backend):
     """A cancel from another thread (the event loop's) ends a long answer early."""
-    request = backend.request([{"role": "user", "content": "Write a long story about a dragon."}], max_new_tokens=300)
+    request = backend.request(
+        [{"role": "user", "content": "Write a long story about a dragon."}], max_new_tokens=300
+    )
     first = threading.Event()
     threading.Thread(target=lambda: (first.wait(60), request.cancel.set())).start()
     result = backend.generate(request, lambda _text: first.set())
@@ -82,7 +92,9 @@ def test_cancel_from_another_thread_stops_generation(backend):
 def test_prompt_longer_than_the_context_is_refused(backend):
     """A prompt that leaves no room for the answer is an error, not a truncated answer."""
     with pytest.raises(PromptTooLong, match="context of 8192 tokens"):
-        backend.generate(backend.request([{"role": "user", "content": "word " * 9000}], max_new_tokens=10))
+        backend.generate(
+            backend.request([{"role": "user", "content": "word " * 9000}], max_new_tokens=10)
+        )
 
 
 def test_cancelled_criteria_reports_the_flag_per_row():
@@ -99,7 +111,9 @@ def test_cancelled_criteria_reports_the_flag_per_row():
     assert per_row(ids, None).tolist() == [False, True]
 
 
-@pytest.mark.parametrize("pieces", [["Hello\nUser: hi"], list("Hello\nUser: hi"), ["Hel", "lo\nUs", "er: hi"]])
+@pytest.mark.parametrize(
+    "pieces", [["Hello\nUser: hi"], list("Hello\nUser: hi"), ["Hel", "lo\nUs", "er: hi"]]
+)
 def test_stop_string_holdback_is_independent_of_chunk_boundaries(pieces):
     """However the text is split, the visible text is the same and never shows a partial marker."""
     holdback = StopStringHoldback(["\nUser:"])
@@ -123,7 +137,9 @@ def test_a_batch_applies_every_stopping_rule_per_row(backend):
     stop = backend.request(COUNT, max_new_tokens=60, stop_strings=(", 5",))
     comma = backend.request(COUNT, max_new_tokens=60, eos_token_ids=(backend.token_id(","),))
     short = backend.request(COUNT, max_new_tokens=4)
-    story = backend.request([{"role": "user", "content": "Write a long story about a dragon."}], max_new_tokens=120)
+    story = backend.request(
+        [{"role": "user", "content": "Write a long story about a dragon."}], max_new_tokens=120
+    )
     plain = backend.request([{"role": "user", "content": "Say hello."}], max_new_tokens=60)
     chunks = [[] for _ in range(5)]
 
@@ -133,8 +149,14 @@ def test_a_batch_applies_every_stopping_rule_per_row(backend):
 
     callbacks = [chunks[0].append, chunks[1].append, chunks[2].append, on_story, chunks[4].append]
     results = backend.generate_batch([stop, comma, short, story, plain], callbacks)
-    assert [r.finish_reason for r in results] == ["stop_string", "eos", "length", "cancelled", "eos"]
-    for result, pieces in zip(results, chunks):
+    assert [r.finish_reason for r in results] == [
+        "stop_string",
+        "eos",
+        "length",
+        "cancelled",
+        "eos",
+    ]
+    for result, pieces in zip(results, chunks, strict=True):
         assert "".join(pieces) == result.text
     assert ", 5" not in results[0].text and results[0].text.startswith("1, 2")
     assert results[1].text.endswith(",") and results[1].new_tokens <= 3
@@ -158,8 +180,14 @@ def test_the_scheduler_batches_requests_that_wait_together(backend):
         return original(requests, on_texts)
 
     scheduler = Scheduler(backend, max_batch=4)
-    scheduler.backend = type("Recorder", (), {"generate_batch": staticmethod(recording),
-                                               "batch_signature": staticmethod(backend.batch_signature)})()
+    scheduler.backend = type(
+        "Recorder",
+        (),
+        {
+            "generate_batch": staticmethod(recording),
+            "batch_signature": staticmethod(backend.batch_signature),
+        },
+    )()
     events = {name: [] for name in "abcd"}
     done = {name: _threading.Event() for name in "abcd"}
     started = _threading.Event()
@@ -171,12 +199,15 @@ def test_the_scheduler_batches_requests_that_wait_together(backend):
                 started.set()
             if isinstance(event, Finished):
                 done[name].set()
+
         return sink
 
     blocker = backend.request(COUNT, max_new_tokens=20)
     scheduler.submit(blocker, sink_for("a"))
     assert started.wait(60)  # the model is busy with "a" before the others arrive
-    positions = [scheduler.submit(backend.request(COUNT, max_new_tokens=8), sink_for(n))[1] for n in "bcd"]
+    positions = [
+        scheduler.submit(backend.request(COUNT, max_new_tokens=8), sink_for(n))[1] for n in "bcd"
+    ]
     assert all(done[n].wait(120) for n in "abcd")
     scheduler.close()
     assert positions == [1, 2, 3]
@@ -200,10 +231,16 @@ def test_requests_announced_together_start_in_one_batch(backend):
     sizes = []
     original = backend.generate_batch
     scheduler = Scheduler(backend, max_batch=4)
-    scheduler.backend = type("Recorder", (), {
-        "generate_batch": staticmethod(lambda reqs, cbs: (sizes.append(len(reqs)), original(reqs, cbs))[1]),
-        "batch_signature": staticmethod(backend.batch_signature),
-    })()
+    scheduler.backend = type(
+        "Recorder",
+        (),
+        {
+            "generate_batch": staticmethod(
+                lambda reqs, cbs: (sizes.append(len(reqs)), original(reqs, cbs))[1]
+            ),
+            "batch_signature": staticmethod(backend.batch_signature),
+        },
+    )()
     finished = _threading.Semaphore(0)
     sink = lambda event: isinstance(event, Finished) and finished.release()  # noqa: E731
     scheduler.expect()

@@ -33,7 +33,9 @@ def row(db_path, message_id: int) -> dict:
         db.row_factory = sqlite3.Row
         found = db.execute(
             "SELECT m.status, m.text, m.finish_reason, m.error, c.updated_at FROM chat_message m "
-            "JOIN chat_conversation c ON c.id = m.conversation_id WHERE m.id = ?", (message_id,)).fetchone()
+            "JOIN chat_conversation c ON c.id = m.conversation_id WHERE m.id = ?",
+            (message_id,),
+        ).fetchone()
     return dict(found)
 
 
@@ -43,12 +45,16 @@ def locked_db_server(tmp_path):
 
     Its cache is the one emptied before every test: a cache hit is stored after its `done`, by design.
     """
-    server = LiveServer(tmp_path, SQLITE_BUSY_TIMEOUT="0.2", CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL).start()
+    server = LiveServer(
+        tmp_path, SQLITE_BUSY_TIMEOUT="0.2", CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL
+    ).start()
     yield server, tmp_path / "live.sqlite3"
     server.stop()
 
 
-async def test_a_database_locked_at_the_end_of_a_turn_is_a_clear_error_and_nothing_half_written(locked_db_server):
+async def test_a_database_locked_at_the_end_of_a_turn_is_a_clear_error_and_nothing_half_written(
+    locked_db_server,
+):
     """Another connection holds SQLite's write lock as the answer ends: the client gets `storage_failed`
     and its `done`, a new prompt gets `storage_failed` at once, the message and its conversation stay
     untouched together; once the lock goes, the answer is stored late, whole, and chat goes on."""
@@ -82,16 +88,29 @@ async def test_a_database_locked_at_the_end_of_a_turn_is_a_clear_error_and_nothi
             if stored["status"] != "streaming":
                 break
             await asyncio.sleep(0.1)
-        assert (stored["status"], stored["finish_reason"], stored["text"]) == ("cancelled", "cancelled", shown)
+        assert (stored["status"], stored["finish_reason"], stored["text"]) == (
+            "cancelled",
+            "cancelled",
+            shown,
+        )
         assert stored["updated_at"] > before["updated_at"]  # the conversation moved with it
         await ws.send(json.dumps({"type": "prompt", "request_id": "c", "text": SHORT}))
         assert (await events_until(ws, "done", "c"))[-1]["type"] == "done"
     with sqlite3.connect(db_path) as db:
-        assert db.execute("SELECT id, role, status, request_id FROM chat_message WHERE status = 'streaming'").fetchall() == []
-    assert "Traceback" not in server.log_path.read_text()  # refused cleanly, never an exception in the consumer
+        assert (
+            db.execute(
+                "SELECT id, role, status, request_id FROM chat_message WHERE status = 'streaming'"
+            ).fetchall()
+            == []
+        )
+    assert (
+        "Traceback" not in server.log_path.read_text()
+    )  # refused cleanly, never an exception in the consumer
 
 
-async def test_a_new_socket_while_the_database_is_locked_is_told_why_and_closed_then_works(locked_db_server):
+async def test_a_new_socket_while_the_database_is_locked_is_told_why_and_closed_then_works(
+    locked_db_server,
+):
     """A visitor without a session needs one written; while SQLite is locked the socket gets a
     `storage_failed` error and a close (4503), no traceback; once the lock goes it connects and chats."""
     server, db_path = locked_db_server
@@ -121,18 +140,34 @@ def test_answers_left_streaming_are_marked_interrupted_when_the_server_starts(se
 
     settings.CHAT_INSTANCE = "web-1:8001"
     conversation = Conversation.objects.create(session_key="s", title="t")
-    stuck = Message.objects.create(conversation=conversation, role="assistant", status="streaming", text="Once",
-                                   instance="web-1:8001")
-    older = Message.objects.create(conversation=conversation, role="assistant", status="streaming", text="Old")
-    elsewhere = Message.objects.create(conversation=conversation, role="assistant", status="streaming", text="Going",
-                                       instance="web-1:8002")
-    finished = Message.objects.create(conversation=conversation, role="assistant", status="done", text="Hi",
-                                      instance="web-1:8001")
+    stuck = Message.objects.create(
+        conversation=conversation,
+        role="assistant",
+        status="streaming",
+        text="Once",
+        instance="web-1:8001",
+    )
+    older = Message.objects.create(
+        conversation=conversation, role="assistant", status="streaming", text="Old"
+    )
+    elsewhere = Message.objects.create(
+        conversation=conversation,
+        role="assistant",
+        status="streaming",
+        text="Going",
+        instance="web-1:8002",
+    )
+    finished = Message.objects.create(
+        conversation=conversation, role="assistant", status="done", text="Hi", instance="web-1:8001"
+    )
     emit_post_migrate_signal(verbosity=0, interactive=False, db="default")
     for message in (stuck, older, elsewhere, finished):
         message.refresh_from_db()
     assert (stuck.status, stuck.error, stuck.text) == ("failed", INTERRUPTED, "Once")
-    assert (older.status, older.error) == ("failed", INTERRUPTED)  # from before answers named their process
+    assert (older.status, older.error) == (
+        "failed",
+        INTERRUPTED,
+    )  # from before answers named their process
     assert (elsewhere.status, elsewhere.error) == ("streaming", "")
     assert finished.status == "done"
 
@@ -155,8 +190,11 @@ async def ask(server, text: str, request_id: str) -> list[dict]:
 async def test_the_whole_chat_keeps_answering_while_redis_is_stopped(tmp_path, redis_server):
     """Channel layer and cache both on a Redis that is stopped mid-run: new sockets connect and are answered
     (uncached), /healthz says degraded; Redis back: still answering, health ok again."""
-    server = await sync_to_async(LiveServer(tmp_path, REDIS_URL=redis_server.url,
-                                            CHAT_CACHE_REDIS_URL=redis_server.url).start)()
+    server = await sync_to_async(
+        LiveServer(
+            tmp_path, REDIS_URL=redis_server.url, CHAT_CACHE_REDIS_URL=redis_server.url
+        ).start
+    )()
     try:
         assert (await ask(server, SHORT, "before"))[-1]["type"] == "done"
         redis_server.stop()
@@ -164,10 +202,18 @@ async def test_the_whole_chat_keeps_answering_while_redis_is_stopped(tmp_path, r
         assert down[-1]["type"] == "done" and [e["type"] for e in down].count("chunk") > 1
         assert down[-1]["finish_reason"] == "eos" and not down[-1]["cached"]
         status, health = server.health()
-        assert status == 200 and health["status"] == "degraded" and health["redis"].startswith("unavailable")
+        assert (
+            status == 200
+            and health["status"] == "degraded"
+            and health["redis"].startswith("unavailable")
+        )
         redis_server.start()
-        await asyncio.sleep(2.5)  # past the cache's back-off (chat.cache.CompletionCache.backoff_seconds)
-        assert (await ask(server, "Count from 1 to 7, separated by commas.", "after"))[-1]["type"] == "done"
+        await asyncio.sleep(
+            2.5
+        )  # past the cache's back-off (chat.cache.CompletionCache.backoff_seconds)
+        assert (await ask(server, "Count from 1 to 7, separated by commas.", "after"))[-1][
+            "type"
+        ] == "done"
         assert server.health()[1]["status"] == "ok"
     finally:
         server.stop()
@@ -180,9 +226,14 @@ def on_postgresql() -> bool:
     return connection.vendor == "postgresql"
 
 
-@pytest.mark.skipif(not on_postgresql(), reason="terminates a PostgreSQL backend; the SQLite lock test covers SQLite")
+@pytest.mark.skipif(
+    not on_postgresql(),
+    reason="terminates a PostgreSQL backend; the SQLite lock test covers SQLite",
+)
 @pytest.mark.django_db(transaction=True)
-async def test_a_terminated_database_connection_at_the_end_of_a_turn_is_retried_on_a_fresh_one(client):
+async def test_a_terminated_database_connection_at_the_end_of_a_turn_is_retried_on_a_fresh_one(
+    client,
+):
     """PostgreSQL kills the server's connection while the answer streams: the final write fails once,
     is retried on a new connection, and the client gets its `done` with no error; the answer is stored whole."""
     import psycopg
@@ -196,11 +247,20 @@ async def test_a_terminated_database_connection_at_the_end_of_a_turn_is_retried_
     request_id = await client.prompt(LONG)
     events = await client.receive_until("chunk", request_id)
     pid, db = await sync_to_async(server_backend)()
-    with psycopg.connect(host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"], dbname=db["NAME"],
-                         password=db["PASSWORD"] or None, autocommit=True) as admin:
+    with psycopg.connect(
+        host=db["HOST"],
+        port=db["PORT"] or 5432,
+        user=db["USER"],
+        dbname=db["NAME"],
+        password=db["PASSWORD"] or None,
+        autocommit=True,
+    ) as admin:
         assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]
     await client.send({"type": "cancel", "request_id": request_id})
     events += await client.receive_until("done", request_id)
     assert "error" not in [e["type"] for e in events]
     message = await sync_to_async(Message.objects.get)(pk=events[0]["message"])
-    assert (message.status, message.text) == ("cancelled", "".join(e["text"] for e in events if e["type"] == "chunk"))
+    assert (message.status, message.text) == (
+        "cancelled",
+        "".join(e["text"] for e in events if e["type"] == "chunk"),
+    )

@@ -20,7 +20,9 @@ def visitor():
 def make_conversation(client, text="hello") -> Conversation:
     conversation = Conversation.objects.create(session_key=client.session.session_key, title=text)
     Message.objects.create(conversation=conversation, role="user", text=text)
-    Message.objects.create(conversation=conversation, role="assistant", text="<b>hi</b>", finish_reason="eos")
+    Message.objects.create(
+        conversation=conversation, role="assistant", text="<b>hi</b>", finish_reason="eos"
+    )
     return conversation
 
 
@@ -38,7 +40,9 @@ def test_conversation_api_returns_messages_to_their_owner(visitor):
     conversation = make_conversation(visitor)
     body = visitor.get(f"/api/conversations/{conversation.pk}/").json()
     assert [m["role"] for m in body["messages"]] == ["user", "assistant"]
-    assert body["messages"][1]["text"] == "<b>hi</b>" and body["messages"][1]["finish_reason"] == "eos"
+    assert (
+        body["messages"][1]["text"] == "<b>hi</b>" and body["messages"][1]["finish_reason"] == "eos"
+    )
     listing = visitor.get("/api/conversations/").json()
     assert [c["id"] for c in listing["conversations"]] == [conversation.pk]
 
@@ -58,7 +62,12 @@ def test_healthz_is_ok_once_the_model_is_ready(runtime):
     response = Client().get("/healthz")
     body = response.json()
     assert response.status_code == 200, body
-    assert body["status"] == "ok" and body["model"] == "ready" and body["redis"] == "ok" and body["database"] == "ok"
+    assert (
+        body["status"] == "ok"
+        and body["model"] == "ready"
+        and body["redis"] == "ok"
+        and body["database"] == "ok"
+    )
     assert body["model_name"] == "SmolLM2-135M-Instruct"
 
 
@@ -70,7 +79,11 @@ def test_healthz_is_503_with_the_same_shape_while_loading(runtime, monkeypatch):
     body = json.loads(response.content)
     assert response.status_code == 503
     assert set(body) >= {"status", "model", "redis", "database"}
-    assert (body["status"], body["model"], body["detail"]) == ("loading", "loading", "Converting SmolLM2 ...")
+    assert (body["status"], body["model"], body["detail"]) == (
+        "loading",
+        "loading",
+        "Converting SmolLM2 ...",
+    )
 
 
 def test_healthz_reports_redis_unavailable_as_degraded(runtime, settings):
@@ -78,4 +91,6 @@ def test_healthz_reports_redis_unavailable_as_degraded(runtime, settings):
     settings.REDIS_URL = "redis://127.0.0.1:1/0"
     response = Client().get("/healthz")
     assert response.status_code == 200
-    assert response.json()["status"] == "degraded" and response.json()["redis"].startswith("unavailable")
+    assert response.json()["status"] == "degraded" and response.json()["redis"].startswith(
+        "unavailable"
+    )

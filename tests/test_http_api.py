@@ -25,13 +25,24 @@ class HttpVisitor:
         self.csrf = csrf
 
     def scope(self, path: str) -> dict:
-        headers = [(b"host", b"localhost"), (b"content-type", b"application/json"),
-                   (b"cookie", f"sessionid={self.session_key}; csrftoken={self.token}".encode())]
+        headers = [
+            (b"host", b"localhost"),
+            (b"content-type", b"application/json"),
+            (b"cookie", f"sessionid={self.session_key}; csrftoken={self.token}".encode()),
+        ]
         if self.csrf:
             headers.append((b"x-csrftoken", self.token.encode()))
-        return {"type": "http", "http_version": "1.1", "method": "POST", "scheme": "http", "path": path,
-                "query_string": b"", "headers": headers, "client": ("127.0.0.1", 50000),
-                "server": ("localhost", 80)}
+        return {
+            "type": "http",
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": path,
+            "query_string": b"",
+            "headers": headers,
+            "client": ("127.0.0.1", 50000),
+            "server": ("localhost", 80),
+        }
 
     async def open(self, path: str, body) -> "HttpResponseReader":
         """Send the request; returns a reader positioned after the response's status and headers."""
@@ -79,7 +90,11 @@ class HttpResponseReader:
         while True:
             while "\n\n" in self.buffer:
                 block, self.buffer = self.buffer.split("\n\n", 1)
-                data = [line[len("data: "):] for line in block.splitlines() if line.startswith("data: ")]
+                data = [
+                    line[len("data: ") :]
+                    for line in block.splitlines()
+                    if line.startswith("data: ")
+                ]
                 if data:
                     yield json.loads("\n".join(data))
             if self.ended:
@@ -104,9 +119,17 @@ async def test_sse_stream_sends_protocol_events_whose_chunks_assemble_to_the_sto
     events = [event async for event in reader.events()]
     await reader.communicator.wait(timeout=5)
     accepted, done = events[0], events[-1]
-    assert accepted["type"] == "accepted" and accepted["request_id"].startswith("http-") and accepted["message"]
+    assert (
+        accepted["type"] == "accepted"
+        and accepted["request_id"].startswith("http-")
+        and accepted["message"]
+    )
     assert [e["type"] for e in events[1:-1]] == ["chunk"] * (len(events) - 2) and len(events) > 3
-    assert done["type"] == "done" and done["finish_reason"] == "eos" and done["request_id"] == accepted["request_id"]
+    assert (
+        done["type"] == "done"
+        and done["finish_reason"] == "eos"
+        and done["request_id"] == accepted["request_id"]
+    )
     assert chunks_text(events) == done["text"] and done["text"].startswith("1, 2")
     message = await sync_to_async(Message.objects.get)(pk=done["message"])
     assert message.text == done["text"] and message.status == "done"
@@ -116,7 +139,9 @@ async def test_post_api_chat_returns_the_done_event_as_json(visitor):
     """POST /api/chat answers the final `done` event, with the client's request_id when it gave one."""
     status, done, headers = await visitor.post("/api/chat", {"text": SHORT, "request_id": "mine"})
     assert status == 200 and headers["content-type"] == "application/json"
-    assert done["type"] == "done" and done["request_id"] == "mine" and done["finish_reason"] == "eos"
+    assert (
+        done["type"] == "done" and done["request_id"] == "mine" and done["finish_reason"] == "eos"
+    )
     assert done["text"].startswith("1, 2") and done["cached"] is False
     message = await sync_to_async(Message.objects.get)(pk=done["message"])
     assert message.text == done["text"]
@@ -145,8 +170,12 @@ async def test_a_bad_body_is_a_400_with_the_error_event(visitor, path, body, cod
 async def test_someone_elses_conversation_is_a_404(visitor, application):
     """Continuing a conversation of another visitor is refused as if it did not exist."""
     other = await new_session_key()
-    conversation = await sync_to_async(Conversation.objects.create)(session_key=other, title="private")
-    status, error, _ = await visitor.post("/api/chat", {"text": "hi", "conversation": conversation.pk})
+    conversation = await sync_to_async(Conversation.objects.create)(
+        session_key=other, title="private"
+    )
+    status, error, _ = await visitor.post(
+        "/api/chat", {"text": "hi", "conversation": conversation.pk}
+    )
     assert status == 404 and error["code"] == "unknown_conversation"
     assert await sync_to_async(Message.objects.filter(conversation=conversation).count)() == 0
 
@@ -155,8 +184,12 @@ async def test_without_the_csrf_token_a_post_is_forbidden(application):
     """CSRF protection stays on for the API: cookie without the X-CSRFToken header -> 403, nothing runs."""
     session_key = await new_session_key()
     for path in ("/api/chat", "/api/chat/stream", "/api/chat/cancel"):
-        status, error, _ = await HttpVisitor(application, session_key, csrf=False).post(path, {"text": SHORT, "message": 1})
-        assert status == 403 and error["code"] == "csrf_failed" and "X-CSRFToken" in error["message"]
+        status, error, _ = await HttpVisitor(application, session_key, csrf=False).post(
+            path, {"text": SHORT, "message": 1}
+        )
+        assert (
+            status == 403 and error["code"] == "csrf_failed" and "X-CSRFToken" in error["message"]
+        )
     assert await sync_to_async(Message.objects.count)() == 0
 
 
@@ -169,8 +202,14 @@ async def test_the_csrf_endpoint_sets_the_cookie_and_returns_the_token():
     token = response.json()["csrf_token"]
     assert token and "csrftoken" in response.cookies and "sessionid" in response.cookies
     refused = await client.post("/api/chat", {"text": "  "}, content_type="application/json")
-    accepted = await client.post("/api/chat", {"text": "  "}, content_type="application/json", headers={"X-CSRFToken": token})
-    assert refused.status_code == 403 and accepted.status_code == 400 and accepted.json()["code"] == "bad_prompt"
+    accepted = await client.post(
+        "/api/chat", {"text": "  "}, content_type="application/json", headers={"X-CSRFToken": token}
+    )
+    assert (
+        refused.status_code == 403
+        and accepted.status_code == 400
+        and accepted.json()["code"] == "bad_prompt"
+    )
 
 
 async def test_over_the_rate_limit_the_api_answers_429(visitor, monkeypatch):
@@ -178,7 +217,9 @@ async def test_over_the_rate_limit_the_api_answers_429(visitor, monkeypatch):
     from chat import ratelimit
 
     monkeypatch.setattr(ratelimit.prompt_limiter, "limit", 1)
-    ratelimit.prompt_limiter.check(f"session:{visitor.session_key}")  # the visitor's one prompt this minute
+    ratelimit.prompt_limiter.check(
+        f"session:{visitor.session_key}"
+    )  # the visitor's one prompt this minute
     status, error, headers = await visitor.post("/api/chat/stream", {"text": SHORT})
     assert status == 429 and error["code"] == "rate_limited" and headers["retry-after"]
 
@@ -198,8 +239,12 @@ async def test_closing_the_sse_stream_cancels_the_generation(visitor):
 async def test_leaving_post_api_chat_before_the_answer_cancels_it(visitor):
     """POST /api/chat has no stream to close, but a client that disconnects while waiting still stops its turn."""
     communicator = ApplicationCommunicator(visitor.application, visitor.scope("/api/chat"))
-    await communicator.send_input({"type": "http.request", "body": json.dumps({"text": LONG}).encode()})
-    answers = Message.objects.filter(conversation__session_key=visitor.session_key, role="assistant")
+    await communicator.send_input(
+        {"type": "http.request", "body": json.dumps({"text": LONG}).encode()}
+    )
+    answers = Message.objects.filter(
+        conversation__session_key=visitor.session_key, role="assistant"
+    )
     for _ in range(600):
         answer = await sync_to_async(answers.first)()
         if answer is not None:
@@ -219,8 +264,12 @@ async def test_cancel_endpoint_stops_the_visitors_running_answer(visitor, make_c
     accepted = await chat.receive()
     await chat.receive_until("chunk", request_id)
     status, ack, _ = await visitor.post("/api/chat/cancel", {"message": accepted["message"]})
-    assert status == 200 and ack == {"type": "cancel_ack", "request_id": None, "message": accepted["message"],
-                                     "result": "cancelled"}
+    assert status == 200 and ack == {
+        "type": "cancel_ack",
+        "request_id": None,
+        "message": accepted["message"],
+        "result": "cancelled",
+    }
     done = (await chat.receive_until("done", request_id))[-1]
     assert done["finish_reason"] == "cancelled"
     status, ack, _ = await visitor.post("/api/chat/cancel", {"message": accepted["message"]})

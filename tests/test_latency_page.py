@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import random
 import statistics
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -20,7 +21,7 @@ from chat.admin_views import build_chart, format_duration, format_ms, latency_vi
 from chat.models import Conversation, Message
 
 URL = "/admin/latency/"
-UNTIL = datetime(2025, 1, 2, 0, 0, tzinfo=dt_timezone.utc)
+UNTIL = datetime(2025, 1, 2, 0, 0, tzinfo=UTC)
 
 
 # -- percentile -----------------------------------------------------------------------------------
@@ -29,7 +30,9 @@ UNTIL = datetime(2025, 1, 2, 0, 0, tzinfo=dt_timezone.utc)
 def test_percentile_interpolates_linearly_between_closest_ranks():
     assert latency.percentile([1, 2, 3, 4], 50) == 2.5
     assert latency.percentile([1, 2, 3, 4], 95) == pytest.approx(3.85)  # rank 2.85
-    assert latency.percentile([15, 20, 35, 40, 50], 40) == pytest.approx(29.0)  # rank 1.6: 20 + 0.6 * 15
+    assert latency.percentile([15, 20, 35, 40, 50], 40) == pytest.approx(
+        29.0
+    )  # rank 1.6: 20 + 0.6 * 15
     assert latency.percentile([100, 200, 300, 400, 500], 95) == pytest.approx(480.0)
     assert latency.percentile([5, 1, 4, 2, 3], 50) == 3.0  # unsorted input
 
@@ -50,7 +53,9 @@ def test_percentile_matches_the_standard_librarys_inclusive_quantiles():
     rng = random.Random(7)
     for _ in range(200):
         values = [rng.uniform(0, 5000) for _ in range(rng.randint(2, 60))]
-        cuts = statistics.quantiles(values, n=100, method="inclusive")  # cuts[k - 1] is the k-th percentile
+        cuts = statistics.quantiles(
+            values, n=100, method="inclusive"
+        )  # cuts[k - 1] is the k-th percentile
         for p in (1, 25, 50, 90, 95, 99):
             assert latency.percentile(values, p) == pytest.approx(cuts[p - 1])
 
@@ -58,10 +63,23 @@ def test_percentile_matches_the_standard_librarys_inclusive_quantiles():
 # -- parameters and bucketing -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("raw, hours", [
-    (None, 24), ("", 24), ("abc", 24), ("2.5", 24), ("24", 24), (" 6 ", 6), ("0", 1), ("-5", 1),
-    ("720", 720), ("721", 720), ("99999", 720), (48, 48),
-])
+@pytest.mark.parametrize(
+    "raw, hours",
+    [
+        (None, 24),
+        ("", 24),
+        ("abc", 24),
+        ("2.5", 24),
+        ("24", 24),
+        (" 6 ", 6),
+        ("0", 1),
+        ("-5", 1),
+        ("720", 720),
+        ("721", 720),
+        ("99999", 720),
+        (48, 48),
+    ],
+)
 def test_parse_hours_defaults_and_clamps(raw, hours):
     assert latency.parse_hours(raw) == hours
 
@@ -78,7 +96,7 @@ def test_every_window_gets_24_to_48_buckets_covering_it_exactly():
         bounds = latency.bucket_bounds(since, UNTIL, width)
         assert 24 <= len(bounds) <= 48, hours
         assert bounds[0][0] == since and bounds[-1][1] == UNTIL
-        assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+        assert all(a[1] == b[0] for a, b in pairwise(bounds))
         assert all(end - start <= width for start, end in bounds)
     assert latency.bucket_width(24) == timedelta(minutes=30)
     assert latency.bucket_width(1) == timedelta(minutes=2)
@@ -110,7 +128,9 @@ def test_rows_land_in_their_buckets():
     assert counts[0] == 3 and counts[1] == 1 and counts[47] == 2 and sum(counts) == 6
     first, second, last = report.buckets[0], report.buckets[1], report.buckets[47]
     assert (first.start, first.end) == (since, since + timedelta(minutes=30))
-    assert first.ttft_p50 == 110 and first.total_p95 == pytest.approx(1190)  # [1000, 1100, 1200]: rank 1.9
+    assert first.ttft_p50 == 110 and first.total_p95 == pytest.approx(
+        1190
+    )  # [1000, 1100, 1200]: rank 1.9
     assert second.ttft_p50 == second.ttft_p95 == 200
     assert last.ttft_p50 == 350 and last.total_p50 == 3500
     assert all(b.ttft_p50 is None for b in report.buckets[2:47])
@@ -134,7 +154,13 @@ def test_the_sample_leaves_out_cancelled_failed_unfinished_and_by_default_cached
     ]
     report = latency.summarize(rows, until=UNTIL, hours=24)
     totals = report.totals
-    assert (totals.answers, totals.count, totals.cached, totals.cancelled, totals.failed) == (10, 3, 2, 1, 1)
+    assert (totals.answers, totals.count, totals.cached, totals.cancelled, totals.failed) == (
+        10,
+        3,
+        2,
+        1,
+        1,
+    )
     assert totals.cached_share == pytest.approx(0.2)
     assert totals.ttft_p50 == 200 and totals.total_p50 == 3000
 
@@ -149,25 +175,46 @@ def test_the_sample_leaves_out_cancelled_failed_unfinished_and_by_default_cached
 
 def test_the_chart_breaks_its_lines_at_empty_buckets_and_has_round_axes():
     since = UNTIL - timedelta(hours=24)
-    rows = [row(since + timedelta(minutes=15 + 30 * i), 100 * (i + 1), 1000) for i in (0, 1, 2, 10, 11)]
+    rows = [
+        row(since + timedelta(minutes=15 + 30 * i), 100 * (i + 1), 1000) for i in (0, 1, 2, 10, 11)
+    ]
     chart = build_chart(latency.summarize(rows, until=UNTIL, hours=24), "ttft", "TTFT")
     p50 = next(s for s in chart.series if s.key == "p50")
     assert len(p50.segments) == 2 and len(p50.points) == 5
     assert [len(s.split()) for s in p50.segments] == [3, 2]
     assert [t["label"] for t in chart.y_ticks] == ["0 ms", "500 ms", "1 s", "1.5 s"]
     assert 4 <= len(chart.x_ticks) <= 8 and chart.x_ticks[0]["label"] == "00:00"
-    assert nice_ceiling(850) == (1000, 250) and nice_ceiling(1000) == (1000, 250) and nice_ceiling(0) == (1.0, 0.25)
-    assert (format_ms(None), format_ms(480), format_ms(8800), format_ms(12345)) == ("—", "480 ms", "8.80 s", "12.3 s")
+    assert (
+        nice_ceiling(850) == (1000, 250)
+        and nice_ceiling(1000) == (1000, 250)
+        and nice_ceiling(0) == (1.0, 0.25)
+    )
+    assert (format_ms(None), format_ms(480), format_ms(8800), format_ms(12345)) == (
+        "—",
+        "480 ms",
+        "8.80 s",
+        "12.3 s",
+    )
     assert [format_duration(timedelta(minutes=m)) for m in (1, 30, 60, 360, 1440)] == [
-        "1 minute", "30 minutes", "1 hour", "6 hours", "1 day"]
+        "1 minute",
+        "30 minutes",
+        "1 hour",
+        "6 hours",
+        "1 day",
+    ]
 
 
 # -- the database --------------------------------------------------------------------------------
 
 
 def store(conversation, *, ago, status="done", role="assistant", **metrics):
-    message = Message.objects.create(conversation=conversation, role=role, status=status,
-                                     metrics=metrics or None, finish_reason="eos" if status == "done" else status)
+    message = Message.objects.create(
+        conversation=conversation,
+        role=role,
+        status=status,
+        metrics=metrics or None,
+        finish_reason="eos" if status == "done" else status,
+    )
     Message.objects.filter(pk=message.pk).update(created_at=timezone.now() - ago)
     return message
 
@@ -176,14 +223,40 @@ def store(conversation, *, ago, status="done", role="assistant", **metrics):
 def known_data():
     """Five finished answers (TTFT 100..500 ms; total 1, 2, 3, 4, 10 s) and the noise around them."""
     conversation = Conversation.objects.create(session_key="s", title="latency")
-    for i, (ttft, total) in enumerate(zip((100, 200, 300, 400, 500), (1000, 2000, 3000, 4000, 10000))):
-        store(conversation, ago=timedelta(hours=i + 1), ttft_ms=ttft, ttfv_ms=ttft, total_ms=total, queue_ms=1,
-              new_tokens=20, tokens_per_s=15.0)
-    store(conversation, ago=timedelta(minutes=5), ttft_ms=2, total_ms=2, new_tokens=0, cached_new_tokens=20)
-    store(conversation, ago=timedelta(minutes=6), status="cancelled", ttft_ms=9000, total_ms=9000, new_tokens=3)
+    for i, (ttft, total) in enumerate(
+        zip((100, 200, 300, 400, 500), (1000, 2000, 3000, 4000, 10000), strict=True)
+    ):
+        store(
+            conversation,
+            ago=timedelta(hours=i + 1),
+            ttft_ms=ttft,
+            ttfv_ms=ttft,
+            total_ms=total,
+            queue_ms=1,
+            new_tokens=20,
+            tokens_per_s=15.0,
+        )
+    store(
+        conversation,
+        ago=timedelta(minutes=5),
+        ttft_ms=2,
+        total_ms=2,
+        new_tokens=0,
+        cached_new_tokens=20,
+    )
+    store(
+        conversation,
+        ago=timedelta(minutes=6),
+        status="cancelled",
+        ttft_ms=9000,
+        total_ms=9000,
+        new_tokens=3,
+    )
     store(conversation, ago=timedelta(minutes=7), status="streaming")
     store(conversation, ago=timedelta(minutes=8), role="user")
-    store(conversation, ago=timedelta(hours=30), ttft_ms=7777, total_ms=7777, new_tokens=5)  # before the window
+    store(
+        conversation, ago=timedelta(hours=30), ttft_ms=7777, total_ms=7777, new_tokens=5
+    )  # before the window
     return conversation
 
 
@@ -247,11 +320,15 @@ def test_the_view_needs_the_view_message_permission(staff):
         get(staff)
     with pytest.raises(PermissionDenied):
         get(AnonymousUser())
-    staff.user_permissions.add(Permission.objects.get(codename="view_message", content_type__app_label="chat"))
+    staff.user_permissions.add(
+        Permission.objects.get(codename="view_message", content_type__app_label="chat")
+    )
     staff = get_user_model().objects.get(pk=staff.pk)  # a fresh permission cache
     assert get(staff).status_code == 200
     outsider = get_user_model().objects.create_user("outsider", password="pw")
-    outsider.user_permissions.add(Permission.objects.get(codename="view_message", content_type__app_label="chat"))
+    outsider.user_permissions.add(
+        Permission.objects.get(codename="view_message", content_type__app_label="chat")
+    )
     with pytest.raises(PermissionDenied):
         get(get_user_model().objects.get(pk=outsider.pk))  # not staff
 
@@ -271,12 +348,20 @@ def test_the_page_plots_the_known_data(superuser, known_data):
     assert response.status_code == 200
     assert response.templates[0].name == "admin/chat/latency.html"
     html = response.content.decode()
-    assert html.count('<svg class="latency-chart"') == 2 and "<polyline" in html and "Time to first token" in html
+    assert (
+        html.count('<svg class="latency-chart"') == 2
+        and "<polyline" in html
+        and "Time to first token" in html
+    )
     assert 'id="total-count">5<' in html
     assert 'id="ttft-p50">300 ms<' in html and 'id="ttft-p95">480 ms<' in html
     assert 'id="total-p50">3.00 s<' in html and 'id="total-p95">8.80 s<' in html
     assert 'id="cached-share">12%<' in html and 'id="cancelled">1<' in html  # 1 of 8
-    assert "var(--link-fg)" in html and "var(--body-fg)" in html and "<script" not in html.split('id="content-main"')[1]
+    assert (
+        "var(--link-fg)" in html
+        and "var(--body-fg)" in html
+        and "<script" not in html.split('id="content-main"')[1]
+    )
     assert 'id="latency-empty"' not in html
 
     html = logged_in(superuser).get(URL + "?include_cached=1").content.decode()
@@ -288,14 +373,25 @@ def test_the_page_shows_an_empty_state(superuser):
     response = logged_in(superuser).get(URL)
     assert response.status_code == 200
     html = response.content.decode()
-    assert 'id="latency-empty"' in html and "No finished answers" in html and "latency-chart\"" not in html
+    assert (
+        'id="latency-empty"' in html
+        and "No finished answers" in html
+        and 'latency-chart"' not in html
+    )
 
     conversation = Conversation.objects.create(session_key="s")
-    store(conversation, ago=timedelta(minutes=1), ttft_ms=2, total_ms=2, new_tokens=0, cached_new_tokens=9)
+    store(
+        conversation,
+        ago=timedelta(minutes=1),
+        ttft_ms=2,
+        total_ms=2,
+        new_tokens=0,
+        cached_new_tokens=9,
+    )
     html = logged_in(superuser).get(URL).content.decode()
     assert 'id="latency-empty"' in html and "include them" in html and "include_cached=1" in html
     html = logged_in(superuser).get(URL + "?include_cached=1").content.decode()
-    assert 'id="latency-empty"' not in html and "<svg class=\"latency-chart\"" in html
+    assert 'id="latency-empty"' not in html and '<svg class="latency-chart"' in html
 
 
 @pytest.mark.django_db

@@ -8,7 +8,9 @@ from chat.models import Conversation
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-async def test_a_prompt_over_the_token_limit_is_refused_with_both_numbers(client, backend, settings):
+async def test_a_prompt_over_the_token_limit_is_refused_with_both_numbers(
+    client, backend, settings
+):
     """Few characters but many tokens: `prompt_too_long` names the prompt's characters and tokens and both
     limits; nothing is stored and the socket stays usable."""
     settings.CHAT_MAX_PROMPT_TOKENS = 20
@@ -17,7 +19,11 @@ async def test_a_prompt_over_the_token_limit_is_refused_with_both_numbers(client
     assert len(text) <= settings.CHAT_MAX_PROMPT_CHARS < tokens * 100 and tokens > 20
     await client.prompt(text, request_id="emoji")
     error = await client.receive()
-    assert (error["type"], error["code"], error["request_id"]) == ("error", "prompt_too_long", "emoji")
+    assert (error["type"], error["code"], error["request_id"]) == (
+        "error",
+        "prompt_too_long",
+        "emoji",
+    )
     assert f"{len(text)} characters and {tokens} tokens" in error["message"]
     assert f"{settings.CHAT_MAX_PROMPT_CHARS} characters and 20 tokens" in error["message"]
     assert await sync_to_async(Conversation.objects.count)() == 0

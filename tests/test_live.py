@@ -18,7 +18,15 @@ async def receive_until_done(ws, request_id):
 async def test_a_real_websocket_client_gets_a_streamed_answer(daphne_server):
     """Over a real socket: accepted, several chunks, done; chunks assemble to the final text."""
     async with websockets.connect(daphne_server.ws_url, origin=daphne_server.url) as ws:
-        await ws.send(json.dumps({"type": "prompt", "request_id": "live-1", "text": "Count from 1 to 10, separated by commas."}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "prompt",
+                    "request_id": "live-1",
+                    "text": "Count from 1 to 10, separated by commas.",
+                }
+            )
+        )
         events = await receive_until_done(ws, "live-1")
     kinds = [e["type"] for e in events]
     assert kinds[0] == "accepted" and kinds[-1] == "done" and kinds.count("chunk") > 3
@@ -30,7 +38,15 @@ async def test_a_real_websocket_client_gets_a_streamed_answer(daphne_server):
 async def test_closing_a_real_socket_frees_the_model_for_the_next_user(daphne_server):
     """A tab closed mid-answer stops its generation: the next user is not queued behind it."""
     async with websockets.connect(daphne_server.ws_url, origin=daphne_server.url) as ws:
-        await ws.send(json.dumps({"type": "prompt", "request_id": "long", "text": "Write a very long story about a dragon."}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "prompt",
+                    "request_id": "long",
+                    "text": "Write a very long story about a dragon.",
+                }
+            )
+        )
         while json.loads(await ws.recv())["type"] != "chunk":
             pass
     await asyncio.sleep(0.5)  # let the server notice the close and run at most one more step

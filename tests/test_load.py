@@ -8,8 +8,16 @@ def test_a_small_load_run_stores_exactly_what_each_client_assembled(tmp_path):
 
     The same code as `manage.py loadtest` (200 x 60 s); speed and memory are printed there, not asserted.
     """
-    report = loadtest.run_load(tmp_path, sockets=20, seconds=10, max_new_tokens=8, warmup_seconds=0,
-                               settle_seconds=0.5, cancel_share=0.4, progress=lambda line: None)
+    report = loadtest.run_load(
+        tmp_path,
+        sockets=20,
+        seconds=10,
+        max_new_tokens=8,
+        warmup_seconds=0,
+        settle_seconds=0.5,
+        cancel_share=0.4,
+        progress=lambda line: None,
+    )
     turns = report.turns
     assert all(not c.connect_error for c in report.clients)
     # The run really exercised what it checks: answers ended both ways, cancels were sent.
@@ -24,18 +32,28 @@ def test_a_small_load_run_stores_exactly_what_each_client_assembled(tmp_path):
 def test_the_checker_reports_lost_reordered_or_unstored_chunks():
     """The load run's verdict is not vacuous: a stored text that differs from the chunks, a wrong status,
     a message never stored, a row left streaming and a traceback in the log are each reported."""
+
     def turn(request_id, message, chunks, finish):
         t = loadtest.Turn(request_id=request_id, sent_at=0.0, message=message, chunks=chunks)
-        t.done = {"type": "done", "text": "".join(chunks), "finish_reason": finish, "message": message}
+        t.done = {
+            "type": "done",
+            "text": "".join(chunks),
+            "finish_reason": finish,
+            "message": message,
+        }
         return t
 
     report = loadtest.Report(sockets=1, seconds=1, max_new_tokens=8, server_env={})
-    report.clients = [loadtest.ClientLog(turns=[
-        turn("ok", 1, ["Hel", "lo"], "eos"),
-        turn("reordered", 2, ["lo", "Hel"], "eos"),
-        turn("status", 3, ["Hi"], "cancelled"),
-        turn("lost", 4, ["Hi"], "eos"),
-    ])]
+    report.clients = [
+        loadtest.ClientLog(
+            turns=[
+                turn("ok", 1, ["Hel", "lo"], "eos"),
+                turn("reordered", 2, ["lo", "Hel"], "eos"),
+                turn("status", 3, ["Hi"], "cancelled"),
+                turn("lost", 4, ["Hi"], "eos"),
+            ]
+        )
+    ]
     report.stored = {
         1: {"text": "Hello", "status": "done", "finish_reason": "eos"},
         2: {"text": "Hello", "status": "done", "finish_reason": "eos"},
@@ -48,5 +66,8 @@ def test_the_checker_reports_lost_reordered_or_unstored_chunks():
     assert "ok:" not in problems
     assert "reordered: stored text" in problems and "status: stored done/eos" in problems
     assert "lost: message 4 was never stored" in problems
-    assert "1 message(s) still streaming" in problems and "1 stored answer(s) no client asked for" in problems
+    assert (
+        "1 message(s) still streaming" in problems
+        and "1 stored answer(s) no client asked for" in problems
+    )
     assert "1 traceback(s)" in problems

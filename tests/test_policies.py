@@ -10,7 +10,11 @@ from chat.models import Message, OutputPolicy, PolicyRevision
 from chat.policy import instance_errors
 from tests.conftest import chunks_text
 
-ANSWER_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string", "minLength": 1}}, "required": ["answer"]}
+ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "minLength": 1}},
+    "required": ["answer"],
+}
 
 
 def kinds(events):
@@ -18,6 +22,7 @@ def kinds(events):
 
 
 # -- save-time validation -----------------------------------------------------------
+
 
 @pytest.mark.django_db
 @pytest.mark.parametrize(
@@ -29,7 +34,11 @@ def kinds(events):
         ({"extra_eos_tokens": "<|im_end|>"}, "extra_eos_tokens", "JSON list"),
         ({"stop_strings": ["ok", ""]}, "stop_strings", "JSON list of non-empty strings"),
         ({"moderation_hooks": [{"hook": "no.such.Hook"}]}, "moderation_hooks", "no.such.Hook"),
-        ({"moderation_hooks": [{"hook": "blocklist", "settings": {"patterns": ["("]}}]}, "moderation_hooks", "("),
+        (
+            {"moderation_hooks": [{"hook": "blocklist", "settings": {"patterns": ["("]}}]},
+            "moderation_hooks",
+            "(",
+        ),
         ({"examples": [{"user": "hi"}]}, "examples", "list of"),
         ({"constrained": True}, "constrained", "needs a JSON Schema"),
         ({"failure_action": "fallback"}, "fallback_text", "needs a fallback text"),
@@ -46,7 +55,12 @@ def test_saving_a_bad_policy_is_refused_with_a_clear_message(runtime, fields, fi
 
 @pytest.mark.django_db
 def test_a_valid_policy_passes_and_its_version_moves_only_on_change(runtime, make_policy):
-    policy = make_policy(slug="v", json_schema=ANSWER_SCHEMA, extra_eos_tokens=["<|endoftext|>"], stop_strings=["\nUser:"])
+    policy = make_policy(
+        slug="v",
+        json_schema=ANSWER_SCHEMA,
+        extra_eos_tokens=["<|endoftext|>"],
+        stop_strings=["\nUser:"],
+    )
     assert policy.version == 1
     policy.save()
     assert OutputPolicy.objects.get(pk=policy.pk).version == 1
@@ -64,13 +78,33 @@ def test_staff_edit_policies_in_the_admin_and_every_change_is_recorded(runtime, 
     policy = example_policies["json"]
     url = f"/admin/chat/outputpolicy/{policy.pk}/change/"
     form = client.get(url)
-    assert form.status_code == 200 and "history (who changed what, when)" in form.content.decode().lower()
+    assert (
+        form.status_code == 200
+        and "history (who changed what, when)" in form.content.decode().lower()
+    )
     data = {
-        "name": policy.name, "slug": policy.slug, "mode": "buffer", "json_schema": '{"type": "objekt"}',
-        "constrained": "", "examples": "[]", "moderation_hooks": "[]", "blocklist_terms": "", "failure_action": "reject",
-        "fallback_text": "", "max_retries": "1", "system_prompt": "", "max_new_tokens": "100", "stop_strings": "[]",
-        "extra_eos_tokens": "[]", "temperature": "0", "top_p": "1", "cache_enabled": "on", "cache_ttl_seconds": "60",
-        "revisions-TOTAL_FORMS": "0", "revisions-INITIAL_FORMS": "0", "revisions-MIN_NUM_FORMS": "0",
+        "name": policy.name,
+        "slug": policy.slug,
+        "mode": "buffer",
+        "json_schema": '{"type": "objekt"}',
+        "constrained": "",
+        "examples": "[]",
+        "moderation_hooks": "[]",
+        "blocklist_terms": "",
+        "failure_action": "reject",
+        "fallback_text": "",
+        "max_retries": "1",
+        "system_prompt": "",
+        "max_new_tokens": "100",
+        "stop_strings": "[]",
+        "extra_eos_tokens": "[]",
+        "temperature": "0",
+        "top_p": "1",
+        "cache_enabled": "on",
+        "cache_ttl_seconds": "60",
+        "revisions-TOTAL_FORMS": "0",
+        "revisions-INITIAL_FORMS": "0",
+        "revisions-MIN_NUM_FORMS": "0",
         "revisions-MAX_NUM_FORMS": "1000",
     }
     refused = client.post(url, data)
@@ -119,17 +153,27 @@ async def test_buffer_mode_sends_no_chunk_and_a_schema_valid_json(client, exampl
     assert done["finish_reason"] == "eos" and done["policy"] == "json"
     assert instance_errors(done["json"], ANSWER_SCHEMA) == []
     assert "Paris" in done["json"]["answer"]
-    assert done["metrics"]["held_ms"] > 0 and done["metrics"]["ttfv_ms"] >= done["metrics"]["ttft_ms"]
+    assert (
+        done["metrics"]["held_ms"] > 0 and done["metrics"]["ttfv_ms"] >= done["metrics"]["ttft_ms"]
+    )
     message = await sync_to_async(Message.objects.get)(pk=done["message"])
     assert (message.outcome, message.json_value, message.policy_version) == ("ok", done["json"], 1)
     assert message.held_ms > 0
 
 
 @pytestmark_ws
-async def test_buffer_mode_reasks_and_then_rejects_an_answer_that_stays_invalid(client, make_policy):
+async def test_buffer_mode_reasks_and_then_rejects_an_answer_that_stays_invalid(
+    client, make_policy
+):
     """An impossible schema: the model is re-asked max_retries times, then `invalid` with the reason."""
-    impossible = {"type": "object", "required": ["answer"], "properties": {"answer": {"type": "integer", "minimum": 10**9}}}
-    await sync_to_async(make_policy)(slug="strict", mode="buffer", json_schema=impossible, max_retries=1, max_new_tokens=40)
+    impossible = {
+        "type": "object",
+        "required": ["answer"],
+        "properties": {"answer": {"type": "integer", "minimum": 10**9}},
+    }
+    await sync_to_async(make_policy)(
+        slug="strict", mode="buffer", json_schema=impossible, max_retries=1, max_new_tokens=40
+    )
     request_id = await client.prompt("What is the capital of France?", policy="strict")
     events = await client.receive_until("done", request_id)
     assert "chunk" not in kinds(events) and "buffering" in kinds(events)
@@ -143,8 +187,15 @@ async def test_buffer_mode_reasks_and_then_rejects_an_answer_that_stays_invalid(
 @pytestmark_ws
 async def test_fallback_text_replaces_an_answer_that_stays_invalid(client, make_policy):
     impossible = {"type": "array", "minItems": 1000}
-    await sync_to_async(make_policy)(slug="fb", mode="buffer", json_schema=impossible, max_retries=0,
-                                     max_new_tokens=30, failure_action="fallback", fallback_text="Sorry, no answer.")
+    await sync_to_async(make_policy)(
+        slug="fb",
+        mode="buffer",
+        json_schema=impossible,
+        max_retries=0,
+        max_new_tokens=30,
+        failure_action="fallback",
+        fallback_text="Sorry, no answer.",
+    )
     request_id = await client.prompt("Hi", policy="fb")
     done = (await client.receive_until("done", request_id))[-1]
     assert (done["finish_reason"], done["text"]) == ("invalid", "Sorry, no answer.")
@@ -153,8 +204,14 @@ async def test_fallback_text_replaces_an_answer_that_stays_invalid(client, make_
 @pytestmark_ws
 async def test_constrained_decoding_yields_valid_json_without_examples(client, make_policy):
     """With constrained decoding on, even an unprimed prompt gives schema-valid JSON."""
-    await sync_to_async(make_policy)(slug="cjson", mode="buffer", json_schema=ANSWER_SCHEMA, constrained=True,
-                                     max_new_tokens=60, max_retries=0)
+    await sync_to_async(make_policy)(
+        slug="cjson",
+        mode="buffer",
+        json_schema=ANSWER_SCHEMA,
+        constrained=True,
+        max_new_tokens=60,
+        max_retries=0,
+    )
     request_id = await client.prompt("How many legs does a spider have?", policy="cjson")
     done = (await client.receive_until("done", request_id))[-1]
     assert done["finish_reason"] == "eos", done
@@ -164,7 +221,9 @@ async def test_constrained_decoding_yields_valid_json_without_examples(client, m
 @pytestmark_ws
 async def test_stream_mode_retracts_and_stops_when_a_blocklisted_word_appears(client, make_policy):
     """A blocked term mid-stream: `retract`, generation stops early, nothing withdrawn is stored as text."""
-    await sync_to_async(make_policy)(slug="clean", mode="stream", blocklist_terms="12", max_new_tokens=200)
+    await sync_to_async(make_policy)(
+        slug="clean", mode="stream", blocklist_terms="12", max_new_tokens=200
+    )
     request_id = await client.prompt("Count from 1 to 50, separated by commas.", policy="clean")
     events = await client.receive_until("done", request_id)
     assert "chunk" in kinds(events) and "retract" in kinds(events)
@@ -183,7 +242,10 @@ async def test_auto_mode_streams_prose_and_holds_back_the_json_block(client, mak
     """Prose streams; from the ```json fence on, text is held until it validates."""
     fence_example = 'The sky is blue.\n```json\n{"answer": "blue"}\n```'
     await sync_to_async(make_policy)(
-        slug="mixed", mode="auto", json_schema=ANSWER_SCHEMA, max_new_tokens=80,
+        slug="mixed",
+        mode="auto",
+        json_schema=ANSWER_SCHEMA,
+        max_new_tokens=80,
         system_prompt="Answer in one sentence, then repeat the answer as JSON in a json code block.",
         examples=[{"user": "What color is the sky?", "assistant": fence_example}],
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from itertools import pairwise
 
 import pytest
 
@@ -76,7 +77,7 @@ def test_extract_fenced_block_wins_over_prose():
 
 def test_extract_first_fence_and_plain_fence():
     """Only the first JSON fence counts, and a fence without a language counts too."""
-    text = 'A:\n```\n[1, 2]\n```\nB:\n```json\n[3]\n```'
+    text = "A:\n```\n[1, 2]\n```\nB:\n```json\n[3]\n```"
     assert extract_json(text) == [1, 2]
 
 
@@ -459,9 +460,29 @@ def test_gate_for_modes_and_errors():
 # --- chunking invariance ------------------------------------------------------------
 
 FRAGMENTS = [
-    "`", "``", "```", "```json\n", "```\n", "json", "\n", " ", "{", "}", "[", "]",
-    '"', ",", ":", '"answer"', '"a\\"}"', "Hello world. ", "darn", "darning", "x",
-    "\nUser:", "I repeat myself here. ",
+    "`",
+    "``",
+    "```",
+    "```json\n",
+    "```\n",
+    "json",
+    "\n",
+    " ",
+    "{",
+    "}",
+    "[",
+    "]",
+    '"',
+    ",",
+    ":",
+    '"answer"',
+    '"a\\"}"',
+    "Hello world. ",
+    "darn",
+    "darning",
+    "x",
+    "\nUser:",
+    "I repeat myself here. ",
 ]
 SAMPLES = [
     'Sure!\n```json\n{"answer": "ok",}\n```\nbye',
@@ -469,7 +490,7 @@ SAMPLES = [
     "Use `ls` and ``` inline ```",
     "Prose only, then a lone `",
     'Look: ```python\nprint("{")\n```',
-    'Text\n``` \n\n  [1, 2]\n```',
+    "Text\n``` \n\n  [1, 2]\n```",
     "   ",
     "Say darn please",
     "I repeat myself here. " * 6,
@@ -482,7 +503,7 @@ def random_split(text: str, rng: random.Random) -> list[str]:
         return chars(text)
     cuts = sorted(rng.randint(0, len(text)) for _ in range(rng.randint(0, len(text) + 2)))
     bounds = [0, *cuts, len(text)]
-    return [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [text[a:b] for a, b in pairwise(bounds)]
 
 
 def make_gate(mode: str):
@@ -547,7 +568,7 @@ if given is not None:
         text = "".join(draw(st.lists(st.sampled_from(FRAGMENTS), max_size=30)))
         cuts = sorted(draw(st.lists(st.integers(0, len(text)), max_size=len(text) + 2)))
         bounds = [0, *cuts, len(text)]
-        return text, [text[a:b] for a, b in zip(bounds, bounds[1:])]
+        return text, [text[a:b] for a, b in pairwise(bounds)]
 
     @settings(
         max_examples=300,

@@ -14,8 +14,12 @@ STATIC_SOURCE = Path(__file__).resolve().parent.parent / "static" / "chat" / "ch
 
 @pytest.fixture
 def production_server(tmp_path):
-    env = {"DEBUG": "0", "SECRET_KEY": "p" * 50, "ALLOWED_HOSTS": "127.0.0.1,localhost",
-           "STATIC_ROOT": str(tmp_path / "staticfiles")}
+    env = {
+        "DEBUG": "0",
+        "SECRET_KEY": "p" * 50,
+        "ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "STATIC_ROOT": str(tmp_path / "staticfiles"),
+    }
     server = LiveServer(tmp_path, **env)
     server.manage("collectstatic", "--noinput", "-v0")  # what `make run` does when DEBUG is off
     server.start()

@@ -8,7 +8,15 @@ import pytest
 
 from chat.engine.concurrent import ConcurrentScheduler
 from chat.engine.remote import OpenAIBackend, RemoteConfig
-from chat.engine.types import EngineError, Failed, Finished, PromptTooLong, Queued, Started, TextChunk
+from chat.engine.types import (
+    EngineError,
+    Failed,
+    Finished,
+    PromptTooLong,
+    Queued,
+    Started,
+    TextChunk,
+)
 from chat.liveserver import free_port
 
 from .openai_server import FakeOpenAIServer
@@ -26,8 +34,10 @@ def fake(backend):
 
 def remote_for(server, backend, **config) -> OpenAIBackend:
     config.setdefault("context_length", backend.context_length)
-    return OpenAIBackend(RemoteConfig(base_url=server.url, model=server.model, timeout=120, **config),
-                         tokenizer=backend.tokenizer)
+    return OpenAIBackend(
+        RemoteConfig(base_url=server.url, model=server.model, timeout=120, **config),
+        tokenizer=backend.tokenizer,
+    )
 
 
 @pytest.fixture
@@ -43,7 +53,9 @@ def test_streamed_chunks_assemble_to_the_real_models_answer_and_usage_maps(remot
     local = backend.generate(backend.request(COUNT, max_new_tokens=40))
     assert len(chunks) > 3 and "".join(chunks) == result.text
     assert result.text == local.text and result.finish_reason == "eos"
-    assert served.body["stream"] is True and served.body["stream_options"] == {"include_usage": True}
+    assert served.body["stream"] is True and served.body["stream_options"] == {
+        "include_usage": True
+    }
     assert (result.new_tokens, result.prompt_tokens) == (served.new_tokens, served.prompt_tokens)
     assert result.first_token_at is not None
 
@@ -51,10 +63,14 @@ def test_streamed_chunks_assemble_to_the_real_models_answer_and_usage_maps(remot
 def test_a_stop_string_ends_the_answer_as_stop_string_and_is_never_shown(remote, fake):
     """The policy's stop strings travel as `stop`; vLLM's stop_reason maps back to finish_reason stop_string."""
     chunks: list[str] = []
-    result = remote.generate(remote.request(COUNT, max_new_tokens=40, stop_strings=(", 5",)), chunks.append)
+    result = remote.generate(
+        remote.request(COUNT, max_new_tokens=40, stop_strings=(", 5",)), chunks.append
+    )
     assert fake.served[-1].body["stop"] == [", 5"]
     assert result.finish_reason == "stop_string"
-    assert result.text.startswith("1, 2") and ", 5" not in "".join(chunks) and "5" not in result.text
+    assert (
+        result.text.startswith("1, 2") and ", 5" not in "".join(chunks) and "5" not in result.text
+    )
 
 
 def test_a_stop_string_the_server_streams_is_cut_and_closes_the_stream(backend):
@@ -63,7 +79,9 @@ def test_a_stop_string_the_server_streams_is_cut_and_closes_the_stream(backend):
     try:
         remote = remote_for(leaky, backend)
         chunks: list[str] = []
-        result = remote.generate(remote.request(COUNT, max_new_tokens=40, stop_strings=(", 5",)), chunks.append)
+        result = remote.generate(
+            remote.request(COUNT, max_new_tokens=40, stop_strings=(", 5",)), chunks.append
+        )
         served = leaky.served[-1]
         assert leaky.wait_for(served.done.is_set)
     finally:
@@ -86,7 +104,9 @@ def test_cancel_closes_the_upstream_stream_and_the_server_stops_generating(remot
     request = remote.request(STORY, max_new_tokens=300)
     first = threading.Event()
     outcome: dict = {}
-    worker = threading.Thread(target=lambda: outcome.update(result=remote.generate(request, lambda _t: first.set())))
+    worker = threading.Thread(
+        target=lambda: outcome.update(result=remote.generate(request, lambda _t: first.set()))
+    )
     worker.start()
     assert first.wait(120)
     request.cancel.set()
@@ -105,11 +125,15 @@ def test_cancel_wakes_a_read_waiting_on_a_silent_upstream(remote, fake):
         request = remote.request(STORY, max_new_tokens=300)
         first = threading.Event()
         outcome: dict = {}
-        worker = threading.Thread(target=lambda: outcome.update(result=remote.generate(request, lambda _t: first.set())))
+        worker = threading.Thread(
+            target=lambda: outcome.update(result=remote.generate(request, lambda _t: first.set()))
+        )
         worker.start()
         assert first.wait(120)
         request.cancel.set()
-        worker.join(30)  # hang guard: without the shutdown the read would wait the full 120 s timeout
+        worker.join(
+            30
+        )  # hang guard: without the shutdown the read would wait the full 120 s timeout
         assert not worker.is_alive() and outcome["result"].finish_reason == "cancelled"
         served = fake.served[-1]
         assert fake.wait_for(served.done.is_set) and served.client_gone_at is not None
@@ -119,8 +143,10 @@ def test_cancel_wakes_a_read_waiting_on_a_silent_upstream(remote, fake):
 
 def test_an_upstream_that_is_down_gives_a_readable_engine_error(backend):
     """Nobody listening on the port: an EngineError that says the server refused the connection."""
-    down = OpenAIBackend(RemoteConfig(base_url=f"http://127.0.0.1:{free_port()}/v1", model="m", timeout=5),
-                         tokenizer=backend.tokenizer)
+    down = OpenAIBackend(
+        RemoteConfig(base_url=f"http://127.0.0.1:{free_port()}/v1", model="m", timeout=5),
+        tokenizer=backend.tokenizer,
+    )
     with pytest.raises(EngineError, match="refused the connection"):
         down.generate(down.request(COUNT, max_new_tokens=4))
     assert down.probe().startswith("unavailable")
@@ -181,7 +207,9 @@ class Events:
 
     def wait(self, kind, timeout: float = 120):
         with self.cond:
-            assert self.cond.wait_for(lambda: any(isinstance(e, kind) for e in self.items), timeout), self.items
+            assert self.cond.wait_for(
+                lambda: any(isinstance(e, kind) for e in self.items), timeout
+            ), self.items
             return next(e for e in self.items if isinstance(e, kind))
 
     def has(self, kind) -> bool:
@@ -198,15 +226,23 @@ def test_a_misconfigured_remote_backend_fails_at_start_up_with_a_clear_message()
     from chat.liveserver import ROOT
 
     def start(**env) -> str:
-        done = subprocess.run([sys.executable, "-c", "import django; django.setup()"], cwd=ROOT,
-                              env={**os.environ, "DJANGO_SETTINGS_MODULE": "project.settings", **env},
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, "-c", "import django; django.setup()"],
+            cwd=ROOT,
+            env={**os.environ, "DJANGO_SETTINGS_MODULE": "project.settings", **env},
+            capture_output=True,
+            text=True,
+        )
         assert done.returncode != 0
         return done.stderr
 
     assert "needs CHAT_REMOTE_URL" in start(CHAT_BACKEND="openai", CHAT_REMOTE_MODEL="m")
-    assert "needs CHAT_REMOTE_MODEL" in start(CHAT_BACKEND="openai", CHAT_REMOTE_URL="http://127.0.0.1:1/v1")
-    assert "CHAT_REMOTE_TIMEOUT='soon' is not a number" in start(CHAT_BACKEND="openai", CHAT_REMOTE_TIMEOUT="soon")
+    assert "needs CHAT_REMOTE_MODEL" in start(
+        CHAT_BACKEND="openai", CHAT_REMOTE_URL="http://127.0.0.1:1/v1"
+    )
+    assert "CHAT_REMOTE_TIMEOUT='soon' is not a number" in start(
+        CHAT_BACKEND="openai", CHAT_REMOTE_TIMEOUT="soon"
+    )
     assert "CHAT_BACKEND='vllm'" in start(CHAT_BACKEND="vllm")
 
 
@@ -217,7 +253,7 @@ def test_two_requests_stream_at_once_and_a_third_waits_with_a_truthful_position(
     requests = [remote.request(STORY, max_new_tokens=200) for _ in range(4)]
     before = len(fake.served)
     try:
-        placed = [scheduler.submit(r, s) for r, s in zip(requests, sinks)]
+        placed = [scheduler.submit(r, s) for r, s in zip(requests, sinks, strict=True)]
         assert [position for _, position in placed] == [0, 0, 1, 2]
         sinks[0].wait(TextChunk)
         sinks[1].wait(TextChunk)
@@ -226,7 +262,9 @@ def test_two_requests_stream_at_once_and_a_third_waits_with_a_truthful_position(
         assert not sinks[2].has(Started)
 
         scheduler.cancel(placed[3][0])  # a waiter: gone at once, the server never hears of it
-        assert sinks[3].wait(Finished).result.finish_reason == "cancelled" and scheduler.waiting == 1
+        assert (
+            sinks[3].wait(Finished).result.finish_reason == "cancelled" and scheduler.waiting == 1
+        )
 
         scheduler.cancel(placed[0][0])  # a runner: its slot goes to the third request
         assert sinks[0].wait(Finished).result.finish_reason == "cancelled"
@@ -239,7 +277,9 @@ def test_two_requests_stream_at_once_and_a_third_waits_with_a_truthful_position(
             sink.wait(Finished)
         scheduler.close()
     assert not any(isinstance(e, Failed) for sink in sinks for e in sink.items)
-    assert [e.position for e in sinks[2].items if isinstance(e, Queued)] == [1]  # behind a runner, never behind the cancelled waiter
+    assert [e.position for e in sinks[2].items if isinstance(e, Queued)] == [
+        1
+    ]  # behind a runner, never behind the cancelled waiter
 
 
 def test_a_failing_upstream_fails_one_request_and_the_queue_goes_on(remote, fake):
@@ -260,11 +300,14 @@ def test_a_failing_upstream_fails_one_request_and_the_queue_goes_on(remote, fake
 
 
 @pytest.mark.django_db
-def test_healthz_names_the_remote_backend_and_reports_an_unreachable_upstream_as_degraded(settings, monkeypatch,
-                                                                                          runtime, backend):
+def test_healthz_names_the_remote_backend_and_reports_an_unreachable_upstream_as_degraded(
+    settings, monkeypatch, runtime, backend
+):
     """/healthz says which backend and model serve; an upstream that does not answer is "degraded", not "ok"."""
-    down = OpenAIBackend(RemoteConfig(base_url=f"http://127.0.0.1:{free_port()}/v1", model="served-model"),
-                         tokenizer=backend.tokenizer)
+    down = OpenAIBackend(
+        RemoteConfig(base_url=f"http://127.0.0.1:{free_port()}/v1", model="served-model"),
+        tokenizer=backend.tokenizer,
+    )
     settings.CHAT_BACKEND, settings.CHAT_REMOTE_URL = "openai", down.config.base_url
     monkeypatch.setattr(runtime, "backend", down)
     from django.test import Client
@@ -273,4 +316,6 @@ def test_healthz_names_the_remote_backend_and_reports_an_unreachable_upstream_as
     report = response.json()
     assert response.status_code == 200 and report["status"] == "degraded"
     assert report["backend"] == "openai" and report["model_name"] == "served-model"
-    assert report["upstream"] == down.config.base_url and report["upstream_status"].startswith("unavailable")
+    assert report["upstream"] == down.config.base_url and report["upstream_status"].startswith(
+        "unavailable"
+    )

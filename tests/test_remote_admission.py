@@ -38,7 +38,15 @@ def queue_name():
 def schedulers():
     made: list[ConcurrentScheduler] = []
 
-    def make(backend, name: str, *, capacity: int, max_running: int = 4, lease_seconds: float = 5, url=TEST_CACHE_URL):
+    def make(
+        backend,
+        name: str,
+        *,
+        capacity: int,
+        max_running: int = 4,
+        lease_seconds: float = 5,
+        url=TEST_CACHE_URL,
+    ):
         admission = RedisAdmission(url, name, capacity=capacity, lease_seconds=lease_seconds)
         scheduler = ConcurrentScheduler(backend, max_running=max_running, admission=admission)
         made.append(scheduler)
@@ -54,7 +62,9 @@ def positions(sink: Events) -> list[int]:
         return [e.position for e in sink.items if isinstance(e, Queued)]
 
 
-def test_two_processes_share_global_capacity_and_global_positions(fake, backend, queue_name, schedulers):
+def test_two_processes_share_global_capacity_and_global_positions(
+    fake, backend, queue_name, schedulers
+):
     """Capacity 2 across two schedulers with room for 4 each: two streams upstream, waiters numbered in one queue,
     and a slot freed in one process goes to the global head even when it belongs to the other."""
     remote = remote_for(fake, backend)
@@ -66,7 +76,9 @@ def test_two_processes_share_global_capacity_and_global_positions(fake, backend,
     before = len(fake.served)
     try:
         for scheduler, label in order:
-            tickets[label], placed[label] = scheduler.submit(remote.request(STORY, max_new_tokens=200), sinks[label])
+            tickets[label], placed[label] = scheduler.submit(
+                remote.request(STORY, max_new_tokens=200), sinks[label]
+            )
         assert placed == {"a1": 0, "b1": 0, "a2": 1, "b2": 2, "a3": 3}
         sinks["a1"].wait(TextChunk)
         sinks["b1"].wait(TextChunk)
@@ -74,9 +86,13 @@ def test_two_processes_share_global_capacity_and_global_positions(fake, backend,
         assert (a.running, a.waiting, b.running, b.waiting) == (1, 2, 1, 1)
 
         a.cancel(tickets["a2"])  # a waiter in process A: B's waiter moves up
-        assert fake.wait_for(lambda: positions(sinks["b2"])[-1:] == [1] and positions(sinks["a3"])[-1:] == [2])
+        assert fake.wait_for(
+            lambda: positions(sinks["b2"])[-1:] == [1] and positions(sinks["a3"])[-1:] == [2]
+        )
 
-        b.cancel(tickets["b1"])  # a slot frees in B: the global head (B's) starts, A's waiter is next
+        b.cancel(
+            tickets["b1"]
+        )  # a slot frees in B: the global head (B's) starts, A's waiter is next
         sinks["b2"].wait(TextChunk)
         assert fake.wait_for(lambda: positions(sinks["a3"])[-1:] == [1])
         assert not sinks["a3"].has(Started) and (a.running, b.running) == (1, 1)
@@ -92,7 +108,9 @@ def test_two_processes_share_global_capacity_and_global_positions(fake, backend,
             sink.wait(Finished)
 
 
-def test_a_dead_processes_tickets_expire_and_stop_blocking_the_queue(fake, backend, queue_name, schedulers):
+def test_a_dead_processes_tickets_expire_and_stop_blocking_the_queue(
+    fake, backend, queue_name, schedulers
+):
     """A process that died holding the only slot, and another that died waiting, block a live process only
     until their leases run out; then it streams."""
     dead = RedisAdmission(TEST_CACHE_URL, queue_name, capacity=1, lease_seconds=1)
@@ -113,11 +131,14 @@ def test_a_dead_processes_tickets_expire_and_stop_blocking_the_queue(fake, backe
     assert "ghost-running" not in names and "ghost-waiting" not in names
 
 
-def test_an_unreachable_redis_falls_back_to_the_per_process_limit(fake, backend, schedulers, caplog):
+def test_an_unreachable_redis_falls_back_to_the_per_process_limit(
+    fake, backend, schedulers, caplog
+):
     """With nobody at the Redis address the scheduler logs it and admits up to its own limit, in order."""
     remote = remote_for(fake, backend)
-    scheduler = schedulers(remote, "unreachable", capacity=5, max_running=1,
-                           url=f"redis://127.0.0.1:{free_port()}/0")
+    scheduler = schedulers(
+        remote, "unreachable", capacity=5, max_running=1, url=f"redis://127.0.0.1:{free_port()}/0"
+    )
     first, second = Events(), Events()
     with caplog.at_level(logging.WARNING, logger="chat.engine.concurrent"):
         _, p1 = scheduler.submit(remote.request(COUNT, max_new_tokens=3), first)

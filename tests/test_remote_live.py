@@ -24,15 +24,21 @@ def remote_daphne(fake, tmp_path_factory):
     from chat.liveserver import LiveServer
 
     server = LiveServer(
-        tmp_path_factory.mktemp("remote-live"), CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL, CHAT_BACKEND="openai",
-        CHAT_REMOTE_URL=fake.url, CHAT_REMOTE_MODEL=fake.model, CHAT_REMOTE_API_KEY="live-key",
+        tmp_path_factory.mktemp("remote-live"),
+        CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL,
+        CHAT_BACKEND="openai",
+        CHAT_REMOTE_URL=fake.url,
+        CHAT_REMOTE_MODEL=fake.model,
+        CHAT_REMOTE_API_KEY="live-key",
         CHAT_REMOTE_MAX_CONCURRENCY="2",
     ).start()
     yield server
     server.stop()
 
 
-async def test_a_daphne_on_the_remote_backend_streams_caches_and_cancels_upstream(remote_daphne, fake):
+async def test_a_daphne_on_the_remote_backend_streams_caches_and_cancels_upstream(
+    remote_daphne, fake
+):
     """Over a real socket: a streamed answer from the inference server, the same prompt again from the
     cache with no upstream request, and a Stop that closes the upstream stream and stops its model."""
     status, health = remote_daphne.health()
@@ -47,7 +53,15 @@ async def test_a_daphne_on_the_remote_backend_streams_caches_and_cancels_upstrea
         await ws.send(json.dumps({"type": "prompt", "request_id": "b", "text": prompt}))
         again = await receive_until_done(ws, "b")
 
-        await ws.send(json.dumps({"type": "prompt", "request_id": "c", "text": "Write a very long story about a dragon."}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "prompt",
+                    "request_id": "c",
+                    "text": "Write a very long story about a dragon.",
+                }
+            )
+        )
         while json.loads(await ws.recv())["type"] != "chunk":
             pass
         stopped_upstream = fake.served[-1]
@@ -58,13 +72,27 @@ async def test_a_daphne_on_the_remote_backend_streams_caches_and_cancels_upstrea
     assert [e["type"] for e in first][0] == "accepted" and done["type"] == "done"
     assert sum(e["type"] == "chunk" for e in first) > 3
     assert "".join(e["text"] for e in first if e["type"] == "chunk") == done["text"]
-    assert done["finish_reason"] == "eos" and done["text"].startswith("1, 2") and done["cached"] is False
+    assert (
+        done["finish_reason"] == "eos"
+        and done["text"].startswith("1, 2")
+        and done["cached"] is False
+    )
     assert done["metrics"]["new_tokens"] == fake.served[upstream_requests - 1].new_tokens
-    assert fake.served[upstream_requests - 1].body["messages"][-1] == {"role": "user", "content": prompt}
+    assert fake.served[upstream_requests - 1].body["messages"][-1] == {
+        "role": "user",
+        "content": prompt,
+    }
 
-    assert again[-1]["type"] == "done" and again[-1]["cached"] is True and again[-1]["text"] == done["text"]
+    assert (
+        again[-1]["type"] == "done"
+        and again[-1]["cached"] is True
+        and again[-1]["text"] == done["text"]
+    )
 
     assert cancelled[-1]["type"] == "done" and cancelled[-1]["finish_reason"] == "cancelled"
     assert fake.wait_for(stopped_upstream.done.is_set)
-    assert stopped_upstream.client_gone_at is not None and stopped_upstream.finish_reason == "cancelled"
+    assert (
+        stopped_upstream.client_gone_at is not None
+        and stopped_upstream.finish_reason == "cancelled"
+    )
     assert len(fake.served) == upstream_requests + 1  # the cached answer never went upstream

@@ -54,7 +54,9 @@ def test_a_restarted_server_keeps_history_and_the_page_reconnects_by_itself(page
     page.click("#send")
     after = page.locator(".message.assistant").last
     expect(after).to_have_attribute("data-state", "done", timeout=60_000)
-    expect(after.locator(".text")).to_have_text(re.compile(r"^1, 2, 3"))  # the context may make it go on to 10
+    expect(after.locator(".text")).to_have_text(
+        re.compile(r"^1, 2, 3")
+    )  # the context may make it go on to 10
     after_text = after.locator(".text").inner_text()
     assert page.url == conversation_url  # the same conversation went on
 

@@ -35,12 +35,17 @@ def database_url():
 @pytest.fixture(scope="module")
 def servers(database_url, tmp_path_factory):
     """Processes A and B: one database, one Redis for the channel layer, one for the cache."""
-    env = {"CHAT_CACHE_REDIS_URL": LIVE_CACHE_URL, "CHAT_TORCH_THREADS": "1",
-           "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")}
+    env = {
+        "CHAT_CACHE_REDIS_URL": LIVE_CACHE_URL,
+        "CHAT_TORCH_THREADS": "1",
+        "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+    }
     workdir = tmp_path_factory.mktemp("scaleout")
     started = []
     try:
-        for _ in range(2):  # one after the other: the second one's migrate finds the schema in place
+        for _ in range(
+            2
+        ):  # one after the other: the second one's migrate finds the schema in place
             started.append(LiveServer(workdir, database_url=database_url, **env).start())
         yield started
     finally:
@@ -61,11 +66,21 @@ class Visitor:
         self.cookie = f"sessionid={self.session}; csrftoken={self.csrf}"
 
     def socket(self, server: LiveServer):
-        return websockets.connect(server.ws_url, origin=server.url, additional_headers={"Cookie": self.cookie})
+        return websockets.connect(
+            server.ws_url, origin=server.url, additional_headers={"Cookie": self.cookie}
+        )
 
     def post(self, server: LiveServer, path: str, body: dict) -> tuple[int, dict]:
-        request = urllib.request.Request(server.url + path, data=json.dumps(body).encode(), method="POST", headers={
-            "Content-Type": "application/json", "Cookie": self.cookie, "X-CSRFToken": self.csrf})
+        request = urllib.request.Request(
+            server.url + path,
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={
+                "Content-Type": "application/json",
+                "Cookie": self.cookie,
+                "X-CSRFToken": self.csrf,
+            },
+        )
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
                 return response.status, json.load(response)
@@ -139,7 +154,9 @@ async def test_post_api_chat_cancel_on_the_other_process_stops_the_turn(servers)
     visitor = Visitor(b)
     async with visitor.socket(a) as on_a:
         accepted = await first_chunk(on_a, LONG)
-        status, ack = await asyncio.to_thread(visitor.post, b, "/api/chat/cancel", {"message": accepted["message"]})
+        status, ack = await asyncio.to_thread(
+            visitor.post, b, "/api/chat/cancel", {"message": accepted["message"]}
+        )
         assert status == 200 and ack["result"] == "sent"
         done = (await receive_until(on_a, "done"))[-1]
     assert done["finish_reason"] == "cancelled"
@@ -152,10 +169,14 @@ async def test_another_visitors_cancel_on_the_other_process_does_not_stop_the_tu
     owner, stranger = Visitor(a), Visitor(b)
     async with owner.socket(a) as on_a, stranger.socket(b) as on_b:
         accepted = await first_chunk(on_a, SHORT)
-        await on_b.send(json.dumps({"type": "cancel", "request_id": "x", "message": accepted["message"]}))
+        await on_b.send(
+            json.dumps({"type": "cancel", "request_id": "x", "message": accepted["message"]})
+        )
         error = await receive(on_b)
         assert (error["type"], error["code"]) == ("error", "unknown_request")
-        status, refused = await asyncio.to_thread(stranger.post, b, "/api/chat/cancel", {"message": accepted["message"]})
+        status, refused = await asyncio.to_thread(
+            stranger.post, b, "/api/chat/cancel", {"message": accepted["message"]}
+        )
         assert status == 404 and refused["code"] == "unknown_request"
         done = (await receive_until(on_a, "done"))[-1]
     assert done["finish_reason"] == "eos"
@@ -166,15 +187,25 @@ def test_closing_an_sse_stream_under_daphne_cancels_the_turn(servers):
     a, b = servers
     visitor = Visitor(a)
     connection = http.client.HTTPConnection("127.0.0.1", a.port, timeout=60)
-    connection.request("POST", "/api/chat/stream", body=json.dumps({"text": LONG}), headers={
-        "Content-Type": "application/json", "Cookie": visitor.cookie, "X-CSRFToken": visitor.csrf})
+    connection.request(
+        "POST",
+        "/api/chat/stream",
+        body=json.dumps({"text": LONG}),
+        headers={
+            "Content-Type": "application/json",
+            "Cookie": visitor.cookie,
+            "X-CSRFToken": visitor.csrf,
+        },
+    )
     response = connection.getresponse()
-    assert response.status == 200 and response.getheader("Content-Type").startswith("text/event-stream")
+    assert response.status == 200 and response.getheader("Content-Type").startswith(
+        "text/event-stream"
+    )
     events = []
     while not any(e["type"] == "chunk" for e in events):
         line = response.readline().decode()
         if line.startswith("data: "):
-            events.append(json.loads(line[len("data: "):]))
+            events.append(json.loads(line[len("data: ") :]))
     connection.close()
     accepted = events[0]
     for _ in range(600):

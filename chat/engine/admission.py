@@ -92,7 +92,13 @@ class RedisAdmission:
         self.lease_ms = int(lease_seconds * 1000)
         self.client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=2)
         prefix = f"chat:admission:{name}"
-        self.keys = [f"{prefix}:queue", f"{prefix}:running", f"{prefix}:leases", f"{prefix}:seq", f"{prefix}:moved"]
+        self.keys = [
+            f"{prefix}:queue",
+            f"{prefix}:running",
+            f"{prefix}:leases",
+            f"{prefix}:seq",
+            f"{prefix}:moved",
+        ]
         self._admit = self.client.register_script(_ADMIT)
         self._release = self.client.register_script(_RELEASE)
         self._pubsub = None
@@ -141,4 +147,9 @@ class RedisAdmission:
         self.client.close()
 
     def _call(self, join: int, ids: list[str], room: int) -> list[int]:
-        return [int(v) for v in self._admit(keys=self.keys, args=[self.lease_ms, self.capacity, room, join, *ids])]
+        return [
+            int(v)
+            for v in self._admit(
+                keys=self.keys, args=[self.lease_ms, self.capacity, room, join, *ids]
+            )
+        ]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from transformers import (
@@ -16,9 +16,9 @@ from transformers import (
     StopStringCriteria,
 )
 
+from .batching import BatchStoppingCriteria, BatchStreamer, Row, finish_reason, left_pad
 from .eos import token_id
 from .loading import EngineConfig, Progress, weights_fingerprint
-from .batching import BatchStoppingCriteria, BatchStreamer, Row, finish_reason, left_pad
 from .stopping import StopStringHoldback
 from .types import GenerationRequest, GenerationResult, PromptTooLong
 
@@ -70,7 +70,9 @@ class LocalBackend:
         self._stop_lock = threading.Lock()
 
     @classmethod
-    def from_folder(cls, folder: str | Path, config: EngineConfig, progress: Progress = log.info) -> "LocalBackend":
+    def from_folder(
+        cls, folder: str | Path, config: EngineConfig, progress: Progress = log.info
+    ) -> LocalBackend:
         folder = Path(folder)
         if config.threads:
             torch.set_num_threads(config.threads)
@@ -88,7 +90,9 @@ class LocalBackend:
 
     def render(self, messages: list[dict]) -> str:
         """The exact model input for a conversation, via the tokenizer's chat template."""
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
 
     def encode(self, rendered: str) -> list[int]:
         return self.tokenizer(rendered, add_special_tokens=False)["input_ids"]
@@ -121,25 +125,36 @@ class LocalBackend:
 
     # -- generation -----------------------------------------------------------
 
-    def generate(self, request: GenerationRequest, on_text: OnText = lambda _text: None) -> GenerationResult:
+    def generate(
+        self, request: GenerationRequest, on_text: OnText = lambda _text: None
+    ) -> GenerationResult:
         """Generate one answer in the calling thread, handing visible text to `on_text`.
 
         The text handed out, concatenated, is exactly `result.text`.
         """
         return self.generate_batch([request], [on_text])[0]
 
-    def generate_batch(self, requests: list[GenerationRequest], on_texts: list[OnText]) -> list[GenerationResult]:
+    def generate_batch(
+        self, requests: list[GenerationRequest], on_texts: list[OnText]
+    ) -> list[GenerationResult]:
         """Generate several answers in one left-padded `generate` call, each streamed and stopped on its own.
 
         All requests must share their sampling settings (see `batch_signature`); a
         constrained (json_schema) request must be alone.
         """
         rows = []
-        for request, on_text in zip(requests, on_texts):
+        for request, on_text in zip(requests, on_texts, strict=True):
             max_new = max(1, min(request.max_new_tokens, self.config.max_new_tokens_cap))
             self.check_fits(len(request.input_ids), max_new)
-            rows.append(Row(request, on_text, max_new, frozenset([*self.eos_token_ids, *request.eos_token_ids]),
-                            StopStringHoldback(request.stop_strings)))
+            rows.append(
+                Row(
+                    request,
+                    on_text,
+                    max_new,
+                    frozenset([*self.eos_token_ids, *request.eos_token_ids]),
+                    StopStringHoldback(request.stop_strings),
+                )
+            )
         head = requests[0]
         sampling = (
             {"do_sample": True, "temperature": head.temperature, "top_p": head.top_p}
@@ -156,7 +171,11 @@ class LocalBackend:
             ]
         if any(r.min_new_tokens for r in requests):
             sampling["min_new_tokens"] = max(r.min_new_tokens for r in requests)
-        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+        pad_id = (
+            self.tokenizer.pad_token_id
+            if self.tokenizer.pad_token_id is not None
+            else self.eos_token_ids[0]
+        )
         input_ids, attention_mask = left_pad([r.input_ids for r in requests], pad_id, self.device)
         started = time.perf_counter()
         with torch.inference_mode():
@@ -176,15 +195,17 @@ class LocalBackend:
         results = []
         for row in rows:
             row.flush()
-            results.append(GenerationResult(
-                text="".join(row.shown),
-                finish_reason=finish_reason(row),
-                new_tokens=len(row.new_ids),
-                prompt_tokens=len(row.request.input_ids),
-                started_at=started,
-                first_token_at=row.first_token_at,
-                finished_at=finished,
-            ))
+            results.append(
+                GenerationResult(
+                    text="".join(row.shown),
+                    finish_reason=finish_reason(row),
+                    new_tokens=len(row.new_ids),
+                    prompt_tokens=len(row.request.input_ids),
+                    started_at=started,
+                    first_token_at=row.first_token_at,
+                    finished_at=finished,
+                )
+            )
         return results
 
     def stop_string_criteria(self, stop_strings: tuple[str, ...]) -> StopStringCriteria:
@@ -196,7 +217,9 @@ class LocalBackend:
         with self._stop_lock:
             criteria = self._stop_criteria.get(stop_strings)
             if criteria is None:
-                criteria = self._stop_criteria[stop_strings] = StopStringCriteria(self.tokenizer, list(stop_strings))
+                criteria = self._stop_criteria[stop_strings] = StopStringCriteria(
+                    self.tokenizer, list(stop_strings)
+                )
             return criteria
 
     @staticmethod
@@ -205,10 +228,3 @@ class LocalBackend:
         if request.json_schema is not None:
             return None
         return (request.temperature, request.top_p) if request.temperature > 0 else ("greedy",)
-        if hit_stop_string:
-            return "stop_string"
-        if request.cancel.is_set():
-            return "cancelled"
-        if len(new_ids) >= max_new:
-            return "length"
-        return "eos"

@@ -9,8 +9,8 @@ and its max_new_tokens; a finished row's later (padding) tokens are ignored.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from transformers import StoppingCriteria, StopStringCriteria
@@ -65,7 +65,9 @@ class BatchStreamer(BaseStreamer):
         self.decoders = []
         for row in rows:
             decoder = TextStreamer(tokenizer, skip_prompt=False, skip_special_tokens=True)
-            decoder.on_finalized_text = (lambda r: lambda text, stream_end=False: text and r.emit(text))(row)
+            decoder.on_finalized_text = (
+                lambda r: lambda text, stream_end=False: text and r.emit(text)
+            )(row)
             self.decoders.append(decoder)
         self._prompt_seen = False
         self._step = 0
@@ -97,8 +99,12 @@ class BatchStoppingCriteria(StoppingCriteria):
     so the backend hands out cached ones.
     """
 
-    def __init__(self, stop_criteria: Callable[[tuple[str, ...]], StopStringCriteria], rows: list[Row],
-                 prompt_width: int):
+    def __init__(
+        self,
+        stop_criteria: Callable[[tuple[str, ...]], StopStringCriteria],
+        rows: list[Row],
+        prompt_width: int,
+    ):
         self.rows = rows
         self.prompt_width = prompt_width
         groups: dict[tuple[str, ...], list[int]] = {}
@@ -108,7 +114,9 @@ class BatchStoppingCriteria(StoppingCriteria):
         self.stop_groups = [(stop_criteria(stops), indices) for stops, indices in groups.items()]
         self.cancelled = CancelledCriteria([row.request.cancel for row in rows])
 
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
+    def __call__(
+        self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs
+    ) -> torch.BoolTensor:
         new = input_ids.shape[1] - self.prompt_width
         last = input_ids[:, -1].tolist()
         stop_hits = [False] * len(self.rows)
@@ -121,9 +129,18 @@ class BatchStoppingCriteria(StoppingCriteria):
             if row.stop_len is not None:
                 continue
             row.hit_stop_string = stop_hits[index]
-            if cancelled[index] or stop_hits[index] or last[index] in row.eos_ids or new >= row.max_new:
+            if (
+                cancelled[index]
+                or stop_hits[index]
+                or last[index] in row.eos_ids
+                or new >= row.max_new
+            ):
                 row.stop_len = new
-        return torch.tensor([row.stop_len is not None for row in self.rows], dtype=torch.bool, device=input_ids.device)
+        return torch.tensor(
+            [row.stop_len is not None for row in self.rows],
+            dtype=torch.bool,
+            device=input_ids.device,
+        )
 
 
 def finish_reason(row: Row) -> str:
@@ -145,6 +162,6 @@ def left_pad(sequences: list[list[int]], pad_id: int, device) -> tuple[torch.Ten
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(sequences), width), dtype=torch.long)
     for index, sequence in enumerate(sequences):
-        ids[index, width - len(sequence):] = torch.tensor(sequence)
-        mask[index, width - len(sequence):] = 1
+        ids[index, width - len(sequence) :] = torch.tensor(sequence)
+        mask[index, width - len(sequence) :] = 1
     return ids.to(device), mask.to(device)

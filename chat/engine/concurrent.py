@@ -70,7 +70,9 @@ class ConcurrentScheduler:
         self._lock = threading.Lock()
         self._numbers = itertools.count(1)
         self._closed = False
-        self._pool = ThreadPoolExecutor(max_workers=self.max_running, thread_name_prefix="remote-stream")
+        self._pool = ThreadPoolExecutor(
+            max_workers=self.max_running, thread_name_prefix="remote-stream"
+        )
         self._admission = admission
         self._global = admission is not None  # False while Redis is unreachable
         self._down = admission.errors if admission is not None else ()
@@ -85,7 +87,9 @@ class ConcurrentScheduler:
     def unexpect(self) -> None:
         """See `expect`."""
 
-    def submit(self, request: GenerationRequest, sink: Sink, *, expected: bool = False) -> tuple[Ticket, int]:
+    def submit(
+        self, request: GenerationRequest, sink: Sink, *, expected: bool = False
+    ) -> tuple[Ticket, int]:
         """Start `request` now if a slot is free, else queue it; returns its ticket and queue position."""
         with self._lock:
             if self._closed:
@@ -142,15 +146,21 @@ class ConcurrentScheduler:
         if len(self._running) < self.max_running and not self._waiting:
             return 0
         if len(self._waiting) >= self.max_waiting:
-            raise QueueFull(f"the server is busy: {len(self._waiting)} answers are waiting; try again shortly")
+            raise QueueFull(
+                f"the server is busy: {len(self._waiting)} answers are waiting; try again shortly"
+            )
         return len(self._waiting) + 1
 
     def _place_global(self, ticket: RemoteTicket) -> int:
         if len(self._waiting) >= self.max_waiting:
-            raise QueueFull(f"the server is busy: {len(self._waiting)} answers are waiting; try again shortly")
+            raise QueueFull(
+                f"the server is busy: {len(self._waiting)} answers are waiting; try again shortly"
+            )
         ticket.admission_id = self._admission.new_id()
         try:
-            return self._admission.join(ticket.admission_id, room=self.max_running - len(self._running))
+            return self._admission.join(
+                ticket.admission_id, room=self.max_running - len(self._running)
+            )
         except self._down as exc:
             ticket.admission_id = None
             self._fall_back(exc)
@@ -159,8 +169,12 @@ class ConcurrentScheduler:
     def _fall_back(self, exc: Exception) -> None:
         """Redis is away: admit by this process's own limit (called with the lock held)."""
         if self._global:
-            log.warning("the shared admission queue in Redis is unreachable (%s); admitting up to %d streams "
-                        "in this process alone until it answers again", exc, self.max_running)
+            log.warning(
+                "the shared admission queue in Redis is unreachable (%s); admitting up to %d streams "
+                "in this process alone until it answers again",
+                exc,
+                self.max_running,
+            )
         self._global = False
 
     def _release(self, ticket: RemoteTicket) -> None:
@@ -195,11 +209,15 @@ class ConcurrentScheduler:
                 return
             runners = [t for t in self._running if t.admission_id]
             waiters = list(self._waiting)
-            results = self._admission.admit([t.admission_id for t in runners + waiters],
-                                            room=self.max_running - len(self._running))
+            results = self._admission.admit(
+                [t.admission_id for t in runners + waiters],
+                room=self.max_running - len(self._running),
+            )
             promoted, moved = [], []
-            for ticket, position in zip(waiters, results[len(runners):]):
-                if position == -1:  # our lease lapsed (this process stalled): queue again, at the back
+            for ticket, position in zip(waiters, results[len(runners) :], strict=True):
+                if (
+                    position == -1
+                ):  # our lease lapsed (this process stalled): queue again, at the back
                     position = self._admission.join(ticket.admission_id, room=0)
                 if position == 0:
                     self._waiting.remove(ticket)

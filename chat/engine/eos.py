@@ -42,17 +42,25 @@ def template_end_marker(tokenizer) -> str | None:
     after = rendered.split(_SENTINEL, 1)[1] if _SENTINEL in rendered else ""
     marker = after.strip().split()[0] if after.strip() else ""
     # Only a special token is a reliable marker; plain text after the answer is formatting.
-    return marker if marker in tokenizer.all_special_tokens or marker in tokenizer.get_added_vocab() else None
+    return (
+        marker
+        if marker in tokenizer.all_special_tokens or marker in tokenizer.get_added_vocab()
+        else None
+    )
 
 
 def eos_report(tokenizer, generation_config) -> EosReport:
     configured = generation_config.eos_token_id
-    gen_ids = [i for i in (configured if isinstance(configured, list) else [configured]) if i is not None]
+    gen_ids = [
+        i for i in (configured if isinstance(configured, list) else [configured]) if i is not None
+    ]
     marker = template_end_marker(tokenizer)
     marker_id = tokenizer.convert_tokens_to_ids(marker) if marker else None
     report = EosReport(tokenizer.eos_token, tokenizer.eos_token_id, gen_ids, marker, marker_id)
     if not gen_ids:
-        report.problems.append("generation_config has no eos_token_id: the model can only stop at max_new_tokens")
+        report.problems.append(
+            "generation_config has no eos_token_id: the model can only stop at max_new_tokens"
+        )
     if tokenizer.eos_token_id is not None and gen_ids and tokenizer.eos_token_id not in gen_ids:
         report.problems.append(
             f"tokenizer eos {tokenizer.eos_token!r} (id {tokenizer.eos_token_id}) is not in generation_config's eos ids {gen_ids}"
@@ -74,5 +82,7 @@ def load_eos_report(model_dir) -> EosReport:
     except OSError:
         from transformers import AutoConfig
 
-        generation_config = GenerationConfig.from_model_config(AutoConfig.from_pretrained(str(model_dir)))
+        generation_config = GenerationConfig.from_model_config(
+            AutoConfig.from_pretrained(str(model_dir))
+        )
     return eos_report(tokenizer, generation_config)

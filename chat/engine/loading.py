@@ -9,9 +9,9 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,9 @@ def ensure_default_model(data_dir: str | os.PathLike, progress: Progress = log.i
     return target
 
 
-def weights_fingerprint(model_dir: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> str:
+def weights_fingerprint(
+    model_dir: str | os.PathLike, cache_dir: str | os.PathLike | None = None
+) -> str:
     """sha256 over the weight files, cached by (path, size, mtime) so restarts stay fast."""
     model_dir = Path(model_dir)
     files = sorted(
@@ -145,7 +147,9 @@ def resolve_model_dir(config: EngineConfig, progress: Progress = log.info) -> Pa
     if config.model_path:
         path = Path(config.model_path)
         if not (path / "config.json").is_file():
-            raise ModelNotFound(f"CHAT_MODEL_PATH={path} is not a Hugging Face model folder (no config.json)")
+            raise ModelNotFound(
+                f"CHAT_MODEL_PATH={path} is not a Hugging Face model folder (no config.json)"
+            )
         return path
     return ensure_default_model(config.data_dir, progress)
 

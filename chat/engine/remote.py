@@ -25,10 +25,10 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 from urllib.parse import urlsplit
 
 from .stopping import StopStringHoldback
@@ -41,7 +41,9 @@ OnText = Callable[[str], None]
 # How often a stream's cancel watcher looks whether the stream ended by itself; a cancel wakes it at once.
 _WATCH_SECONDS = 0.05
 # vLLM: "maximum context length is"; OpenAI: code context_length_exceeded; TGI: "must be <= N".
-_CONTEXT_ERROR = re.compile(r"context[ _]length|maximum context|must be <=|too many tokens|prompt is too long", re.I)
+_CONTEXT_ERROR = re.compile(
+    r"context[ _]length|maximum context|must be <=|too many tokens|prompt is too long", re.I
+)
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,9 @@ class OpenAIBackend:
         self.tokenizer = tokenizer
         self.model_id = config.model
         # The weights live on the server; its URL and model name are what identify them here.
-        self.fingerprint = hashlib.sha256(f"{config.base_url.rstrip('/')}\n{config.model}".encode()).hexdigest()
+        self.fingerprint = hashlib.sha256(
+            f"{config.base_url.rstrip('/')}\n{config.model}".encode()
+        ).hexdigest()
         # Unknown context: never refuse locally; the server's own check answers.
         self.context_length = config.context_length or 1 << 62
         eos = getattr(tokenizer, "eos_token_id", None)
@@ -96,7 +100,9 @@ class OpenAIBackend:
         self._path = url.path.rstrip("/")
 
     @classmethod
-    def from_config(cls, config: RemoteConfig, progress: Callable[[str], None] = log.info) -> "OpenAIBackend":
+    def from_config(
+        cls, config: RemoteConfig, progress: Callable[[str], None] = log.info
+    ) -> OpenAIBackend:
         tokenizer = None
         if config.tokenizer_path:
             from transformers import AutoTokenizer
@@ -118,7 +124,9 @@ class OpenAIBackend:
         """Token ids of the prompt as the local tokenizer's chat template renders it; [] without a tokenizer."""
         if self.tokenizer is None:
             return []
-        text = self.tokenizer.apply_chat_template(json.loads(rendered), tokenize=False, add_generation_prompt=True)
+        text = self.tokenizer.apply_chat_template(
+            json.loads(rendered), tokenize=False, add_generation_prompt=True
+        )
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def token_count(self, text: str) -> int:
@@ -133,7 +141,9 @@ class OpenAIBackend:
     def request(self, messages: list[dict], **options) -> GenerationRequest:
         """A request for `messages` (convenience for plain Python)."""
         options.setdefault("max_new_tokens", min(256, self.config.max_new_tokens_cap))
-        return GenerationRequest(input_ids=self.encode(self.render(messages)), messages=messages, **options)
+        return GenerationRequest(
+            input_ids=self.encode(self.render(messages)), messages=messages, **options
+        )
 
     def token_id(self, token: str) -> int | None:
         """Id of a single token in the local tokenizer, or None (then it cannot be sent as a stop token)."""
@@ -146,7 +156,7 @@ class OpenAIBackend:
     # -- health ---------------------------------------------------------------
 
     def probe(self, timeout: float = 1.0) -> str:
-        """"ok" when `GET {base}/models` answers and lists our model, else what is wrong."""
+        """ "ok" when `GET {base}/models` answers and lists our model, else what is wrong."""
         connection = self._connection(timeout)
         try:
             connection.request("GET", f"{self._path}/models", headers=self._headers())
@@ -170,21 +180,31 @@ class OpenAIBackend:
         """None: the server batches by itself, so requests never share a call here."""
         return None
 
-    def generate_batch(self, requests: list[GenerationRequest], on_texts: list[OnText]) -> list[GenerationResult]:
+    def generate_batch(
+        self, requests: list[GenerationRequest], on_texts: list[OnText]
+    ) -> list[GenerationResult]:
         """Stream each request on its own connection, all at once; results in request order."""
         if len(requests) == 1:
             return [self.generate(requests[0], on_texts[0])]
-        with ThreadPoolExecutor(max_workers=len(requests), thread_name_prefix="remote-batch") as pool:
-            futures = [pool.submit(self.generate, r, t) for r, t in zip(requests, on_texts)]
+        with ThreadPoolExecutor(
+            max_workers=len(requests), thread_name_prefix="remote-batch"
+        ) as pool:
+            futures = [
+                pool.submit(self.generate, r, t) for r, t in zip(requests, on_texts, strict=True)
+            ]
             return [f.result() for f in futures]
 
-    def generate(self, request: GenerationRequest, on_text: OnText = lambda _text: None) -> GenerationResult:
+    def generate(
+        self, request: GenerationRequest, on_text: OnText = lambda _text: None
+    ) -> GenerationResult:
         """Stream one answer in the calling thread, handing visible text to `on_text`.
 
         The text handed out, concatenated, is exactly `result.text`.
         """
         if request.messages is None:
-            raise EngineError("a remote request needs its chat messages (GenerationRequest.messages)")
+            raise EngineError(
+                "a remote request needs its chat messages (GenerationRequest.messages)"
+            )
         max_new = max(1, min(request.max_new_tokens, self.config.max_new_tokens_cap))
         if request.input_ids:
             self.check_fits(len(request.input_ids), max_new)
@@ -204,7 +224,9 @@ class OpenAIBackend:
         if request.stop_strings:
             body["stop"] = list(request.stop_strings)
         if request.eos_token_ids:
-            body["stop_token_ids"] = list(request.eos_token_ids)  # vLLM's extension; asked for only by policy
+            body["stop_token_ids"] = list(
+                request.eos_token_ids
+            )  # vLLM's extension; asked for only by policy
         if request.min_new_tokens:
             body["min_tokens"] = request.min_new_tokens  # vLLM's extension
         if request.json_schema is not None:
@@ -221,7 +243,11 @@ class OpenAIBackend:
         return headers
 
     def _connection(self, timeout: float) -> http.client.HTTPConnection:
-        kind = http.client.HTTPSConnection if self._url.scheme == "https" else http.client.HTTPConnection
+        kind = (
+            http.client.HTTPSConnection
+            if self._url.scheme == "https"
+            else http.client.HTTPConnection
+        )
         return kind(self._url.hostname, self._url.port, timeout=timeout)
 
 
@@ -240,7 +266,9 @@ def _with_context_from(config: RemoteConfig, folder: Path) -> RemoteConfig:
 class _Stream:
     """One streamed completion: send, read SSE events, hold back stop strings, map the end."""
 
-    def __init__(self, backend: OpenAIBackend, request: GenerationRequest, on_text: OnText, max_new: int):
+    def __init__(
+        self, backend: OpenAIBackend, request: GenerationRequest, on_text: OnText, max_new: int
+    ):
         self.backend = backend
         self.request = request
         self.on_text = on_text
@@ -263,24 +291,34 @@ class _Stream:
             try:
                 connection.connect()
                 sock = connection.sock  # kept: getresponse() may hand the socket to the response
-                threading.Thread(target=self._watch_cancel, args=(sock,), name="remote-cancel", daemon=True).start()
+                threading.Thread(
+                    target=self._watch_cancel, args=(sock,), name="remote-cancel", daemon=True
+                ).start()
                 body = json.dumps(backend._body(self.request, self.max_new)).encode()
-                connection.request("POST", f"{backend._path}/chat/completions", body=body,
-                                   headers={**backend._headers(), "Content-Type": "application/json"})
+                connection.request(
+                    "POST",
+                    f"{backend._path}/chat/completions",
+                    body=body,
+                    headers={**backend._headers(), "Content-Type": "application/json"},
+                )
                 response = connection.getresponse()
                 if response.status != 200:
                     raise _http_error(response, target)
                 self._read(response)
-            except (socket.timeout, TimeoutError):
+            except TimeoutError:
                 if not self.request.cancel.is_set():
                     raise EngineError(
                         f"the inference server at {target} sent nothing for {backend.config.timeout:g} s"
                     ) from None
             except ConnectionRefusedError:
-                raise EngineError(f"the inference server at {target} refused the connection (is it running?)") from None
+                raise EngineError(
+                    f"the inference server at {target} refused the connection (is it running?)"
+                ) from None
             except (OSError, http.client.HTTPException) as exc:
                 if not self.request.cancel.is_set():
-                    raise EngineError(f"the connection to the inference server at {target} failed: {exc}") from None
+                    raise EngineError(
+                        f"the connection to the inference server at {target} failed: {exc}"
+                    ) from None
         finally:
             self._ended.set()
             connection.close()
@@ -329,14 +367,20 @@ class _Stream:
             self._event(payload)
             if self.holdback.stopped:
                 return  # the server streamed one of our stop strings: nothing after it is wanted
-        if not self.request.cancel.is_set() and self.upstream_finish is None and not self.holdback.stopped:
+        if (
+            not self.request.cancel.is_set()
+            and self.upstream_finish is None
+            and not self.holdback.stopped
+        ):
             raise EngineError("the inference server closed the stream before the answer ended")
 
     def _event(self, payload: str) -> None:
         try:
             event = json.loads(payload)
         except ValueError:
-            raise EngineError(f"the inference server sent a malformed event: {payload[:200]!r}") from None
+            raise EngineError(
+                f"the inference server sent a malformed event: {payload[:200]!r}"
+            ) from None
         if not isinstance(event, dict):
             raise EngineError(f"the inference server sent a malformed event: {payload[:200]!r}")
         if "error" in event:  # vLLM reports a failure mid-stream this way
@@ -392,9 +436,17 @@ def _http_error(response: http.client.HTTPResponse, target: str) -> EngineError:
         payload = raw.strip()[:300]
     message = _error_message(payload)
     error = payload.get("error") if isinstance(payload, dict) else None
-    code = error.get("code") if isinstance(error, dict) else None  # OpenAI: "context_length_exceeded"
-    if response.status in (400, 413, 422) and (code == "context_length_exceeded" or _CONTEXT_ERROR.search(message)):
+    code = (
+        error.get("code") if isinstance(error, dict) else None
+    )  # OpenAI: "context_length_exceeded"
+    if response.status in (400, 413, 422) and (
+        code == "context_length_exceeded" or _CONTEXT_ERROR.search(message)
+    ):
         return PromptTooLong(f"the prompt is too long for the model: {message}")
     if response.status in (401, 403):
-        return EngineError(f"the inference server refused our credentials (HTTP {response.status}): {message}")
-    return EngineError(f"the inference server at {target} answered HTTP {response.status}: {message}")
+        return EngineError(
+            f"the inference server refused our credentials (HTTP {response.status}): {message}"
+        )
+    return EngineError(
+        f"the inference server at {target} answered HTTP {response.status}: {message}"
+    )

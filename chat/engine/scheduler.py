@@ -15,8 +15,8 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from .types import (
     Failed,
@@ -47,7 +47,11 @@ class Ticket:
 def finish_cancelled(ticket: Ticket) -> None:
     """Tell a request that never ran (or never will) that it ended, cancelled, with no text."""
     now = time.perf_counter()
-    ticket.sink(Finished(GenerationResult("", "cancelled", 0, len(ticket.request.input_ids), now, None, now)))
+    ticket.sink(
+        Finished(
+            GenerationResult("", "cancelled", 0, len(ticket.request.input_ids), now, None, now)
+        )
+    )
 
 
 class Scheduler:
@@ -95,11 +99,15 @@ class Scheduler:
             self._incoming = max(0, self._incoming - 1)
             self._cond.notify()
 
-    def submit(self, request: GenerationRequest, sink: Sink, *, expected: bool = False) -> tuple[Ticket, int]:
+    def submit(
+        self, request: GenerationRequest, sink: Sink, *, expected: bool = False
+    ) -> tuple[Ticket, int]:
         """Queue `request`; returns its ticket and how many requests are ahead of it."""
         with self._cond:
             if len(self._waiting) >= self.max_waiting:
-                raise QueueFull(f"the server is busy: {len(self._waiting)} answers are waiting; try again shortly")
+                raise QueueFull(
+                    f"the server is busy: {len(self._waiting)} answers are waiting; try again shortly"
+                )
             if expected:
                 self._incoming = max(0, self._incoming - 1)
             ticket = Ticket(request, sink, number=next(self._numbers))
@@ -200,9 +208,12 @@ class Scheduler:
         try:
             results = self.backend.generate_batch([t.request for t in live], on_texts)
         except Exception as exc:  # the queue must go on whatever one request does
-            log.exception("generation failed for %s", ", ".join(t.request.label or str(t.number) for t in live))
+            log.exception(
+                "generation failed for %s",
+                ", ".join(t.request.label or str(t.number) for t in live),
+            )
             for ticket in live:
                 ticket.sink(Failed(error=f"{type(exc).__name__}: {exc}", at=time.perf_counter()))
             return
-        for ticket, result in zip(live, results):
+        for ticket, result in zip(live, results, strict=True):
             ticket.sink(Finished(result))

@@ -26,10 +26,19 @@ class CancelledCriteria(StoppingCriteria):
     def __init__(self, events: threading.Event | list[threading.Event]):
         self.events = events
 
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
+    def __call__(
+        self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs
+    ) -> torch.BoolTensor:
         if isinstance(self.events, threading.Event):
-            return torch.full((input_ids.shape[0],), self.events.is_set(), dtype=torch.bool, device=input_ids.device)
-        return torch.tensor([event.is_set() for event in self.events], dtype=torch.bool, device=input_ids.device)
+            return torch.full(
+                (input_ids.shape[0],),
+                self.events.is_set(),
+                dtype=torch.bool,
+                device=input_ids.device,
+            )
+        return torch.tensor(
+            [event.is_set() for event in self.events], dtype=torch.bool, device=input_ids.device
+        )
 
 
 class StopStringHoldback:
@@ -55,14 +64,16 @@ class StopStringHoldback:
         if not self.stop_strings:
             return text
         self._pending += text
-        cut = min((i for i in (self._pending.find(s) for s in self.stop_strings) if i >= 0), default=-1)
+        cut = min(
+            (i for i in (self._pending.find(s) for s in self.stop_strings) if i >= 0), default=-1
+        )
         if cut >= 0:
             self.stopped = True
             visible, self._pending = self._pending[:cut], ""
             return visible
         keep = self._longest_partial_suffix(self._pending)
         visible = self._pending[: len(self._pending) - keep]
-        self._pending = self._pending[len(visible):]
+        self._pending = self._pending[len(visible) :]
         return visible
 
     def finish(self) -> str:

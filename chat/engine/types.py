@@ -85,6 +85,7 @@ class GenerationResult:
 # Events a scheduler sends to a request's sink, in this order:
 # Queued* -> Started -> TextChunk* -> Finished | Failed (a cancelled waiter gets Finished only).
 
+
 @dataclass(frozen=True)
 class Queued:
     position: int  # requests ahead of this one; 0 means it runs next

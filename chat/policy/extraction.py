@@ -88,9 +88,7 @@ def _loads(candidate: str) -> object:
         return json.loads(_strip_trailing_commas(candidate))
     except json.JSONDecodeError:
         pass
-    raise ExtractionError(
-        f"invalid JSON: {error.msg} (line {error.lineno}, column {error.colno})"
-    )
+    raise ExtractionError(f"invalid JSON: {error.msg} (line {error.lineno}, column {error.colno})")
 
 
 def _scan(text: str, start: int = 0):
@@ -131,6 +129,7 @@ def _balanced_end(text: str, start: int) -> int | None:
 def _strip_trailing_commas(text: str) -> str:
     """Drop commas directly before } or ], leaving string contents untouched."""
     return "".join(
-        char for index, char, inside in _scan(text)
+        char
+        for index, char, inside in _scan(text)
         if inside or char != "," or not _CLOSER_AHEAD.match(text, index + 1)
     )

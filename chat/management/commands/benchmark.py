@@ -14,15 +14,17 @@ import time
 import traceback
 from pathlib import Path
 
-import chat.engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads, as the server does)
 from django.core.management.base import BaseCommand, CommandError
 
+import chat.engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads, as the server does)
 from chat import benchmarking as bm
 
 from ._engine import load
 
 PROMPT = "Write a long, detailed story about a lighthouse keeper."
-PRIMER = "What is the capital of France?"  # short, ends with eos: warms the server and fills the cache
+PRIMER = (
+    "What is the capital of France?"  # short, ends with eos: warms the server and fills the cache
+)
 
 TARGETS = {
     "stream": 1.05,  # streamed total <= 1.05 x bare generate
@@ -39,22 +41,47 @@ def met(ok) -> str:
 
 
 class Command(BaseCommand):
-    help = "Benchmark the chat end to end on 127.0.0.1 and compare with DESIGN.md section 7's targets."
+    help = (
+        "Benchmark the chat end to end on 127.0.0.1 and compare with DESIGN.md section 7's targets."
+    )
 
     def add_arguments(self, parser):
-        parser.add_argument("--tokens", type=int, default=None,
-                            help="new tokens of the single long answer (default 128; --quick 12)")
-        parser.add_argument("--concurrency", default=None, help='concurrent clients per round (default "1,2,4,8")')
-        parser.add_argument("--concurrent-tokens", type=int, default=None,
-                            help="max_new_tokens for the concurrent rounds (default 64; --quick 12)")
-        parser.add_argument("--hits", type=int, default=None, help="cache hits to time (default 20; --quick 3)")
-        parser.add_argument("--runs", type=int, default=1, help="repeat the in-process generations, report medians")
-        parser.add_argument("--batch", default=None,
-                            help="CHAT_MAX_BATCH of the batching server (default: $CHAT_MAX_BATCH, else the server's default)")
-        parser.add_argument("--batch-compare", action=argparse.BooleanOptionalAction, default=None,
-                            help="also run the concurrent rounds against CHAT_MAX_BATCH=1 (default on; off with --quick)")
+        parser.add_argument(
+            "--tokens",
+            type=int,
+            default=None,
+            help="new tokens of the single long answer (default 128; --quick 12)",
+        )
+        parser.add_argument(
+            "--concurrency", default=None, help='concurrent clients per round (default "1,2,4,8")'
+        )
+        parser.add_argument(
+            "--concurrent-tokens",
+            type=int,
+            default=None,
+            help="max_new_tokens for the concurrent rounds (default 64; --quick 12)",
+        )
+        parser.add_argument(
+            "--hits", type=int, default=None, help="cache hits to time (default 20; --quick 3)"
+        )
+        parser.add_argument(
+            "--runs", type=int, default=1, help="repeat the in-process generations, report medians"
+        )
+        parser.add_argument(
+            "--batch",
+            default=None,
+            help="CHAT_MAX_BATCH of the batching server (default: $CHAT_MAX_BATCH, else the server's default)",
+        )
+        parser.add_argument(
+            "--batch-compare",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="also run the concurrent rounds against CHAT_MAX_BATCH=1 (default on; off with --quick)",
+        )
         parser.add_argument("--prompt", default=PROMPT, help="the prompt of the long answer")
-        parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test in well under a minute")
+        parser.add_argument(
+            "--quick", action="store_true", help="tiny sizes: a smoke test in well under a minute"
+        )
 
     # -- orchestration ------------------------------------------------------------
 
@@ -62,7 +89,13 @@ class Command(BaseCommand):
         quick = opts["quick"]
         self.tokens = opts["tokens"] or (12 if quick else 128)
         self.ctokens = opts["concurrent_tokens"] or (12 if quick else 64)
-        self.levels = sorted({int(x) for x in (opts["concurrency"] or ("1,2" if quick else "1,2,4,8")).split(",") if x.strip()})
+        self.levels = sorted(
+            {
+                int(x)
+                for x in (opts["concurrency"] or ("1,2" if quick else "1,2,4,8")).split(",")
+                if x.strip()
+            }
+        )
         if not self.levels or min(self.levels) < 1 or max(self.levels) > 32:
             raise CommandError("--concurrency takes numbers from 1 to 32, e.g. 1,2,4,8")
         self.hits = max(1, min(opts["hits"] or (3 if quick else 20), 200))
@@ -78,10 +111,14 @@ class Command(BaseCommand):
         started = time.perf_counter()
         self.results["load_start"] = os.getloadavg()[0]
 
-        self.note(f"benchmark: {self.tokens} tokens, concurrency {self.levels} x {self.ctokens} tokens, "
-                  f"{self.hits} cache hits, batch compare {'on' if compare else 'off'}")
+        self.note(
+            f"benchmark: {self.tokens} tokens, concurrency {self.levels} x {self.ctokens} tokens, "
+            f"{self.hits} cache hits, batch compare {'on' if compare else 'off'}"
+        )
         if self.tokens > 256 or self.ctokens > 256:
-            self.note("  note: the `chat` policy stores max_new_tokens=256, so a server answer stops at 256 tokens")
+            self.note(
+                "  note: the `chat` policy stores max_new_tokens=256, so a server answer stops at 256 tokens"
+            )
 
         backend = load(self)
         self.section("in-process generation", self.in_process, backend)
@@ -92,7 +129,7 @@ class Command(BaseCommand):
             reuse = self.ctokens == self.tokens
             self.section("WebSocket stream and cache", self.live_single, backend, reuse)
             self.floors_for_live(backend)
-            modes = ([("queue", "CHAT_MAX_BATCH=1", {"CHAT_MAX_BATCH": "1"})] if compare else [])
+            modes = [("queue", "CHAT_MAX_BATCH=1", {"CHAT_MAX_BATCH": "1"})] if compare else []
             if not reuse:
                 modes.append(("batch", self.batch_label, self.batch_env))
             for key, label, env in modes:
@@ -121,10 +158,14 @@ class Command(BaseCommand):
         import torch
 
         messages = [{"role": "user", "content": self.prompt}]
-        self.input_ids = backend.encode(backend.render(messages))  # exactly what the server feeds the model
+        self.input_ids = backend.encode(
+            backend.render(messages)
+        )  # exactly what the server feeds the model
         self.results["prompt_tokens"] = len(self.input_ids)
         self.results["threads"] = torch.get_num_threads()
-        bm.bare_generate(backend, self.input_ids, 8)  # warm-up: the first call pays one-off allocations
+        bm.bare_generate(
+            backend, self.input_ids, 8
+        )  # warm-up: the first call pays one-off allocations
         self.floors: dict[int, bm.Timed] = {}
 
         def median_of(fn):
@@ -136,7 +177,9 @@ class Command(BaseCommand):
             return best
 
         self.note(f"  bare model.generate, {self.tokens} tokens")
-        self.floors[self.tokens] = median_of(lambda: bm.bare_generate(backend, self.input_ids, self.tokens))
+        self.floors[self.tokens] = median_of(
+            lambda: bm.bare_generate(backend, self.input_ids, self.tokens)
+        )
         self.note("  engine, streamed, same tokens forced")
         how = []
 
@@ -158,7 +201,9 @@ class Command(BaseCommand):
     def floor_for(self, backend, tokens: int):
         """The bare-generate floor for exactly `tokens` tokens (measured once, on demand)."""
         if tokens and tokens not in self.floors and getattr(self, "input_ids", None):
-            self.note(f"  bare model.generate, {tokens} tokens (floor for an answer that ended early)")
+            self.note(
+                f"  bare model.generate, {tokens} tokens (floor for an answer that ended early)"
+            )
             self.floors[tokens] = bm.bare_generate(backend, self.input_ids, tokens)
         return self.floors.get(tokens)
 
@@ -179,7 +224,11 @@ class Command(BaseCommand):
 
     def live_single(self, backend, reuse):
         bm.flush_cache_db()
-        env = {"CHAT_MAX_NEW_TOKENS": str(self.tokens), "CHAT_MAX_NEW_TOKENS_CAP": str(self.tokens), **self.batch_env}
+        env = {
+            "CHAT_MAX_NEW_TOKENS": str(self.tokens),
+            "CHAT_MAX_NEW_TOKENS_CAP": str(self.tokens),
+            **self.batch_env,
+        }
         self.note(f"  starting daphne ({self.batch_label}, {self.tokens} tokens)")
         with self.start(self.batch_label, env) as run:
             self.servers.append(run)
@@ -187,9 +236,13 @@ class Command(BaseCommand):
             primer = asyncio.run(bm.ask(run.server, PRIMER, "primer", timeout=60))
             if not primer.ok:
                 raise RuntimeError(f"primer failed: {primer.error}")
-            primer_cached = primer.finish_reason in bm.CACHEABLE and asyncio.run(bm.wait_for_cache_size(1))
+            primer_cached = primer.finish_reason in bm.CACHEABLE and asyncio.run(
+                bm.wait_for_cache_size(1)
+            )
 
-            self.note(f"  streaming the long answer over the WebSocket ({self.tokens} tokens at most)")
+            self.note(
+                f"  streaming the long answer over the WebSocket ({self.tokens} tokens at most)"
+            )
             live = asyncio.run(bm.ask(run.server, self.prompt, "live-1", timeout=180))
             if not live.ok:
                 raise RuntimeError(f"the streamed answer failed: {live.error}")
@@ -197,21 +250,32 @@ class Command(BaseCommand):
 
             # 4: the same prompt on new connections; the long answer itself if it was cacheable.
             hit_prompt = None
-            if live.finish_reason in bm.CACHEABLE and asyncio.run(bm.wait_for_cache_size(2 if primer_cached else 1)):
+            if live.finish_reason in bm.CACHEABLE and asyncio.run(
+                bm.wait_for_cache_size(2 if primer_cached else 1)
+            ):
                 hit_prompt, which = self.prompt, "the long answer's prompt"
             elif primer_cached:
-                hit_prompt, which = PRIMER, (f"the primer (the long answer ended with {live.finish_reason!r}, "
-                                             "which is never cached)")
+                hit_prompt, which = (
+                    PRIMER,
+                    (
+                        f"the primer (the long answer ended with {live.finish_reason!r}, "
+                        "which is never cached)"
+                    ),
+                )
             self.results["hit_prompt"] = which if hit_prompt else None
             if hit_prompt:
                 self.note(f"  {self.hits} cache hits, each on a new connection, prompt: {which}")
                 self.results["hits"] = asyncio.run(self.cache_hits(run.server, hit_prompt))
             else:
-                self.failures.append("cache: no answer ended with eos or a stop string, so nothing was cached")
+                self.failures.append(
+                    "cache: no answer ended with eos or a stop string, so nothing was cached"
+                )
 
             if reuse:
-                self.results.setdefault("concurrency", {})["batch"] = (self.batch_label, asyncio.run(
-                    self.rounds(run.server, "batch")))
+                self.results.setdefault("concurrency", {})["batch"] = (
+                    self.batch_label,
+                    asyncio.run(self.rounds(run.server, "batch")),
+                )
 
     async def cache_hits(self, server, prompt):
         answers = []
@@ -226,7 +290,11 @@ class Command(BaseCommand):
 
     def live_concurrency(self, key, label, env):
         bm.flush_cache_db()
-        env = {"CHAT_MAX_NEW_TOKENS": str(self.ctokens), "CHAT_MAX_NEW_TOKENS_CAP": str(self.ctokens), **env}
+        env = {
+            "CHAT_MAX_NEW_TOKENS": str(self.ctokens),
+            "CHAT_MAX_NEW_TOKENS_CAP": str(self.ctokens),
+            **env,
+        }
         self.note(f"  starting daphne ({label}, {self.ctokens} tokens)")
         with self.start(label, env) as run:
             self.servers.append(run)
@@ -234,7 +302,10 @@ class Command(BaseCommand):
             warm = asyncio.run(bm.ask(run.server, PRIMER, "warm-up", timeout=60))
             if not warm.ok:
                 raise RuntimeError(f"warm-up failed: {warm.error}")
-            self.results.setdefault("concurrency", {})[key] = (label, asyncio.run(self.rounds(run.server, key)))
+            self.results.setdefault("concurrency", {})[key] = (
+                label,
+                asyncio.run(self.rounds(run.server, key)),
+            )
 
     async def rounds(self, server, key):
         rows = {}
@@ -254,74 +325,124 @@ class Command(BaseCommand):
         floors = getattr(self, "floors", {})
         floor_n = floors.get(self.tokens)
         out("")
-        out(f"== benchmark: SmolLM2 on {os.cpu_count()} CPUs, {r.get('threads', '?')} torch threads, "
-            f"prompt of {r.get('prompt_tokens', '?')} tokens: {self.prompt!r}")
-        out(f"   1-min load average {r['load_start']:.1f} at start, {r['load_end']:.1f} at end"
-            + (" (other work shares the CPUs: figures are noisier and slower than on an idle machine)"
-               if max(r["load_start"], r["load_end"]) > 0.5 * (os.cpu_count() or 1) else ""))
+        out(
+            f"== benchmark: SmolLM2 on {os.cpu_count()} CPUs, {r.get('threads', '?')} torch threads, "
+            f"prompt of {r.get('prompt_tokens', '?')} tokens: {self.prompt!r}"
+        )
+        out(
+            f"   1-min load average {r['load_start']:.1f} at start, {r['load_end']:.1f} at end"
+            + (
+                " (other work shares the CPUs: figures are noisier and slower than on an idle machine)"
+                if max(r["load_start"], r["load_end"]) > 0.5 * (os.cpu_count() or 1)
+                else ""
+            )
+        )
         out("")
-        out("Single answer (greedy, same model input everywhere; 'vs floor' = total / bare generate for the same tokens)")
-        out(f"  {'way':44} {'tokens':>6} {'1st chunk':>10} {'total':>9} {'ms/tok':>7} {'tok/s':>6} {'vs floor':>8}  finish")
+        out(
+            "Single answer (greedy, same model input everywhere; 'vs floor' = total / bare generate for the same tokens)"
+        )
+        out(
+            f"  {'way':44} {'tokens':>6} {'1st chunk':>10} {'total':>9} {'ms/tok':>7} {'tok/s':>6} {'vs floor':>8}  finish"
+        )
 
         def row(name, tokens, first_ms, total_s, finish):
             floor = floors.get(tokens)
             mspt = total_s * 1000 / tokens if tokens else None
             tps = tokens / total_s if total_s else None
-            out(f"  {name:44} {tokens:>6} {bm.fmt(first_ms, '.0f', ' ms'):>10} {bm.fmt(total_s, '.2f', ' s'):>9} "
+            out(
+                f"  {name:44} {tokens:>6} {bm.fmt(first_ms, '.0f', ' ms'):>10} {bm.fmt(total_s, '.2f', ' s'):>9} "
                 f"{bm.fmt(mspt, '.1f'):>7} {bm.fmt(tps, '.1f'):>6} "
-                f"{bm.fmt(bm.ratio(total_s, floor.total_s if floor else None), '.3f', 'x'):>8}  {finish}")
+                f"{bm.fmt(bm.ratio(total_s, floor.total_s if floor else None), '.3f', 'x'):>8}  {finish}"
+            )
 
         for tokens, timed in sorted(floors.items()):
             if timed:
-                label = "1. bare model.generate (floor)" + ("" if tokens == self.tokens else ", for an early end")
+                label = "1. bare model.generate (floor)" + (
+                    "" if tokens == self.tokens else ", for an early end"
+                )
                 row(label, tokens, None, timed.total_s, "forced (min_new_tokens)")
         forced = r.get("engine_forced")
         if forced:
-            row("2a. engine streamed, length forced", forced.tokens, ms(forced.first_s), forced.total_s,
-                f"forced ({forced.finish})" if forced.finish != "length" else "forced (min_new_tokens)")
+            row(
+                "2a. engine streamed, length forced",
+                forced.tokens,
+                ms(forced.first_s),
+                forced.total_s,
+                f"forced ({forced.finish})"
+                if forced.finish != "length"
+                else "forced (min_new_tokens)",
+            )
         else:
-            out(f"  2a. engine streamed, length forced: {r.get('engine_forced_how') or 'not measured'}")
+            out(
+                f"  2a. engine streamed, length forced: {r.get('engine_forced_how') or 'not measured'}"
+            )
         engine = r.get("engine")
         if engine:
-            row("2b. backend.generate + on_text (eos allowed)", engine.tokens, ms(engine.first_s), engine.total_s,
-                engine.finish)
+            row(
+                "2b. backend.generate + on_text (eos allowed)",
+                engine.tokens,
+                ms(engine.first_s),
+                engine.total_s,
+                engine.finish,
+            )
         live = r.get("live")
         if live and live.ok:
-            row("3. WebSocket client via daphne", live.new_tokens, live.first_chunk_ms, live.done_ms / 1000,
-                live.finish_reason)
+            row(
+                "3. WebSocket client via daphne",
+                live.new_tokens,
+                live.first_chunk_ms,
+                live.done_ms / 1000,
+                live.finish_reason,
+            )
             m = live.metrics
-            out(f"     server metrics: queue {m.get('queue_ms')} ms, model first token (ttft) {m.get('ttft_ms')} ms, "
+            out(
+                f"     server metrics: queue {m.get('queue_ms')} ms, model first token (ttft) {m.get('ttft_ms')} ms, "
                 f"first visible {m.get('ttfv_ms')} ms, total {m.get('total_ms')} ms, {m.get('new_tokens')} tokens, "
-                f"{live.chunks} chunks")
-            out(f"     client: connect {bm.fmt(live.connect_ms, '.1f')} ms, first event {bm.fmt(live.first_event_ms, '.1f')} ms, "
-                f"first chunk {bm.fmt(live.first_chunk_ms, '.1f')} ms, done {bm.fmt(live.done_ms, '.1f')} ms")
+                f"{live.chunks} chunks"
+            )
+            out(
+                f"     client: connect {bm.fmt(live.connect_ms, '.1f')} ms, first event {bm.fmt(live.first_event_ms, '.1f')} ms, "
+                f"first chunk {bm.fmt(live.first_chunk_ms, '.1f')} ms, done {bm.fmt(live.done_ms, '.1f')} ms"
+            )
             if floor_n and live.new_tokens:
-                out(f"     per token: WebSocket {live.done_ms / live.new_tokens:.1f} ms vs floor "
-                    f"{floor_n.ms_per_token:.1f} ms ({live.done_ms / live.new_tokens / floor_n.ms_per_token:.3f}x)")
+                out(
+                    f"     per token: WebSocket {live.done_ms / live.new_tokens:.1f} ms vs floor "
+                    f"{floor_n.ms_per_token:.1f} ms ({live.done_ms / live.new_tokens / floor_n.ms_per_token:.3f}x)"
+                )
         if r.get("engine_forced"):
             out(f"  2a forces the token count like 1, via {r.get('engine_forced_how')};")
-        out("  2b and 3 may end early at eos or the stop string: their floor is a bare run of the same token count.")
+        out(
+            "  2b and 3 may end early at eos or the stop string: their floor is a bare run of the same token count."
+        )
 
         hits = r.get("hits")
         out("")
         if hits:
             served = [a for a in hits if a.ok and a.cached]
             p50 = bm.median(a.done_ms for a in served)
-            out(f"Cache hits ({r.get('hit_prompt')}): {len(served)}/{len(hits)} served cached, each on a new connection")
-            out(f"  prompt sent -> done: p50 {bm.fmt(p50, '.1f')} ms, p90 {bm.fmt(bm.percentile([a.done_ms for a in served], 0.9), '.1f')} ms, "
+            out(
+                f"Cache hits ({r.get('hit_prompt')}): {len(served)}/{len(hits)} served cached, each on a new connection"
+            )
+            out(
+                f"  prompt sent -> done: p50 {bm.fmt(p50, '.1f')} ms, p90 {bm.fmt(bm.percentile([a.done_ms for a in served], 0.9), '.1f')} ms, "
                 f"max {bm.fmt(max((a.done_ms for a in served), default=None), '.1f')} ms; "
                 f"connect p50 {bm.fmt(bm.median(a.connect_ms for a in served), '.1f')} ms; "
-                f"server total_ms p50 {bm.fmt(bm.median(a.metrics.get('total_ms') for a in served), '.1f')} ms")
+                f"server total_ms p50 {bm.fmt(bm.median(a.metrics.get('total_ms') for a in served), '.1f')} ms"
+            )
             r["cache_p50"] = p50 if len(served) == len(hits) else None
         else:
             out("Cache hits: not measured")
 
         conc = r.get("concurrency") or {}
         out("")
-        out(f"Concurrent clients ({self.ctokens} max new tokens each, distinct prompts, one connection each; "
-            "wall = first prompt sent -> last done)")
-        out(f"  {'server':24} {'users':>5} {'ok':>5} {'tokens':>6} {'wall':>7} {'agg tok/s':>9} {'user tok/s':>10} "
-            f"{'worst ttft':>10} {'x 1 user':>8}")
+        out(
+            f"Concurrent clients ({self.ctokens} max new tokens each, distinct prompts, one connection each; "
+            "wall = first prompt sent -> last done)"
+        )
+        out(
+            f"  {'server':24} {'users':>5} {'ok':>5} {'tokens':>6} {'wall':>7} {'agg tok/s':>9} {'user tok/s':>10} "
+            f"{'worst ttft':>10} {'x 1 user':>8}"
+        )
         for key in ("queue", "batch"):
             if key not in conc:
                 continue
@@ -332,27 +453,42 @@ class Command(BaseCommand):
                 tokens = sum(a.new_tokens for a in ok)
                 agg = tokens / wall if wall else None
                 per_user = bm.median(a.new_tokens / (a.done_ms / 1000) for a in ok if a.done_ms)
-                worst = max((a.ttft_client_ms for a in answers if a.ttft_client_ms is not None), default=None)
+                worst = max(
+                    (a.ttft_client_ms for a in answers if a.ttft_client_ms is not None),
+                    default=None,
+                )
                 if users == 1:
                     one = agg
                 x = bm.ratio(agg, one)
                 r.setdefault("scale", {})[(key, users)] = x if len(ok) == len(answers) else None
-                out(f"  {label:24} {users:>5} {len(ok):>2}/{len(answers):<2} {tokens:>6} {bm.fmt(wall, '.2f', ' s'):>7} "
+                out(
+                    f"  {label:24} {users:>5} {len(ok):>2}/{len(answers):<2} {tokens:>6} {bm.fmt(wall, '.2f', ' s'):>7} "
                     f"{bm.fmt(agg, '.1f'):>9} {bm.fmt(per_user, '.1f'):>10} {bm.fmt(worst, '.0f', ' ms'):>10} "
-                    f"{bm.fmt(x, '.2f', 'x'):>8}")
+                    f"{bm.fmt(x, '.2f', 'x'):>8}"
+                )
                 errors = sorted({a.error for a in answers if a.error})
                 if errors:
                     out(f"    errors: {'; '.join(errors)}")
-        out("  user tok/s: median of a user's tokens / (their prompt sent -> their done), queueing included;")
-        out("  worst ttft: slowest prompt sent -> first chunk at the client. Answers may end early at eos.")
+        out(
+            "  user tok/s: median of a user's tokens / (their prompt sent -> their done), queueing included;"
+        )
+        out(
+            "  worst ttft: slowest prompt sent -> first chunk at the client. Answers may end early at eos."
+        )
 
         out("")
         out("Processes")
         for run in self.servers:
-            out(f"  daphne {run.label:26} start->ready {bm.fmt(run.ready_s, '.2f', ' s'):>8}   "
-                f"peak RSS (VmHWM) {bm.fmt(run.peak_rss_mb, '.0f', ' MB')}")
-        out(f"  benchmark process (model loaded) {'':25} peak RSS (ru_maxrss) {r['bench_rss_mb']:.0f} MB")
-        out("  start->ready: LiveServer.start() -> /healthz 200, on an already migrated database (its no-op migrate included)")
+            out(
+                f"  daphne {run.label:26} start->ready {bm.fmt(run.ready_s, '.2f', ' s'):>8}   "
+                f"peak RSS (VmHWM) {bm.fmt(run.peak_rss_mb, '.0f', ' MB')}"
+            )
+        out(
+            f"  benchmark process (model loaded) {'':25} peak RSS (ru_maxrss) {r['bench_rss_mb']:.0f} MB"
+        )
+        out(
+            "  start->ready: LiveServer.start() -> /healthz 200, on an already migrated database (its no-op migrate included)"
+        )
 
         self.targets(out, floors)
         out("")
@@ -365,39 +501,93 @@ class Command(BaseCommand):
         if live and live.ok and floors.get(live.new_tokens):
             floor = floors[live.new_tokens]
             x = live.done_ms / 1000 / floor.total_s
-            lines.append(("streamed total (WebSocket) vs bare generate",
-                          f"{x:.3f}x ({live.done_ms / 1000:.2f} s vs {floor.total_s:.2f} s, {live.new_tokens} tokens)",
-                          f"<= {TARGETS['stream']:.2f}x", x <= TARGETS["stream"]))
+            lines.append(
+                (
+                    "streamed total (WebSocket) vs bare generate",
+                    f"{x:.3f}x ({live.done_ms / 1000:.2f} s vs {floor.total_s:.2f} s, {live.new_tokens} tokens)",
+                    f"<= {TARGETS['stream']:.2f}x",
+                    x <= TARGETS["stream"],
+                )
+            )
         else:
-            lines.append(("streamed total (WebSocket) vs bare generate", "-", f"<= {TARGETS['stream']:.2f}x", None))
-        ttft = (live.metrics.get("ttft_ms") if live and live.ok else None)
+            lines.append(
+                (
+                    "streamed total (WebSocket) vs bare generate",
+                    "-",
+                    f"<= {TARGETS['stream']:.2f}x",
+                    None,
+                )
+            )
+        ttft = live.metrics.get("ttft_ms") if live and live.ok else None
         if ttft is not None and live.first_chunk_ms is not None:
             gap = live.first_chunk_ms - ttft
-            lines.append(("first chunk at client - model first token",
-                          f"{gap:+.1f} ms (client {live.first_chunk_ms:.1f} ms, server ttft {ttft:.1f} ms)",
-                          f"<= +{TARGETS['first_chunk_ms']:.0f} ms", gap <= TARGETS["first_chunk_ms"]))
+            lines.append(
+                (
+                    "first chunk at client - model first token",
+                    f"{gap:+.1f} ms (client {live.first_chunk_ms:.1f} ms, server ttft {ttft:.1f} ms)",
+                    f"<= +{TARGETS['first_chunk_ms']:.0f} ms",
+                    gap <= TARGETS["first_chunk_ms"],
+                )
+            )
         else:
-            lines.append(("first chunk at client - model first token", "-", f"<= +{TARGETS['first_chunk_ms']:.0f} ms", None))
+            lines.append(
+                (
+                    "first chunk at client - model first token",
+                    "-",
+                    f"<= +{TARGETS['first_chunk_ms']:.0f} ms",
+                    None,
+                )
+            )
         p50 = r.get("cache_p50")
-        lines.append(("cache hit p50 (client, prompt sent -> done)", bm.fmt(p50, ".1f", " ms"),
-                      f"<= {TARGETS['cache_ms']:.0f} ms", None if p50 is None else p50 <= TARGETS["cache_ms"]))
+        lines.append(
+            (
+                "cache hit p50 (client, prompt sent -> done)",
+                bm.fmt(p50, ".1f", " ms"),
+                f"<= {TARGETS['cache_ms']:.0f} ms",
+                None if p50 is None else p50 <= TARGETS["cache_ms"],
+            )
+        )
         scale = r.get("scale", {})
         for key, name in (("batch", self.batch_label), ("queue", "CHAT_MAX_BATCH=1")):
             if (key, 4) in scale or key == "batch":
                 x = scale.get((key, 4))
-                lines.append((f"4 users vs 1, agg tok/s ({name})", bm.fmt(x, ".2f", "x"),
-                              f">= {TARGETS['scale4']:.1f}x", None if x is None else x >= TARGETS["scale4"]))
+                lines.append(
+                    (
+                        f"4 users vs 1, agg tok/s ({name})",
+                        bm.fmt(x, ".2f", "x"),
+                        f">= {TARGETS['scale4']:.1f}x",
+                        None if x is None else x >= TARGETS["scale4"],
+                    )
+                )
         ready = [s.ready_s for s in self.servers if s.ready_s is not None]
         worst = max(ready) if ready else None
-        lines.append(("warm start to ready (slowest daphne)", bm.fmt(worst, ".2f", " s"), f"<= {TARGETS['ready_s']:.0f} s",
-                      None if worst is None else worst <= TARGETS["ready_s"]))
+        lines.append(
+            (
+                "warm start to ready (slowest daphne)",
+                bm.fmt(worst, ".2f", " s"),
+                f"<= {TARGETS['ready_s']:.0f} s",
+                None if worst is None else worst <= TARGETS["ready_s"],
+            )
+        )
         rss = [s.peak_rss_mb for s in self.servers if s.peak_rss_mb is not None]
         peak = max(rss) if rss else None
-        lines.append(("RSS with the model: daphne peak", bm.fmt(peak and peak / 1024, ".2f", " GB"),
-                      f"<= {TARGETS['rss_mb'] / 1024:.1f} GB", None if peak is None else peak <= TARGETS["rss_mb"]))
+        lines.append(
+            (
+                "RSS with the model: daphne peak",
+                bm.fmt(peak and peak / 1024, ".2f", " GB"),
+                f"<= {TARGETS['rss_mb'] / 1024:.1f} GB",
+                None if peak is None else peak <= TARGETS["rss_mb"],
+            )
+        )
         mine = r["bench_rss_mb"]
-        lines.append(("RSS with the model: benchmark process peak", f"{mine / 1024:.2f} GB",
-                      f"<= {TARGETS['rss_mb'] / 1024:.1f} GB", mine <= TARGETS["rss_mb"]))
+        lines.append(
+            (
+                "RSS with the model: benchmark process peak",
+                f"{mine / 1024:.2f} GB",
+                f"<= {TARGETS['rss_mb'] / 1024:.1f} GB",
+                mine <= TARGETS["rss_mb"],
+            )
+        )
         out("")
         out("Targets (DESIGN.md section 7)")
         out(f"  {'figure':50} {'measured':52} {'target':>10}  result")

@@ -14,9 +14,13 @@ class Command(BaseCommand):
     help = "Chat with the model in the terminal; the answer streams as it is generated."
 
     def add_arguments(self, parser):
-        parser.add_argument("prompt", nargs="*", help="the prompt; omit it for an interactive session")
+        parser.add_argument(
+            "prompt", nargs="*", help="the prompt; omit it for an interactive session"
+        )
         parser.add_argument("--max-new-tokens", type=int, default=settings.CHAT_MAX_NEW_TOKENS)
-        parser.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+        parser.add_argument(
+            "--stop", action="append", default=[], help="a stop string (repeatable)"
+        )
         parser.add_argument("--temperature", type=float, default=0.0)
 
     def handle(self, *args, **options):
@@ -40,7 +44,9 @@ class Command(BaseCommand):
                 temperature=options["temperature"],
             )
             try:
-                result = backend.generate(request, on_text=lambda text: (sys.stdout.write(text), sys.stdout.flush()))
+                result = backend.generate(
+                    request, on_text=lambda text: (sys.stdout.write(text), sys.stdout.flush())
+                )
             except EngineError as exc:
                 raise CommandError(str(exc)) from None
             history.append({"role": "assistant", "content": result.text})

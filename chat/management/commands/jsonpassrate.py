@@ -10,17 +10,37 @@ from chat.policy import ExtractionError, extract_json, instance_errors
 from ._engine import load
 
 QUESTIONS = [
-    "What is the capital of France?", "How many legs does a spider have?", "Name a primary color.",
-    "What is 2 plus 2?", "Who wrote Hamlet?", "What is the boiling point of water in Celsius?",
-    "Name a planet in our solar system.", "What language is spoken in Brazil?", "What is the largest ocean?",
-    "How many days are in a week?", "What animal says moo?", "What is the opposite of hot?",
-    "Name a fruit that is yellow.", "What is the chemical symbol for gold?", "How many continents are there?",
-    "What do bees make?", "What is the tallest animal?", "What season comes after winter?",
-    "What is the square root of 9?", "Name a musical instrument with strings.",
+    "What is the capital of France?",
+    "How many legs does a spider have?",
+    "Name a primary color.",
+    "What is 2 plus 2?",
+    "Who wrote Hamlet?",
+    "What is the boiling point of water in Celsius?",
+    "Name a planet in our solar system.",
+    "What language is spoken in Brazil?",
+    "What is the largest ocean?",
+    "How many days are in a week?",
+    "What animal says moo?",
+    "What is the opposite of hot?",
+    "Name a fruit that is yellow.",
+    "What is the chemical symbol for gold?",
+    "How many continents are there?",
+    "What do bees make?",
+    "What is the tallest animal?",
+    "What season comes after winter?",
+    "What is the square root of 9?",
+    "Name a musical instrument with strings.",
 ]
-SCHEMA = {"type": "object", "properties": {"answer": {"type": "string", "minLength": 1}}, "required": ["answer"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "minLength": 1}},
+    "required": ["answer"],
+}
 SYSTEM = 'Reply only with JSON like {"answer": "..."}.'
-EXAMPLE = [{"role": "user", "content": "What color is the sky?"}, {"role": "assistant", "content": '{"answer": "blue"}'}]
+EXAMPLE = [
+    {"role": "user", "content": "What color is the sky?"},
+    {"role": "assistant", "content": '{"answer": "blue"}'},
+]
 
 
 class Command(BaseCommand):
@@ -39,14 +59,24 @@ class Command(BaseCommand):
             ("constrained decoding (xgrammar)", [], SCHEMA),
             ("constrained + example", EXAMPLE, SCHEMA),
         ]
-        self.stdout.write(f"{prompts} prompts, greedy={temperature == 0}, max_new_tokens={max_new_tokens}\n")
+        self.stdout.write(
+            f"{prompts} prompts, greedy={temperature == 0}, max_new_tokens={max_new_tokens}\n"
+        )
         self.stdout.write(f"{'way':42} {'valid':>7} {'median s':>9} {'tokens':>7}")
         for name, example, schema in ways:
             passed, seconds, tokens = 0, [], []
             for question in QUESTIONS[:prompts]:
-                messages = [{"role": "system", "content": SYSTEM}, *example, {"role": "user", "content": question}]
-                request = backend.request(messages, max_new_tokens=max_new_tokens, json_schema=schema,
-                                          temperature=temperature)
+                messages = [
+                    {"role": "system", "content": SYSTEM},
+                    *example,
+                    {"role": "user", "content": question},
+                ]
+                request = backend.request(
+                    messages,
+                    max_new_tokens=max_new_tokens,
+                    json_schema=schema,
+                    temperature=temperature,
+                )
                 start = time.perf_counter()
                 result = backend.generate(request)
                 seconds.append(time.perf_counter() - start)
