@@ -43,12 +43,12 @@ test: lint
 
 benchmark: $(STAMP)
 	$(PY) -m chat.engine.prepare
-	$(PY) manage.py benchmark $(BENCH_ARGS)
+	$(PY) manage.py benchmark --settings project.settings_bench $(BENCH_ARGS)
 
 # 200 WebSockets for 60 s against a daphne of its own, then every stored answer checked.
 loadtest: $(STAMP)
 	$(PY) -m chat.engine.prepare
-	$(PY) manage.py loadtest $(LOAD_ARGS)
+	$(PY) manage.py loadtest --settings project.settings_bench $(LOAD_ARGS)
 
 clean:
 	rm -rf $(VENV) var

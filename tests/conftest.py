@@ -136,7 +136,7 @@ def chunks_text(events: list[dict]) -> str:
 @pytest.fixture(scope="session")
 def daphne_server(tmp_path_factory):
     """One real daphne for the session (its own database, the already converted model)."""
-    from chat.liveserver import LiveServer
+    from bench.liveserver import LiveServer
 
     server = LiveServer(
         tmp_path_factory.mktemp("live"), CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL

@@ -8,7 +8,7 @@ import pytest
 import websockets
 from asgiref.sync import sync_to_async
 
-from chat.liveserver import LiveServer
+from bench.liveserver import LiveServer
 from chat.models import Conversation, Message
 from chat.recovery import INTERRUPTED
 from tests.conftest import LIVE_CACHE_URL

@@ -1,6 +1,6 @@
 """A small run of the load script: many sockets, cancels, then every stored answer checked."""
 
-from chat import loadtest
+from bench import loadtest
 
 
 def test_a_small_load_run_stores_exactly_what_each_client_assembled(tmp_path):

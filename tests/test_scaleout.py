@@ -14,7 +14,7 @@ import psycopg
 import pytest
 import websockets
 
-from chat.liveserver import LiveServer
+from bench.liveserver import LiveServer
 from tests.conftest import LIVE_CACHE_URL
 from tests.test_consumer import LONG, SHORT
 

@@ -5,9 +5,8 @@ import time
 
 from django.core.management.base import BaseCommand
 
+from chat.management.commands._engine import load
 from chat.policy import ExtractionError, extract_json, instance_errors
-
-from ._engine import load
 
 QUESTIONS = [
     "What is the capital of France?",

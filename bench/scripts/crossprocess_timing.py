@@ -1,6 +1,6 @@
 """Time cancels and cache hits across two daphne processes on loopback (one PostgreSQL, one Redis).
 
-    .venv/bin/python scripts/crossprocess_timing.py [--rounds 5]
+    .venv/bin/python bench/scripts/crossprocess_timing.py [--rounds 5]
 
 Starts two LiveServers on a throwaway PostgreSQL database (dropped at the end) with
 REDIS_URL for the channel layer and CHAT_CACHE_REDIS_URL (default db 13, flushed) for
@@ -25,13 +25,13 @@ import uuid
 from http.cookies import SimpleCookie
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import psycopg  # noqa: E402
 import redis  # noqa: E402
 import websockets  # noqa: E402
 
-from chat.liveserver import LiveServer  # noqa: E402
+from bench.liveserver import LiveServer  # noqa: E402
 
 PG = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 LONG = "Write a very long story about a dragon who learns to bake bread."

@@ -17,9 +17,8 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 import chat.engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads, as the server does)
-from chat import benchmarking as bm
-
-from ._engine import load
+from bench import benchmarking as bm
+from chat.management.commands._engine import load
 
 PROMPT = "Write a long, detailed story about a lighthouse keeper."
 PRIMER = (

@@ -3,7 +3,7 @@
 Runs the real local model behind the loopback OpenAI-compatible test server (tests/openai_server.py)
 and `OpenAIBackend` against it, on 127.0.0.1 only, a bounded number of times:
 
-    CHAT_MODEL_DTYPE=float32 .venv/bin/python scripts/remote_latency.py [--reps 10] [--tokens 30]
+    CHAT_MODEL_DTYPE=float32 .venv/bin/python bench/scripts/remote_latency.py [--reps 10] [--tokens 30]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from chat.engine.loading import EngineConfig, load_backend  # noqa: E402
