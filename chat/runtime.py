@@ -11,6 +11,8 @@ import time
 
 from django.conf import settings
 
+from .engine.types import Backend, EngineConfig, Scheduler
+
 log = logging.getLogger(__name__)
 
 
@@ -22,16 +24,14 @@ class Runtime:
     def __init__(self):
         self.state = "idle"  # idle -> loading -> ready | failed
         self.detail = ""
-        self.backend = None
-        self.scheduler = None
+        self.backend: Backend | None = None
+        self.scheduler: Scheduler | None = None
         self.load_seconds: float | None = None
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self._tokenizer = None
 
-    def engine_config(self):
-        from .engine.loading import EngineConfig
-
+    def engine_config(self) -> EngineConfig:
         return EngineConfig(
             model_path=settings.CHAT_MODEL_PATH,
             data_dir=str(settings.DATA_DIR),
@@ -77,7 +77,7 @@ class Runtime:
             max_new_tokens_cap=settings.CHAT_MAX_NEW_TOKENS_CAP,
         )
 
-    def _make_engine(self):
+    def _make_engine(self) -> tuple[Backend, Scheduler]:
         """(backend, scheduler) for the configured CHAT_BACKEND."""
         if settings.CHAT_BACKEND == "openai":
             from .engine.concurrent import ConcurrentScheduler
@@ -149,7 +149,7 @@ class Runtime:
         self._ready.wait(timeout)
         return self.state == "ready"
 
-    def require(self):
+    def require(self) -> tuple[Backend, Scheduler]:
         """(backend, scheduler), or NotReady with a message a user can read."""
         if self.state == "ready":
             return self.backend, self.scheduler

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -18,13 +17,17 @@ from transformers import (
 
 from .batching import BatchStoppingCriteria, BatchStreamer, Row, finish_reason, left_pad
 from .eos import token_id
-from .loading import EngineConfig, Progress, weights_fingerprint
 from .stopping import StopStringHoldback
-from .types import GenerationRequest, GenerationResult, PromptTooLong
+from .types import (
+    EngineConfig,
+    GenerationRequest,
+    GenerationResult,
+    OnText,
+    Progress,
+    PromptTooLong,
+)
 
 log = logging.getLogger(__name__)
-
-OnText = Callable[[str], None]
 
 
 def pick_device(requested: str) -> str:
@@ -71,8 +74,14 @@ class LocalBackend:
 
     @classmethod
     def from_folder(
-        cls, folder: str | Path, config: EngineConfig, progress: Progress = log.info
+        cls,
+        folder: str | Path,
+        config: EngineConfig,
+        *,
+        fingerprint: str,
+        progress: Progress = log.info,
     ) -> LocalBackend:
+        """Load the model and tokenizer in `folder`; `fingerprint` identifies its weights."""
         folder = Path(folder)
         if config.threads:
             torch.set_num_threads(config.threads)
@@ -82,7 +91,6 @@ class LocalBackend:
         progress(f"Loading {folder.name} ({dtype}, {device}, {torch.get_num_threads()} threads)...")
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).to(device).eval()
-        fingerprint = weights_fingerprint(folder, config.data_dir)
         progress(f"  model ready in {time.perf_counter() - started:.1f} s")
         return cls(model, tokenizer, config, model_id=folder.name, fingerprint=fingerprint)
 

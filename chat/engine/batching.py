@@ -17,9 +17,7 @@ from transformers import StoppingCriteria, StopStringCriteria
 from transformers.generation.streamers import BaseStreamer
 
 from .stopping import CancelledCriteria, StopStringHoldback
-from .types import GenerationRequest
-
-OnText = Callable[[str], None]
+from .types import GenerationRequest, OnText
 
 
 @dataclass

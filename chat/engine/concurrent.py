@@ -1,13 +1,13 @@
 """Many streams at once to an inference server that batches by itself: N slots, FIFO beyond them.
 
-`Scheduler` runs one `generate_batch` at a time, right for a model in this process.
+`scheduler.Scheduler` runs one `generate_batch` at a time, right for a model in this process.
 An inference server (vLLM, TGI) batches continuously, so here every request streams
 on its own thread as soon as one of `max_running` slots is free. Same public interface
-as `Scheduler` (expect, unexpect, submit, cancel, waiting, running, close) and the same
+as `scheduler.Scheduler` (the Scheduler Protocol in types.py: expect, unexpect, submit, cancel, waiting, running, close) and the same
 events to each sink: Queued* -> Started -> TextChunk* -> Finished | Failed.
 
 Queue positions: 0 means the request starts now; a waiter's position is 1 (one of the
-running streams must end) plus the waiters ahead of it, as `Scheduler` counts a running batch.
+running streams must end) plus the waiters ahead of it, as `scheduler.Scheduler` counts a running batch.
 
 With an `admission` (chat/engine/admission.py) the slots and the queue are global, shared
 through Redis by every process using the same server; positions are then ranks in the
@@ -25,7 +25,6 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from .scheduler import Sink, Ticket, finish_cancelled
 from .types import (
     EngineError,
     Failed,
@@ -33,8 +32,11 @@ from .types import (
     GenerationRequest,
     Queued,
     QueueFull,
+    Sink,
     Started,
     TextChunk,
+    Ticket,
+    finish_cancelled,
 )
 
 log = logging.getLogger(__name__)

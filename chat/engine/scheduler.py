@@ -15,43 +15,21 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from .types import (
     Failed,
     Finished,
     GenerationRequest,
-    GenerationResult,
     Queued,
     QueueFull,
+    Sink,
     Started,
     TextChunk,
+    Ticket,
+    finish_cancelled,
 )
 
 log = logging.getLogger(__name__)
-
-Sink = Callable[[object], None]
-
-
-@dataclass(eq=False)
-class Ticket:
-    """A request's place in the scheduler; hand it back to `cancel`."""
-
-    request: GenerationRequest
-    sink: Sink
-    submitted_at: float = field(default_factory=time.perf_counter)
-    number: int = 0
-
-
-def finish_cancelled(ticket: Ticket) -> None:
-    """Tell a request that never ran (or never will) that it ended, cancelled, with no text."""
-    now = time.perf_counter()
-    ticket.sink(
-        Finished(
-            GenerationResult("", "cancelled", 0, len(ticket.request.input_ids), now, None, now)
-        )
-    )
 
 
 class Scheduler:

@@ -1,11 +1,23 @@
-"""The plain data that crosses the engine's boundary: requests, results, queue events."""
+"""The engine's contract: the plain data that crosses its boundary, and the Protocols its parts implement.
+
+A backend (local model or remote server) turns a GenerationRequest into text; a scheduler
+queues requests in front of a backend and reports each one's life to its sink as events.
+Nothing here imports torch or Django.
+"""
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
+# Why an engine generation ended. A chat turn adds its own reasons on top (chat/protocol.py).
 FINISH_REASONS = ("eos", "stop_string", "length", "cancelled")
+
+Progress = Callable[[str], None]  # one line of human-readable progress (loading, converting)
+OnText = Callable[[str], None]  # visible text as it is decoded; chunks are not tokens or words
 
 
 class EngineError(RuntimeError):
@@ -110,3 +122,112 @@ class Finished:
 class Failed:
     error: str
     at: float
+
+
+Event = Queued | Started | TextChunk | Finished | Failed
+Sink = Callable[[Event], None]  # called on the engine's thread; must not block
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the local engine needs, read from the environment by the caller.
+
+    Args:
+        model_path: a local Hugging Face model folder; None for the bundled default.
+        data_dir: where the converted default model is kept.
+        dtype: "auto", "bfloat16", "float16" or "float32".
+        device: "auto", "cpu", "cuda" or "mps".
+        threads: torch intra-op threads; 0 leaves torch's default.
+        max_new_tokens_cap: server-side ceiling on any request's max_new_tokens.
+    """
+
+    model_path: str | None = None
+    data_dir: str = "var"
+    dtype: str = "auto"
+    device: str = "auto"
+    threads: int = 0
+    max_new_tokens_cap: int = 1024
+
+
+@dataclass(eq=False)
+class Ticket:
+    """A request's place in a scheduler; hand it back to `Scheduler.cancel`."""
+
+    request: GenerationRequest
+    sink: Sink
+    submitted_at: float = field(default_factory=time.perf_counter)
+    number: int = 0
+
+
+def finish_cancelled(ticket: Ticket) -> None:
+    """Tell a request that never ran (or never will) that it ended, cancelled, with no text."""
+    now = time.perf_counter()
+    ticket.sink(
+        Finished(
+            GenerationResult("", "cancelled", 0, len(ticket.request.input_ids), now, None, now)
+        )
+    )
+
+
+class Backend(Protocol):
+    """Turns requests into text: the local model (backend.LocalBackend) or a remote server
+    (remote.OpenAIBackend)."""
+
+    model_id: str
+    fingerprint: str  # identifies the weights; part of every cache key
+    context_length: int
+    eos_token_ids: list[int]
+
+    def render(self, messages: list[dict]) -> str:
+        """The exact model input for a conversation (the chat template applied)."""
+
+    def encode(self, rendered: str) -> list[int]:
+        """Token ids of a rendered prompt."""
+
+    def token_count(self, text: str) -> int:
+        """How many tokens `text` costs, for per-prompt limits."""
+
+    def token_id(self, token: str) -> int | None:
+        """Id of a single token such as "<|im_end|>", or None if the vocabulary lacks it."""
+
+    def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        """Raise PromptTooLong when the prompt leaves no room for the answer."""
+
+    def batch_signature(self, request: GenerationRequest) -> object | None:
+        """Requests with equal signatures may share a step; None means "only alone"."""
+
+    def generate(self, request: GenerationRequest, on_text: OnText) -> GenerationResult:
+        """Generate one answer in the calling thread, handing visible text to `on_text`."""
+
+    def generate_batch(
+        self, requests: list[GenerationRequest], on_texts: list[OnText]
+    ) -> list[GenerationResult]:
+        """Generate several answers together, each streamed and stopped on its own."""
+
+
+class Scheduler(Protocol):
+    """Queues requests in front of a backend; every request's events go to its sink in the order
+    Queued* -> Started -> TextChunk* -> Finished | Failed (a cancelled waiter gets Finished only)."""
+
+    def expect(self) -> None:
+        """Announce a request being prepared, so an idle worker may wait for it to join."""
+
+    def unexpect(self) -> None:
+        """Withdraw an `expect` whose request will not be submitted."""
+
+    def submit(
+        self, request: GenerationRequest, sink: Sink, *, expected: bool = False
+    ) -> tuple[Ticket, int]:
+        """Queue `request`; its ticket and how many requests are ahead of it. QueueFull when full."""
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Stop the request wherever it is, within one more decode step; a no-op once finished."""
+
+    @property
+    def waiting(self) -> int: ...
+
+    @property
+    def running(self) -> int: ...
+
+    def close(self) -> None:
+        """Cancel everything and stop the worker."""
