@@ -1,7 +1,13 @@
+import copy
+
+from django import forms
 from django.contrib import admin, messages
+from django.forms.models import construct_instance
 
 from . import review
 from .models import CachedAnswer, Conversation, Message, OutputPolicy, PolicyRevision
+from .policy_store import policy_errors
+from .runtime import runtime
 
 
 class MessageInline(admin.TabularInline):
@@ -65,8 +71,26 @@ class PolicyRevisionInline(admin.TabularInline):
         return False
 
 
+class OutputPolicyForm(forms.ModelForm):
+    """Refuses a policy that could not work, with the reason on the field staff must change."""
+
+    class Meta:
+        model = OutputPolicy
+        fields = "__all__"
+
+    def clean(self):
+        cleaned = super().clean()
+        # The policy as it would be saved; the stored row is untouched until it passes.
+        candidate = construct_instance(self, copy.copy(self.instance))
+        for field, problems in policy_errors(candidate, tokenizer=runtime.tokenizer()).items():
+            for problem in problems:
+                self.add_error(field if field in self.fields else None, problem)
+        return cleaned
+
+
 @admin.register(OutputPolicy)
 class OutputPolicyAdmin(admin.ModelAdmin):
+    form = OutputPolicyForm
     list_display = ("name", "slug", "mode", "is_default", "version", "cache_enabled", "updated_at")
     list_filter = ("mode", "is_default", "cache_enabled")
     search_fields = ("name", "slug")

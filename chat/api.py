@@ -30,7 +30,13 @@ from django.views.csrf import csrf_failure as django_csrf_failure
 from django.views.decorators.http import require_GET, require_POST
 
 from . import services
-from .protocol import ProtocolError, error_event, parse_http_cancel, parse_http_prompt
+from .protocol import (
+    ProtocolError,
+    cancel_ack_event,
+    error_event,
+    parse_http_cancel,
+    parse_http_prompt,
+)
 from .selectors import owner_of_request
 
 log = logging.getLogger(__name__)
@@ -163,9 +169,7 @@ async def cancel(request):
         result = await services.turn_cancel(owner=owner, message_id=message_id)
     except (ProtocolError, services.TurnError) as exc:
         return _error_response(exc.code, exc.message)
-    return JsonResponse(
-        {"type": "cancel_ack", "request_id": None, "message": message_id, "result": result}
-    )
+    return JsonResponse(cancel_ack_event(None, message=message_id, result=result))
 
 
 @require_GET

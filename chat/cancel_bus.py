@@ -1,4 +1,5 @@
-"""Cancels that cross daphne processes: one channel-layer group that every process listens on.
+"""Cancels that reach a turn wherever it runs: this process's running turns, and one
+channel-layer group that every process listens on.
 
 A turn runs in the process that accepted it. A cancel that arrives at another
 process is published to the group; each process runs one listener task (started
@@ -14,8 +15,11 @@ import asyncio
 import contextvars
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
 from channels.layers import get_channel_layer
+
+from .selectors import Owner
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +27,39 @@ GROUP = "chat.cancel"
 MESSAGE_TYPE = "turn.cancel"
 
 Deliver = Callable[[int, int | None, str], None]
+
+
+class Cancellable(Protocol):
+    message_id: int
+    owner: Owner
+    finished: bool
+
+    def cancel(self) -> None: ...
+
+
+class RunningTurns:
+    """The turns generating in this process, by message id: where a cancel from anywhere looks."""
+
+    def __init__(self):
+        self._turns: dict[int, Cancellable] = {}
+
+    def add(self, turn: Cancellable) -> None:
+        self._turns[turn.message_id] = turn
+
+    def remove(self, message_id: int) -> None:
+        self._turns.pop(message_id, None)
+
+    def get(self, message_id: int) -> Cancellable | None:
+        """The turn still generating answer `message_id` here, or None."""
+        turn = self._turns.get(message_id)
+        return turn if turn is not None and not turn.finished else None
+
+    def cancel_heard(self, message_id: int, user_id: int | None, session_key: str) -> None:
+        """A cancel published by any process: stop the turn if it runs here and is the same owner's."""
+        turn = self.get(message_id)
+        if turn is not None and turn.owner.is_same(Owner(user_id=user_id, session_key=session_key)):
+            log.info("cancel for message %s from another process", message_id)
+            turn.cancel()
 
 
 class CancelBus:

@@ -11,7 +11,17 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from . import services
-from .protocol import Cancel, Ping, Prompt, ProtocolError, error_event, parse_frame
+from .protocol import (
+    Cancel,
+    Ping,
+    Prompt,
+    ProtocolError,
+    cancel_ack_event,
+    error_event,
+    parse_frame,
+    pong_event,
+)
+from .selectors import Owner
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +65,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
             await self.send_event(error_event(exc.code, exc.message, exc.request_id))
             return
         if isinstance(command, Ping):
-            await self.send_event({"type": "pong"})
+            await self.send_event(pong_event())
         elif isinstance(command, Cancel):
             await self.cancel(command)
         elif isinstance(command, Prompt):
@@ -115,22 +125,17 @@ class ChatConsumer(AsyncWebsocketConsumer):
             await self.send_event(error_event(exc.code, exc.message, command.request_id))
             return
         await self.send_event(
-            {
-                "type": "cancel_ack",
-                "request_id": command.request_id,
-                "message": command.message,
-                "result": result,
-            }
+            cancel_ack_event(command.request_id, message=command.message, result=result)
         )
 
     async def send_event(self, event: dict):
         await self.send(text_data=json.dumps(event, ensure_ascii=False))
 
     @database_sync_to_async
-    def _owner(self) -> services.Owner:
+    def _owner(self) -> Owner:
         user = self.scope.get("user")
         session = self.scope["session"]
         if session.session_key is None:
             session.save()  # a client without the page's cookie still gets a private session
         user_id = user.pk if user is not None and user.is_authenticated else None
-        return services.Owner(user_id=user_id, session_key=session.session_key)
+        return Owner(user_id=user_id, session_key=session.session_key)

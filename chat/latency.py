@@ -8,7 +8,7 @@ Which answers count:
 * the percentiles use finished answers (status `done`) only: a cancelled answer's total time is
   however long the user waited before stopping it, and a failed one's is how long it took to fail;
   both are counted in the totals instead;
-* answers served from the cache (their metrics carry `cached_new_tokens`) answer in a millisecond or
+* answers served from the cache (their metrics carry a `cached_new_tokens` number) answer in a millisecond or
   two and would drag the percentiles down, so they are left out unless `include_cached` is set;
   their share is reported either way;
 * a missing, null or non-numeric `ttft_ms` / `total_ms` leaves that answer out of that measure only.
@@ -187,7 +187,7 @@ def summarize(
         answers += 1
         oldest = created_at if oldest is None or created_at < oldest else oldest
         metrics = metrics if isinstance(metrics, dict) else {}
-        is_cached = CACHED_KEY in metrics
+        is_cached = metrics.get(CACHED_KEY) is not None  # null on live answers
         cached += is_cached
         if status == "cancelled":
             cancelled += 1

@@ -195,15 +195,6 @@ class OutputPolicy(models.Model):
         ]
         return {name: getattr(self, name) for name in fields}
 
-    def clean(self):
-        from .policies import policy_errors
-
-        errors = policy_errors(self)
-        if errors:
-            from django.core.exceptions import ValidationError
-
-            raise ValidationError(errors)
-
     def save(self, *args, **kwargs):
         if self.is_default:
             # One default at a time: the new one takes over (the old one's answers do not change).

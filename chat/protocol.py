@@ -1,6 +1,8 @@
-"""The WebSocket wire protocol (DESIGN.md section 4): parse client frames, build server events.
+"""The wire protocol (DESIGN.md section 4): parse client frames, build server events.
 
-A contract: fields and event types may be added, never renamed or removed.
+A contract: fields and event types may be added, never renamed or removed. Every server event
+is built by one function below, whatever carries it (the socket, SSE, the JSON API), so two
+places can never disagree about a field.
 """
 
 from __future__ import annotations
@@ -8,6 +10,8 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
+
+from .engine.types import FINISH_REASONS as ENGINE_FINISH_REASONS
 
 MAX_FRAME_BYTES = 64 * 1024
 MAX_REQUEST_ID = 100
@@ -144,5 +148,125 @@ def parse_http_cancel(body: bytes) -> int:
     return message_id(_json_object(body).get("message"))
 
 
+# -- server events ----------------------------------------------------------------------
+
+# Why a turn ended: the engine's reasons, plus the policy's verdicts on a finished generation.
+MODERATED = "moderated"  # a moderation hook vetoed the answer; anything shown was retracted
+INVALID = "invalid"  # a structured answer failed its schema after every re-ask
+FINISH_REASONS = (*ENGINE_FINISH_REASONS, MODERATED, INVALID)
+
+METRIC_KEYS = (
+    "queue_ms",
+    "ttft_ms",
+    "ttfv_ms",
+    "total_ms",
+    "held_ms",
+    "new_tokens",
+    "tokens_per_s",
+    "prompt_tokens",
+    "retries",
+    "cached_new_tokens",
+)
+
+
+def metrics(
+    *,
+    queue_ms: float | None,
+    ttft_ms: float | None,
+    ttfv_ms: float | None,
+    total_ms: float | None,
+    held_ms: float | None,
+    new_tokens: int,
+    tokens_per_s: float,
+    prompt_tokens: int | None,
+    retries: int,
+    cached_new_tokens: int | None = None,
+) -> dict:
+    """A `done` event's metrics, in milliseconds from when the server accepted the prompt.
+
+    A cached answer generates nothing (new_tokens 0) and says in `cached_new_tokens` how many
+    tokens it took when it was first generated; a live answer carries that key as null.
+    """
+    return {
+        "queue_ms": queue_ms,
+        "ttft_ms": ttft_ms,
+        "ttfv_ms": ttfv_ms,
+        "total_ms": total_ms,
+        "held_ms": held_ms,
+        "new_tokens": new_tokens,
+        "tokens_per_s": tokens_per_s,
+        "prompt_tokens": prompt_tokens,
+        "retries": retries,
+        "cached_new_tokens": cached_new_tokens,
+    }
+
+
+def accepted_event(
+    request_id: str, *, conversation: int, message: int, queue_position: int
+) -> dict:
+    return {
+        "type": "accepted",
+        "request_id": request_id,
+        "conversation": conversation,
+        "message": message,
+        "queue_position": queue_position,
+    }
+
+
+def queued_event(request_id: str, *, queue_position: int) -> dict:
+    return {"type": "queued", "request_id": request_id, "queue_position": queue_position}
+
+
+def chunk_event(request_id: str, text: str) -> dict:
+    """Chunks are not tokens or words: clients append them and never split on them."""
+    return {"type": "chunk", "request_id": request_id, "text": text}
+
+
+def buffering_event(request_id: str, reason: str) -> dict:
+    return {"type": "buffering", "request_id": request_id, "reason": reason}
+
+
+def retract_event(request_id: str, reason: str) -> dict:
+    return {"type": "retract", "request_id": request_id, "reason": reason}
+
+
+def done_event(
+    request_id: str,
+    *,
+    message: int,
+    text: str,
+    json_value,
+    finish_reason: str,
+    cached: bool,
+    metrics: dict,
+    reason: str | None,
+    policy: str,
+) -> dict:
+    """The end of a turn, live or cached: the same keys either way."""
+    if finish_reason not in FINISH_REASONS:
+        raise ValueError(f"unknown finish_reason {finish_reason!r}")
+    return {
+        "type": "done",
+        "request_id": request_id,
+        "message": message,
+        "text": text,
+        "json": json_value,
+        "finish_reason": finish_reason,
+        "cached": cached,
+        "metrics": metrics,
+        "reason": reason,
+        "policy": policy,
+    }
+
+
 def error_event(code: str, message: str, request_id: str | None = None) -> dict:
     return {"type": "error", "request_id": request_id, "code": code, "message": message}
+
+
+def cancel_ack_event(request_id: str | None, *, message: int, result: str) -> dict:
+    """`result`: "cancelled" (stopped here), "sent" (another process was told), "finished"."""
+    return {"type": "cancel_ack", "request_id": request_id, "message": message, "result": result}
+
+
+def pong_event() -> dict:
+    return {"type": "pong"}

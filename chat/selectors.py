@@ -1,9 +1,63 @@
-"""Reads for the page and the JSON API, always scoped to the asking owner."""
+"""Who is asking, and the reads they may make: always scoped to the asking owner."""
 
 from __future__ import annotations
 
-from .models import Message
-from .services import Owner, conversations_for
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from .models import Conversation, Message
+from .protocol import INVALID, MODERATED
+
+# Answers the model should not see again as context: withdrawn or invalid ones.
+_NOT_CONTEXT = (MODERATED, INVALID)
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who a conversation belongs to: a signed-in user, else a visitor's session."""
+
+    user_id: int | None
+    session_key: str
+
+    @property
+    def rate_key(self) -> str:
+        return f"user:{self.user_id}" if self.user_id is not None else f"session:{self.session_key}"
+
+    def is_same(self, other: Owner) -> bool:
+        """The same signed-in user (from any session), or the same visitor's session."""
+        return self.rate_key == other.rate_key
+
+
+def conversations_for(owner: Owner):
+    """The conversations `owner` may read or continue; nobody else's, ever."""
+    if owner.user_id is not None:
+        return Conversation.objects.filter(user_id=owner.user_id)
+    return Conversation.objects.filter(user__isnull=True, session_key=owner.session_key)
+
+
+def answer_history(conversation: Conversation | None) -> list[dict]:
+    """The latest finished turns of `conversation` as chat messages, oldest first, for the model."""
+    if conversation is None:
+        return []
+    rows = (
+        conversation.messages.filter(status=Message.Status.DONE)
+        .exclude(text="")
+        .exclude(finish_reason__in=_NOT_CONTEXT)
+        .order_by("-created_at", "-id")[: settings.CHAT_HISTORY_TURNS]
+    )
+    return [{"role": m.role, "content": m.text} for m in reversed(rows)]
+
+
+def answer_status(owner: Owner, message_id: int) -> str | None:
+    """The status of `owner`'s answer `message_id`; None if it is not theirs or does not exist."""
+    return (
+        Message.objects.filter(
+            pk=message_id, role=Message.Role.ASSISTANT, conversation__in=conversations_for(owner)
+        )
+        .values_list("status", flat=True)
+        .first()
+    )
 
 
 def owner_of_request(request) -> Owner:

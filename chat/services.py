@@ -1,4 +1,4 @@
-"""The one place a chat turn is orchestrated: policy -> prompt -> queue -> engine -> gate -> persist.
+"""The one place a chat turn is orchestrated: policy -> prompt -> cache -> queue -> engine -> gate -> store.
 
 The consumer (and any other transport) calls `turn_start` and forwards the events
 it is handed; it never touches the model or the database itself.
@@ -18,29 +18,43 @@ from django.conf import settings
 from django.db import DatabaseError, transaction
 
 from . import metrics as prometheus
-from . import policies, review, storage
-from .cache import CACHEABLE_FINISH, cache_key, completion_cache
-from .cancel_bus import CancelBus
+from . import policy_store, review, storage
+from .cache import CACHEABLE_FINISH, completion_cache
+from .cancel_bus import CancelBus, RunningTurns
 from .engine.types import (
+    Backend,
     EngineError,
     Failed,
     Finished,
     GenerationRequest,
     Queued,
+    Scheduler,
     Started,
     TextChunk,
+    Ticket,
 )
 from .models import Conversation, Message
 from .policy import Emit, Hold, Retract, gate_for, reask_message
+from .prompting import fit_prompt, request_for, turn_cache_key
+from .protocol import (
+    INVALID,
+    MODERATED,
+    accepted_event,
+    buffering_event,
+    chunk_event,
+    done_event,
+    error_event,
+    metrics,
+    queued_event,
+    retract_event,
+)
 from .ratelimit import prompt_limiter
 from .runtime import NotReady, runtime
+from .selectors import Owner, answer_history, answer_status, conversations_for
 
 log = logging.getLogger(__name__)
 
 Send = Callable[[dict], Awaitable[None]]
-
-# Answers the model should not see again as context: withdrawn or invalid ones.
-_NOT_CONTEXT = ("moderated", "invalid")
 
 
 class TurnError(Exception):
@@ -52,29 +66,6 @@ class TurnError(Exception):
         self.message = message
 
 
-@dataclass(frozen=True)
-class Owner:
-    """Who a conversation belongs to: a signed-in user, else a visitor's session."""
-
-    user_id: int | None
-    session_key: str
-
-    @property
-    def rate_key(self) -> str:
-        return f"user:{self.user_id}" if self.user_id is not None else f"session:{self.session_key}"
-
-    def is_same(self, other: Owner) -> bool:
-        """The same signed-in user (from any session), or the same visitor's session."""
-        return self.rate_key == other.rate_key
-
-
-def conversations_for(owner: Owner):
-    """The conversations `owner` may read or continue; nobody else's, ever."""
-    if owner.user_id is not None:
-        return Conversation.objects.filter(user_id=owner.user_id)
-    return Conversation.objects.filter(user__isnull=True, session_key=owner.session_key)
-
-
 # -- preparing a turn (sync, in a worker thread) -----------------------------------
 
 
@@ -82,61 +73,14 @@ def conversations_for(owner: Owner):
 class _Prepared:
     conversation: Conversation
     assistant: Message
-    policy: policies.ResolvedPolicy
+    policy: policy_store.ResolvedPolicy
     messages: list[dict]  # the chat as rendered for the model, for re-asks
     rendered: str
     request: GenerationRequest
     cache_key: str | None
 
 
-def _history(conversation: Conversation | None) -> list[dict]:
-    if conversation is None:
-        return []
-    rows = (
-        conversation.messages.filter(status=Message.Status.DONE)
-        .exclude(text="")
-        .exclude(finish_reason__in=_NOT_CONTEXT)
-        .order_by("-created_at", "-id")[: settings.CHAT_HISTORY_TURNS]
-    )
-    return [{"role": m.role, "content": m.text} for m in reversed(rows)]
-
-
-def _fit_prompt(backend, policy: policies.ResolvedPolicy, history: list[dict], text: str):
-    """(messages, rendered prompt, input ids); drops the oldest turns when the context is full, never the new prompt."""
-    max_new_tokens = policy.max_new_tokens
-    head = [{"role": "system", "content": policy.system_prompt}] if policy.system_prompt else []
-    for user, assistant in policy.examples:
-        head += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
-    while True:
-        messages = head + history + [{"role": "user", "content": text}]
-        rendered = backend.render(messages)
-        input_ids = backend.encode(rendered)
-        if len(input_ids) + max_new_tokens <= backend.context_length or not history:
-            backend.check_fits(len(input_ids), max_new_tokens)
-            return messages, rendered, input_ids
-        history = history[2:]
-
-
-def _request_for(
-    backend, policy: policies.ResolvedPolicy, input_ids: list[int], label: str, messages: list[dict]
-) -> GenerationRequest:
-    eos_ids = tuple(
-        i for i in (backend.token_id(t) for t in policy.extra_eos_tokens) if i is not None
-    )
-    return GenerationRequest(
-        input_ids=input_ids,
-        max_new_tokens=policy.max_new_tokens,
-        stop_strings=policy.stop_strings,
-        eos_token_ids=eos_ids,
-        temperature=policy.temperature,
-        top_p=policy.top_p,
-        json_schema=policy.schema if policy.constrained else None,
-        label=label,
-        messages=messages,
-    )
-
-
-def _check_prompt_tokens(backend, text: str) -> None:
+def _check_prompt_tokens(backend: Backend, text: str) -> None:
     """A per-prompt limit in the model's tokens; characters alone let odd text cost many tokens each."""
     limit = settings.CHAT_MAX_PROMPT_TOKENS
     if limit <= 0:
@@ -150,11 +94,11 @@ def _check_prompt_tokens(backend, text: str) -> None:
         )
 
 
-def _prepare(owner: Owner, prompt, backend) -> _Prepared:
+def _prepare(owner: Owner, prompt, backend: Backend) -> _Prepared:
     _check_prompt_tokens(backend, prompt.text)
     try:
-        policy = policies.policy_for(prompt.policy)
-    except policies.UnknownPolicy as exc:
+        policy = policy_store.policy_for(prompt.policy)
+    except policy_store.UnknownPolicy as exc:
         raise TurnError(exc.code, str(exc)) from None
     conversation = None
     if prompt.conversation is not None:
@@ -164,8 +108,8 @@ def _prepare(owner: Owner, prompt, backend) -> _Prepared:
                 "unknown_conversation", f"conversation {prompt.conversation} does not exist"
             )
     try:
-        messages, rendered, input_ids = _fit_prompt(
-            backend, policy, _history(conversation), prompt.text
+        messages, rendered, input_ids = fit_prompt(
+            backend, policy, answer_history(conversation), prompt.text
         )
     except EngineError as exc:
         raise TurnError(exc.code, str(exc)) from None
@@ -186,74 +130,42 @@ def _prepare(owner: Owner, prompt, backend) -> _Prepared:
             policy_id=policy.id,
             policy_version=policy.version if policy.id else None,
         )
-    request = _request_for(backend, policy, input_ids, prompt.request_id, messages)
-    key = _cache_key(backend, policy, rendered, request) if policy.cache_enabled else None
+    request = request_for(backend, policy, input_ids, prompt.request_id, messages)
+    key = turn_cache_key(backend, policy, rendered, request) if policy.cache_enabled else None
     return _Prepared(conversation, assistant, policy, messages, rendered, request, key)
 
 
-def _cache_key(
-    backend, policy: policies.ResolvedPolicy, rendered: str, request: GenerationRequest
-) -> str:
-    params = {
-        "max_new_tokens": min(request.max_new_tokens, backend.config.max_new_tokens_cap),
-        "stop_strings": list(request.stop_strings),
-        "eos_token_ids": sorted({*backend.eos_token_ids, *request.eos_token_ids}),
-        "temperature": request.temperature,
-        "top_p": request.top_p,
-        "json_schema": request.json_schema,
-    }
-    return cache_key(
-        model_id=backend.model_id,
-        fingerprint=backend.fingerprint,
-        rendered_prompt=rendered,
-        params=params,
-        policy_slug=policy.slug,
-        policy_version=policy.version,
-    )
-
-
-# -- running a turn (async) --------------------------------------------------------
+# -- the turn a transport holds ------------------------------------------------------
 
 
 @dataclass(eq=False)
 class Turn:
-    """A running chat turn; the transport may `cancel` it or `detach` from it (tab closed)."""
+    """A chat turn as its transport sees it: it may `cancel` it or `detach` from it (tab closed)."""
 
     request_id: str
     conversation_id: int
     message_id: int
+    owner: Owner
     send: Send | None
-    accepted_at: float
-    policy: policies.ResolvedPolicy
-    messages: list[dict]
-    owner: Owner | None = None
-    prompt_text: str = ""
-    rendered: str = ""
-    cache_key: str | None = None
-    _backend: object = None
-    _scheduler: object = None
-    _ticket: object = None
-    _events: asyncio.Queue = field(default_factory=asyncio.Queue)
     task: asyncio.Task | None = None
     finished: bool = False
+    _run: _TurnRun | None = field(default=None, repr=False)
 
     def cancel(self) -> None:
-        self._scheduler.cancel(self._ticket)
+        """Stop generating within one decode step; the partial answer is still stored."""
+        if self._run is not None:
+            self._run.stop()
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self._run is not None and self._run.request.cancel.is_set()
 
     def detach(self) -> None:
         """Stop sending to the client; the answer is still stored when it ends."""
         self.send = None
 
-    def _submit(self, request: GenerationRequest, *, expected: bool = False) -> int:
-        loop = asyncio.get_running_loop()
-
-        def sink(event) -> None:  # called on the generation thread; must not block
-            loop.call_soon_threadsafe(self._events.put_nowait, event)
-
-        self._ticket, position = self._scheduler.submit(request, sink, expected=expected)
-        return position
-
-    async def _emit(self, event: dict) -> None:
+    async def emit(self, event: dict) -> None:
+        """Send one event to the client, if it is still listening."""
         if self.send is None:
             return
         try:
@@ -294,31 +206,26 @@ async def turn_start(*, owner: Owner, prompt, send: Send) -> Turn:
                 "storage_failed",
                 "the database is unavailable, so the prompt was not started; try again in a moment",
             ) from None
-        turn = Turn(
-            request_id=prompt.request_id,
-            conversation_id=prepared.conversation.pk,
-            message_id=prepared.assistant.pk,
+        run = _TurnRun(
+            owner,
+            prompt,
+            prepared,
             send=send,
+            backend=backend,
+            scheduler=scheduler,
             accepted_at=accepted_at,
-            policy=prepared.policy,
-            messages=prepared.messages,
-            owner=owner,
-            prompt_text=prompt.text,
-            rendered=prepared.rendered,
-            cache_key=prepared.cache_key,
-            _backend=backend,
-            _scheduler=scheduler,
         )
-        if turn.cache_key is not None:
+        turn = run.turn
+        if prepared.cache_key is not None:
             entry = await sync_to_async(completion_cache.get, thread_sensitive=False)(
-                turn.cache_key
+                prepared.cache_key
             )
             if entry is not None:
-                await _serve_cached(turn, entry)
+                await run.serve_cached(entry)
                 return turn
             prometheus.CACHE_MISSES.inc()
         try:
-            position = turn._submit(prepared.request, expected=True)
+            position = run.submit(prepared.request, expected=True)
             submitted = True
         except EngineError as exc:
             await sync_to_async(storage.store_answer)(
@@ -328,56 +235,28 @@ async def turn_start(*, owner: Owner, prompt, send: Send) -> Turn:
     finally:
         if not submitted:
             scheduler.unexpect()
-    _running[turn.message_id] = turn
+    running_turns.add(turn)
     cancel_bus.ensure_listening()
-    await turn._emit(
-        {
-            "type": "accepted",
-            "request_id": turn.request_id,
-            "conversation": turn.conversation_id,
-            "message": turn.message_id,
-            "queue_position": position,
-        }
+    await turn.emit(
+        accepted_event(
+            turn.request_id,
+            conversation=turn.conversation_id,
+            message=turn.message_id,
+            queue_position=position,
+        )
     )
     # A fresh context: the turn outlives the request that started it (an HTTP view's
     # thread-sensitive executor is gone once the view returns).
     turn.task = asyncio.create_task(
-        _TurnRun(turn, prepared.request).run(),
-        name=f"turn-{turn.request_id}",
-        context=contextvars.Context(),
+        run.run(), name=f"turn-{turn.request_id}", context=contextvars.Context()
     )
     return turn
 
 
 # -- cancelling a turn from any connection or process -------------------------------
 
-# The turns generating in this process, by message id: where a cancel from elsewhere looks.
-_running: dict[int, Turn] = {}
-
-
-def _cancel_heard(message_id: int, user_id: int | None, session_key: str) -> None:
-    """A cancel published by another process: stop the turn if it runs here and is the same owner's."""
-    turn = _running.get(message_id)
-    if (
-        turn is not None
-        and not turn.finished
-        and turn.owner.is_same(Owner(user_id=user_id, session_key=session_key))
-    ):
-        log.info("cancel for message %s from another process", message_id)
-        turn.cancel()
-
-
-cancel_bus = CancelBus(_cancel_heard)
-
-
-def _answer_status(owner: Owner, message_id: int) -> str | None:
-    return (
-        Message.objects.filter(
-            pk=message_id, role=Message.Role.ASSISTANT, conversation__in=conversations_for(owner)
-        )
-        .values_list("status", flat=True)
-        .first()
-    )
+running_turns = RunningTurns()
+cancel_bus = CancelBus(running_turns.cancel_heard)
 
 
 async def turn_cancel(*, owner: Owner, message_id: int) -> str:
@@ -388,15 +267,13 @@ async def turn_cancel(*, owner: Owner, message_id: int) -> str:
     Raises TurnError `unknown_request` for an answer that is not the owner's or does
     not exist, and `cancel_unavailable` when another process cannot be reached.
     """
-    status = await sync_to_async(_answer_status)(owner, message_id)
+    status = await sync_to_async(answer_status)(owner, message_id)
     if status is None:
         raise TurnError("unknown_request", f"you have no answer {message_id}")
     if status != Message.Status.STREAMING:
         return "finished"
-    turn = _running.get(message_id)
+    turn = running_turns.get(message_id)
     if turn is not None:
-        if turn.finished:
-            return "finished"
         turn.cancel()
         return "cancelled"
     try:
@@ -417,79 +294,47 @@ async def turn_cancel(*, owner: Owner, message_id: int) -> str:
     return "sent"
 
 
+# -- running a turn (async) --------------------------------------------------------
+
+
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 1)
 
 
-async def _serve_cached(turn: Turn, entry: dict) -> None:
-    """A hit: one `done` with cached=true, no queue, no generation; the message is stored as usual."""
-    await turn._emit(
-        {
-            "type": "accepted",
-            "request_id": turn.request_id,
-            "conversation": turn.conversation_id,
-            "message": turn.message_id,
-            "queue_position": 0,
-        }
-    )
-    elapsed = _ms(time.perf_counter() - turn.accepted_at)
-    metrics = {
-        "queue_ms": 0.0,
-        "ttft_ms": elapsed,
-        "ttfv_ms": elapsed,
-        "total_ms": elapsed,
-        "held_ms": None,
-        "new_tokens": 0,
-        "tokens_per_s": 0.0,
-        "cached_new_tokens": entry.get("new_tokens"),
-        "retries": 0,
-    }
-    done = {
-        "type": "done",
-        "request_id": turn.request_id,
-        "message": turn.message_id,
-        "text": entry["text"],
-        "json": entry.get("json"),
-        "finish_reason": entry["finish_reason"],
-        "cached": True,
-        "metrics": metrics,
-        "reason": None,
-        "policy": turn.policy.slug,
-    }
-    await turn._emit(done)
-    turn.finished = True
-    prometheus.observe_done(metrics, entry["finish_reason"], cached=True)
-    try:
-        await sync_to_async(storage.closing_on_error)(
-            storage.store_cached_answer,
-            turn.message_id,
-            entry.get("record"),
-            text=entry["text"],
-            status=Message.Status.DONE,
-            finish_reason=entry["finish_reason"],
-            metrics=metrics,
-            outcome="ok",
-            json_value=entry.get("json"),
-            raw_text=entry["text"],
-        )
-    except Exception:
-        log.exception("could not store the cached answer of %s", turn.request_id)
-        await turn._emit(
-            {
-                "type": "error",
-                "request_id": turn.request_id,
-                "code": "storage_failed",
-                "message": "the answer could not be saved; it will not appear in your history",
-            }
-        )
-
-
 class _TurnRun:
-    """Drives one turn to its end: forwards chunks through the policy gate, re-asks, stores."""
+    """Drives one turn to its end: owns its ticket, events and backend; forwards chunks through
+    the policy gate, re-asks, stores, and caches."""
 
-    def __init__(self, turn: Turn, request: GenerationRequest):
-        self.turn = turn
-        self.request = request
+    def __init__(
+        self,
+        owner: Owner,
+        prompt,
+        prepared: _Prepared,
+        *,
+        send: Send,
+        backend: Backend,
+        scheduler: Scheduler,
+        accepted_at: float,
+    ):
+        self.turn = Turn(
+            request_id=prompt.request_id,
+            conversation_id=prepared.conversation.pk,
+            message_id=prepared.assistant.pk,
+            owner=owner,
+            send=send,
+            _run=self,
+        )
+        self.prompt_text = prompt.text
+        self.policy = prepared.policy
+        self.messages = prepared.messages
+        self.rendered = prepared.rendered
+        self.cache_key = prepared.cache_key
+        self.request = prepared.request
+        self.accepted_at = accepted_at
+        self._backend = backend
+        self._scheduler = scheduler
+        self._ticket: Ticket | None = None
+        self._events: asyncio.Queue = asyncio.Queue()
         self.started_at: float | None = None
         self.first_token_at: float | None = None
         self.first_visible_at: float | None = None
@@ -498,15 +343,93 @@ class _TurnRun:
         self.retries = 0
         self.new_tokens = 0
 
+    def submit(self, request: GenerationRequest, *, expected: bool = False) -> int:
+        """Queue `request` (the first attempt or a re-ask); its queue position."""
+        loop = asyncio.get_running_loop()
+
+        def sink(event) -> None:  # called on the generation thread; must not block
+            loop.call_soon_threadsafe(self._events.put_nowait, event)
+
+        self._ticket, position = self._scheduler.submit(request, sink, expected=expected)
+        self.request = request
+        return position
+
+    def stop(self) -> None:
+        self.request.cancel.set()  # also stops a re-ask that is about to be queued
+        if self._ticket is not None:
+            self._scheduler.cancel(self._ticket)
+
     async def run(self) -> None:
         try:
             await self._run()
         finally:
             self.turn.finished = True
-            _running.pop(self.turn.message_id, None)
+            running_turns.remove(self.turn.message_id)
+
+    async def serve_cached(self, entry: dict) -> None:
+        """A hit: one `done` with cached=true, no queue, no generation; the message is stored as usual."""
+        turn = self.turn
+        await turn.emit(
+            accepted_event(
+                turn.request_id,
+                conversation=turn.conversation_id,
+                message=turn.message_id,
+                queue_position=0,
+            )
+        )
+        elapsed = _ms(time.perf_counter() - self.accepted_at)
+        cached_metrics = metrics(
+            queue_ms=0.0,
+            ttft_ms=elapsed,
+            ttfv_ms=elapsed,
+            total_ms=elapsed,
+            held_ms=None,
+            new_tokens=0,
+            tokens_per_s=0.0,
+            prompt_tokens=len(self.request.input_ids),
+            retries=0,
+            cached_new_tokens=entry.get("new_tokens") or 0,
+        )
+        await turn.emit(
+            done_event(
+                turn.request_id,
+                message=turn.message_id,
+                text=entry["text"],
+                json_value=entry.get("json"),
+                finish_reason=entry["finish_reason"],
+                cached=True,
+                metrics=cached_metrics,
+                reason=None,
+                policy=self.policy.slug,
+            )
+        )
+        turn.finished = True
+        prometheus.observe_done(cached_metrics, entry["finish_reason"], cached=True)
+        try:
+            await sync_to_async(storage.closing_on_error)(
+                storage.store_cached_answer,
+                turn.message_id,
+                entry.get("record"),
+                text=entry["text"],
+                status=Message.Status.DONE,
+                finish_reason=entry["finish_reason"],
+                metrics=cached_metrics,
+                outcome="ok",
+                json_value=entry.get("json"),
+                raw_text=entry["text"],
+            )
+        except Exception:
+            log.exception("could not store the cached answer of %s", turn.request_id)
+            await turn.emit(
+                error_event(
+                    "storage_failed",
+                    "the answer could not be saved; it will not appear in your history",
+                    turn.request_id,
+                )
+            )
 
     async def _run(self) -> None:
-        policy = self.turn.policy
+        policy = self.policy
         while True:
             gate = gate_for(policy.mode, hooks=policy.hooks, schema=policy.schema)
             outcome_event = await self._generate(gate)
@@ -517,7 +440,7 @@ class _TurnRun:
             if self.retracted is not None:
                 return await self._finish(
                     result,
-                    "moderated",
+                    MODERATED,
                     text="",
                     raw=gate.text,
                     outcome="moderated",
@@ -540,7 +463,7 @@ class _TurnRun:
             if outcome.status == "moderated":
                 return await self._finish(
                     result,
-                    "moderated",
+                    MODERATED,
                     text="",
                     raw=gate.text,
                     outcome="moderated",
@@ -558,7 +481,7 @@ class _TurnRun:
             text = policy.fallback_text if policy.failure_action == "fallback" else gate.shown
             return await self._finish(
                 result,
-                "invalid",
+                INVALID,
                 text=text,
                 raw=gate.text,
                 outcome="invalid",
@@ -567,20 +490,15 @@ class _TurnRun:
 
     async def _generate(self, gate):
         """Pump one generation's events through the gate; returns its Finished or Failed."""
-        turn = self.turn
         while True:
-            event = await turn._events.get()
+            event = await self._events.get()
             if isinstance(event, TextChunk):
                 if self.first_token_at is None:
                     self.first_token_at = time.perf_counter()
                 await self._apply(gate.feed(event.text))
             elif isinstance(event, Queued):
-                await turn._emit(
-                    {
-                        "type": "queued",
-                        "request_id": turn.request_id,
-                        "queue_position": event.position,
-                    }
+                await self.turn.emit(
+                    queued_event(self.turn.request_id, queue_position=event.position)
                 )
             elif isinstance(event, Started):
                 self.started_at = self.started_at or event.at
@@ -592,59 +510,48 @@ class _TurnRun:
         for action in actions:
             if isinstance(action, Emit):
                 self.first_visible_at = self.first_visible_at or time.perf_counter()
-                await turn._emit(
-                    {"type": "chunk", "request_id": turn.request_id, "text": action.text}
-                )
+                await turn.emit(chunk_event(turn.request_id, action.text))
             elif isinstance(action, Hold):
                 self.held_at = self.held_at or time.perf_counter()
-                await turn._emit(
-                    {"type": "buffering", "request_id": turn.request_id, "reason": action.reason}
-                )
+                await turn.emit(buffering_event(turn.request_id, action.reason))
             elif isinstance(action, Retract):
                 self.retracted = action.reason
-                turn._scheduler.cancel(
-                    turn._ticket
-                )  # not the user's cancel: the answer is withdrawn
-                await turn._emit(
-                    {"type": "retract", "request_id": turn.request_id, "reason": action.reason}
-                )
+                # Not the user's cancel: the answer is withdrawn.
+                self._scheduler.cancel(self._ticket)
+                await turn.emit(retract_event(turn.request_id, action.reason))
 
     def _reask(self, bad_answer: str, reason: str) -> bool:
         """Queue another attempt with the validation error; False if it cannot fit."""
-        turn = self.turn
-        messages = turn.messages + [
+        messages = self.messages + [
             {"role": "assistant", "content": bad_answer},
-            {"role": "user", "content": reask_message(reason, turn.policy.schema)},
+            {"role": "user", "content": reask_message(reason, self.policy.schema)},
         ]
-        backend = turn._backend
+        backend = self._backend
         input_ids = backend.encode(backend.render(messages))
         if len(input_ids) + self.request.max_new_tokens > backend.context_length:
             return False
-        self.request = replace(
-            self.request, input_ids=input_ids, messages=messages
-        )  # same cancel flag
         try:
-            turn._submit(self.request)
+            # The same cancel flag: a Stop during the re-ask stops it too.
+            self.submit(replace(self.request, input_ids=input_ids, messages=messages))
         except EngineError:
             return False
         return True
 
     def _metrics(self, done_at: float, result) -> dict:
-        turn = self.turn
         decode = (result.finished_at - result.started_at) if result else None
-        return {
-            "queue_ms": _ms((self.started_at or done_at) - turn.accepted_at),
-            "ttft_ms": _ms((self.first_token_at or done_at) - turn.accepted_at),
-            "ttfv_ms": _ms((self.first_visible_at or done_at) - turn.accepted_at),
-            "total_ms": _ms(done_at - turn.accepted_at),
-            "held_ms": _ms(done_at - self.held_at) if self.held_at else None,
-            "new_tokens": self.new_tokens,
-            "tokens_per_s": round(result.new_tokens / decode, 2)
+        return metrics(
+            queue_ms=_ms((self.started_at or done_at) - self.accepted_at),
+            ttft_ms=_ms((self.first_token_at or done_at) - self.accepted_at),
+            ttfv_ms=_ms((self.first_visible_at or done_at) - self.accepted_at),
+            total_ms=_ms(done_at - self.accepted_at),
+            held_ms=_ms(done_at - self.held_at) if self.held_at else None,
+            new_tokens=self.new_tokens,
+            tokens_per_s=round(result.new_tokens / decode, 2)
             if result and result.new_tokens and decode
             else 0.0,
-            "prompt_tokens": result.prompt_tokens if result else None,
-            "retries": self.retries,
-        }
+            prompt_tokens=result.prompt_tokens if result else None,
+            retries=self.retries,
+        )
 
     async def _finish(
         self,
@@ -659,7 +566,7 @@ class _TurnRun:
     ) -> None:
         turn = self.turn
         done_at = time.perf_counter()
-        metrics = self._metrics(done_at, result)
+        done_metrics = self._metrics(done_at, result)
         status = Message.Status.CANCELLED if finish_reason == "cancelled" else Message.Status.DONE
         try:
             stored = await storage.answer_store(
@@ -668,13 +575,13 @@ class _TurnRun:
                 text=text,
                 status=status,
                 finish_reason=finish_reason,
-                metrics=metrics,
+                metrics=done_metrics,
                 raw_text=raw,
                 outcome=outcome,
                 outcome_reason=reason,
                 json_value=json_value,
                 retries=self.retries,
-                held_ms=metrics["held_ms"],
+                held_ms=done_metrics["held_ms"],
             )
             problem = (
                 "the database is unavailable; the server keeps trying for a few minutes, until then it is "
@@ -684,76 +591,74 @@ class _TurnRun:
             log.exception("could not store the answer of %s", turn.request_id)
             stored, problem = False, "it will not appear in your history"
         if not stored:
-            await turn._emit(
-                {
-                    "type": "error",
-                    "request_id": turn.request_id,
-                    "code": "storage_failed",
-                    "message": f"the answer was generated but could not be saved: {problem}",
-                }
+            await turn.emit(
+                error_event(
+                    "storage_failed",
+                    f"the answer was generated but could not be saved: {problem}",
+                    turn.request_id,
+                )
             )
-        if finish_reason == "moderated" and self.retracted is None:
+        if finish_reason == MODERATED and self.retracted is None:
             # Vetoed only at the end: anything shown must still be withdrawn.
-            await turn._emit({"type": "retract", "request_id": turn.request_id, "reason": reason})
-        await turn._emit(
-            {
-                "type": "done",
-                "request_id": turn.request_id,
-                "message": turn.message_id,
-                "text": text,
-                "json": json_value,
-                "finish_reason": finish_reason,
-                "cached": False,
-                "metrics": metrics,
-                "reason": reason or None,
-                "policy": turn.policy.slug,
-            }
-        )
-        prometheus.observe_done(metrics, finish_reason, cached=False)
-        if outcome == "ok" and finish_reason in CACHEABLE_FINISH and turn.cache_key is not None:
-            await self._remember(text, json_value, finish_reason, metrics)
-
-    async def _remember(self, text: str, json_value, finish_reason: str, metrics: dict) -> None:
-        """Written after `done` went out, so caching never delays the answer."""
-        turn = self.turn
-        try:
-            await sync_to_async(review.answer_remember)(
-                key=turn.cache_key,
-                prompt=turn.prompt_text,
-                rendered_prompt=turn.rendered,
+            await turn.emit(retract_event(turn.request_id, reason))
+        await turn.emit(
+            done_event(
+                turn.request_id,
+                message=turn.message_id,
                 text=text,
                 json_value=json_value,
                 finish_reason=finish_reason,
-                metrics=metrics,
-                policy_id=turn.policy.id,
-                policy_slug=turn.policy.slug,
-                policy_version=turn.policy.version,
-                model_id=turn._backend.model_id,
-                require_review=turn.policy.require_review,
+                cached=False,
+                metrics=done_metrics,
+                reason=reason or None,
+                policy=self.policy.slug,
+            )
+        )
+        prometheus.observe_done(done_metrics, finish_reason, cached=False)
+        if outcome == "ok" and finish_reason in CACHEABLE_FINISH and self.cache_key is not None:
+            await self._remember(text, json_value, finish_reason, done_metrics)
+
+    async def _remember(
+        self, text: str, json_value, finish_reason: str, done_metrics: dict
+    ) -> None:
+        """Written after `done` went out, so caching never delays the answer."""
+        try:
+            await sync_to_async(review.answer_remember)(
+                key=self.cache_key,
+                prompt=self.prompt_text,
+                rendered_prompt=self.rendered,
+                text=text,
+                json_value=json_value,
+                finish_reason=finish_reason,
+                metrics=done_metrics,
+                policy_id=self.policy.id,
+                policy_slug=self.policy.slug,
+                policy_version=self.policy.version,
+                model_id=self._backend.model_id,
+                require_review=self.policy.require_review,
             )
         except Exception:
-            log.exception("could not record the cached answer of %s", turn.request_id)
+            log.exception("could not record the cached answer of %s", self.turn.request_id)
 
     async def _fail(self, event: Failed, partial_text: str) -> None:
         turn = self.turn
-        metrics = self._metrics(event.at, None)
+        failed_metrics = self._metrics(event.at, None)
         try:
             await storage.answer_store(
                 message_id=turn.message_id,
                 request_id=turn.request_id,
                 text=partial_text,
                 status=Message.Status.FAILED,
-                metrics=metrics,
+                metrics=failed_metrics,
                 error=event.error,
             )
         except Exception:
             log.exception("could not store the failure of %s", turn.request_id)
         prometheus.FAILURES.inc()
-        await turn._emit(
-            {
-                "type": "error",
-                "request_id": turn.request_id,
-                "code": "model_error",
-                "message": "the model failed while answering; please try again",
-            }
+        await turn.emit(
+            error_event(
+                "model_error",
+                "the model failed while answering; please try again",
+                turn.request_id,
+            )
         )

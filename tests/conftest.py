@@ -198,11 +198,14 @@ def example_policies(django_db_blocker):
 def make_policy(db):
     """A stored policy with the given fields (validated as the admin would)."""
     from chat.models import OutputPolicy
+    from chat.policy_store import policy_errors
+    from chat.runtime import runtime
 
     def factory(**fields):
         fields.setdefault("name", fields["slug"])
         policy = OutputPolicy(**fields)
         policy.full_clean()
+        assert policy_errors(policy, tokenizer=runtime.tokenizer()) == {}
         policy.save()
         return policy
 

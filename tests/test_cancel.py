@@ -8,6 +8,7 @@ from asgiref.sync import sync_to_async
 from chat import services
 from chat.cancel_bus import CancelBus
 from chat.models import Conversation, Message
+from chat.selectors import Owner
 from tests.test_cache import RedisServer
 from tests.test_consumer import LONG, SHORT, new_session_key, wait_stored
 
@@ -95,15 +96,14 @@ async def test_a_published_cancel_of_another_owner_is_ignored(make_client):
     """The listener checks the owner too: a cancel naming the right message but another session does nothing."""
     chat = await make_client()
     request_id, accepted = await started(chat, SHORT)
-    turn = services._running[accepted["message"]]
-    services._cancel_heard(accepted["message"], None, await new_session_key())
-    assert not turn._ticket.request.cancel.is_set()
+    turn = services.running_turns.get(accepted["message"])
+    services.running_turns.cancel_heard(accepted["message"], None, await new_session_key())
+    assert not turn.cancel_requested
     assert (await chat.receive_until("done", request_id))[-1]["finish_reason"] == "eos"
 
 
 def test_the_same_user_from_another_session_is_the_same_owner():
     """A signed-in user's cancel from another device counts as theirs; a visitor is known by the session alone."""
-    Owner = services.Owner
     assert Owner(user_id=1, session_key="phone").is_same(Owner(user_id=1, session_key="laptop"))
     assert not Owner(user_id=1, session_key="s").is_same(Owner(user_id=2, session_key="s"))
     assert not Owner(user_id=None, session_key="s").is_same(Owner(user_id=1, session_key="s"))
@@ -131,7 +131,7 @@ async def test_cancelling_an_answer_running_elsewhere_publishes_it(settings):
     bus.ensure_listening()
     try:
         await wait_for(lambda: bus.connected)
-        owner = services.Owner(user_id=None, session_key=session_key)
+        owner = Owner(user_id=None, session_key=session_key)
         assert await services.turn_cancel(owner=owner, message_id=message_id) == "sent"
         await wait_for(lambda: heard)
         assert heard == [(message_id, None, session_key)]
@@ -150,7 +150,7 @@ async def test_the_listener_survives_redis_going_away_and_rejoins(settings):
         }
     }
     session_key = await new_session_key()
-    owner = services.Owner(user_id=None, session_key=session_key)
+    owner = Owner(user_id=None, session_key=session_key)
     message_id = await streaming_answer(session_key)
     heard = []
     bus = CancelBus(lambda *args: heard.append(args))

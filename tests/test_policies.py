@@ -2,12 +2,13 @@
 
 import pytest
 from asgiref.sync import sync_to_async
+from django import forms
 from django.contrib.auth.models import User
-from django.core.exceptions import ValidationError
 from django.test import Client
 
 from chat.models import Message, OutputPolicy, PolicyRevision
 from chat.policy import instance_errors
+from chat.policy_store import policy_errors
 from tests.conftest import chunks_text
 
 ANSWER_SCHEMA = {
@@ -15,6 +16,17 @@ ANSWER_SCHEMA = {
     "properties": {"answer": {"type": "string", "minLength": 1}},
     "required": ["answer"],
 }
+
+
+def policy_form(policy: OutputPolicy):
+    """The admin's policy form, bound to `policy`'s values as a browser would post them."""
+    from chat.admin import OutputPolicyForm
+
+    data = {}
+    for name, field in OutputPolicyForm.base_fields.items():
+        value = getattr(policy, name)
+        data[name] = field.prepare_value(value) if isinstance(field, forms.JSONField) else value
+    return OutputPolicyForm(data=data)
 
 
 def kinds(events):
@@ -46,11 +58,16 @@ def kinds(events):
     ],
 )
 def test_saving_a_bad_policy_is_refused_with_a_clear_message(runtime, fields, field, message):
-    policy = OutputPolicy(name="x", slug="x", **fields)
-    with pytest.raises(ValidationError) as caught:
-        policy.full_clean()
-    assert field in caught.value.message_dict
-    assert any(message in m for m in caught.value.message_dict[field])
+    """The admin's form refuses it, with the reason on the field to change."""
+    form = policy_form(OutputPolicy(name="x", slug="x", **fields))
+    assert not form.is_valid()
+    assert field in form.errors, form.errors
+    assert any(message in m for m in form.errors[field])
+    # The same check, as the form makes it, on the unsaved row
+    errors = policy_errors(
+        OutputPolicy(name="x", slug="x", **fields), tokenizer=runtime.tokenizer()
+    )
+    assert any(message in m for m in errors[field])
 
 
 @pytest.mark.django_db

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 # Why an engine generation ended. A chat turn adds its own reasons on top (chat/protocol.py).
 FINISH_REASONS = ("eos", "stop_string", "length", "cancelled")
@@ -169,10 +169,16 @@ def finish_cancelled(ticket: Ticket) -> None:
     )
 
 
+class BackendConfig(Protocol):
+    max_new_tokens_cap: int  # the server-side ceiling on any request's max_new_tokens
+
+
+@runtime_checkable
 class Backend(Protocol):
     """Turns requests into text: the local model (backend.LocalBackend) or a remote server
     (remote.OpenAIBackend)."""
 
+    config: BackendConfig
     model_id: str
     fingerprint: str  # identifies the weights; part of every cache key
     context_length: int
@@ -205,6 +211,7 @@ class Backend(Protocol):
         """Generate several answers together, each streamed and stopped on its own."""
 
 
+@runtime_checkable
 class Scheduler(Protocol):
     """Queues requests in front of a backend; every request's events go to its sink in the order
     Queued* -> Started -> TextChunk* -> Finished | Failed (a cancelled waiter gets Finished only)."""

@@ -1,7 +1,7 @@
-"""Output policies as stored by staff, turned into what a running turn needs.
+"""The OutputPolicy rows staff store, turned into what a running turn needs.
 
-The judging itself lives in chat/policy/ (no Django); this module reads the
-OutputPolicy rows, validates them on save and builds their hooks.
+The judging itself lives in chat/policy/ (no Django); this module reads the stored
+rows, builds their hooks, and says what is wrong with a row before the admin saves it.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 
 from .engine.eos import token_id
+from .models import OutputPolicy
 from .policy import BlocklistHook, HookConfigError, ModerationHook, load_hook, schema_errors
 
 log = logging.getLogger(__name__)
@@ -113,8 +114,6 @@ def resolve(policy) -> ResolvedPolicy:
 
 def policy_for(slug: str | None) -> ResolvedPolicy:
     """The named policy, else the default one; UnknownPolicy for a slug nobody configured."""
-    from .models import OutputPolicy
-
     if slug is not None:
         policy = OutputPolicy.objects.filter(slug=slug).first()
         if policy is None:
@@ -134,10 +133,12 @@ def _string_list(value, name: str) -> list[str]:
     return value
 
 
-def policy_errors(policy) -> dict[str, list[str]]:
-    """Every problem with a policy, by form field, in words staff can act on."""
-    from .runtime import runtime
+def policy_errors(policy, *, tokenizer=None) -> dict[str, list[str]]:
+    """Every problem with a policy, by form field, in words staff can act on.
 
+    Stop strings and extra eos tokens are checked against `tokenizer` when one is given (the
+    admin form hands over the model's); without it those two are checked for shape only.
+    """
     errors: dict[str, list[str]] = {}
     if policy.json_schema is not None:
         problems = schema_errors(policy.json_schema)
@@ -172,7 +173,6 @@ def policy_errors(policy) -> dict[str, list[str]]:
     if policy.failure_action == "fallback" and not policy.fallback_text.strip():
         errors["fallback_text"] = ["the fallback action needs a fallback text"]
 
-    tokenizer = runtime.tokenizer()
     try:
         for stop in _string_list(policy.stop_strings or [], "stop strings"):
             if (
