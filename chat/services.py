@@ -110,7 +110,7 @@ def _fit_prompt(backend, policy: policies.ResolvedPolicy, history: list[dict], t
     while True:
         messages = head + history + [{"role": "user", "content": text}]
         rendered = backend.render(messages)
-        input_ids = backend.encode(rendered)
+        input_ids = backend.encode(messages)
         if len(input_ids) + max_new_tokens <= backend.context_length or not history:
             backend.check_fits(len(input_ids), max_new_tokens)
             return messages, rendered, input_ids
@@ -617,7 +617,7 @@ class _TurnRun:
             {"role": "user", "content": reask_message(reason, turn.policy.schema)},
         ]
         backend = turn._backend
-        input_ids = backend.encode(backend.render(messages))
+        input_ids = backend.encode(messages)
         if len(input_ids) + self.request.max_new_tokens > backend.context_length:
             return False
         self.request = replace(
