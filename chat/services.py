@@ -32,7 +32,7 @@ from .engine.types import (
 )
 from .models import Conversation, Message
 from .policy import Emit, Hold, Retract, gate_for, reask_message
-from .ratelimit import prompt_limiter
+from .ratelimit import address_limiter, prompt_limiter
 from .runtime import NotReady, runtime
 
 log = logging.getLogger(__name__)
@@ -264,14 +264,22 @@ class Turn:
             self.cancel()
 
 
-def turn_rate_check(*, owner: Owner) -> None:
-    """Count one prompt against the owner's per-minute limit; TurnError `rate_limited` when over it."""
-    wait = prompt_limiter.check(owner.rate_key)
-    if wait:
-        raise TurnError(
-            "rate_limited",
-            f"too many prompts: at most {prompt_limiter.limit} a minute; try again in {wait:.0f} s",
-        )
+def turn_rate_check(*, owner: Owner, address: str | None = None) -> None:
+    """Count one prompt against the owner's per-minute limit, and a visitor's address's;
+    TurnError `rate_limited` when over either (then neither is counted)."""
+    limits = [(prompt_limiter, owner.rate_key)]
+    if owner.user_id is None and address is not None:
+        limits.append((address_limiter, f"address:{address}"))
+    for limiter, key in limits:
+        wait = limiter.wait(key)
+        if wait:
+            raise TurnError(
+                "rate_limited",
+                f"too many prompts{' from this address' if limiter is address_limiter else ''}: "
+                f"at most {limiter.limit} a minute; try again in {wait:.0f} s",
+            )
+    for limiter, key in limits:
+        limiter.check(key)
 
 
 async def turn_start(*, owner: Owner, prompt, send: Send) -> Turn:
