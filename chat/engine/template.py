@@ -16,6 +16,7 @@ the content then goes in verbatim.
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 
@@ -38,6 +39,7 @@ def render_pieces(tokenizer, messages: list[dict]) -> list[tuple[str, bool]]:
     return pieces
 
 
+@functools.lru_cache(maxsize=8)  # one per tokenizer in the process; built from its vocabulary
 def special_token_pattern(tokenizer) -> re.Pattern | None:
     """Matches the tokenizer's special tokens (longest first), or None if it has none."""
     specials = sorted(
