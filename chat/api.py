@@ -24,19 +24,23 @@ import logging
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import JsonResponse, StreamingHttpResponse
 from django.middleware.csrf import get_token
 from django.views.csrf import csrf_failure as django_csrf_failure
 from django.views.decorators.http import require_GET, require_POST
+from django.views.defaults import bad_request as django_bad_request
 
 from . import services
 from .protocol import (
+    MAX_FRAME_BYTES,
     ProtocolError,
     cancel_ack_event,
     error_event,
     parse_http_cancel,
     parse_http_prompt,
 )
+from .ratelimit import client_address
 from .selectors import owner_of_request
 
 log = logging.getLogger(__name__)
@@ -46,6 +50,7 @@ KEEPALIVE_SECONDS = 15.0
 
 # HTTP status of a refused turn, by error code; anything else is a bad request.
 STATUS_FOR_CODE = {
+    "frame_too_large": 413,
     "unknown_conversation": 404,
     "unknown_request": 404,
     "rate_limited": 429,
@@ -66,6 +71,18 @@ def _error_response(code: str, message: str, request_id: str | None = None) -> J
     return response
 
 
+def _body(request) -> bytes:
+    """The request body, or ProtocolError `frame_too_large` past DATA_UPLOAD_MAX_MEMORY_SIZE."""
+    try:
+        return request.body
+    except RequestDataTooBig:
+        raise ProtocolError(
+            "frame_too_large",
+            f"the body is over {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes; "
+            f"a prompt frame is limited to {MAX_FRAME_BYTES}",
+        ) from None
+
+
 class _TurnFeed:
     """Collects a turn's events in a queue for a response to hand on; ends when the turn does."""
 
@@ -83,10 +100,15 @@ class _TurnFeed:
         prompt = None
         try:
             prompt = parse_http_prompt(
-                request.body, max_prompt_chars=settings.CHAT_MAX_PROMPT_CHARS
+                _body(request), max_prompt_chars=settings.CHAT_MAX_PROMPT_CHARS
             )
             owner = await sync_to_async(owner_of_request)(request)
-            services.turn_rate_check(owner=owner)
+            services.turn_rate_check(
+                owner=owner,
+                address=client_address(
+                    request.META.get("REMOTE_ADDR"), request.META.get("HTTP_X_FORWARDED_FOR")
+                ),
+            )
             self.turn = await services.turn_start(owner=owner, prompt=prompt, send=self.send)
         except ProtocolError as exc:
             return _error_response(exc.code, exc.message, exc.request_id)
@@ -164,7 +186,7 @@ async def chat(request):
 async def cancel(request):
     """Stop one of the caller's answers, in this process or another; says what happened."""
     try:
-        message_id = parse_http_cancel(request.body)
+        message_id = parse_http_cancel(_body(request))
         owner = await sync_to_async(owner_of_request)(request)
         result = await services.turn_cancel(owner=owner, message_id=message_id)
     except (ProtocolError, services.TurnError) as exc:
@@ -191,3 +213,15 @@ def csrf_failure(request, reason: str = ""):
             status=403,
         )
     return django_csrf_failure(request, reason)
+
+
+def bad_request(request, exception=None):
+    """handler400 (DEBUG off): an `error` event for API clients, Django's page for everything else.
+
+    Reached when Django itself refuses a request before the view, e.g. a form-encoded body
+    over DATA_UPLOAD_MAX_MEMORY_SIZE read by the CSRF check.
+    """
+    if request.path.startswith("/api/"):
+        code = "frame_too_large" if isinstance(exception, RequestDataTooBig) else "bad_request"
+        return _error_response(code, f"the request was refused: {exception or 'bad request'}")
+    return django_bad_request(request, exception)

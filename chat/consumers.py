@@ -21,6 +21,7 @@ from .protocol import (
     parse_frame,
     pong_event,
 )
+from .ratelimit import client_address
 from .selectors import Owner
 
 log = logging.getLogger(__name__)
@@ -34,9 +35,23 @@ class ChatConsumer(AsyncWebsocketConsumer):
     # not subscribe to the channel layer, and a Redis outage never drops a socket.
     channel_layer_alias = None
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.turns: dict[str, services.Turn] = {}
+
+    async def __call__(self, scope, receive, send):
+        """However the socket ends (a close, a crash in a handler, daphne cancelling it), its answer stops.
+
+        A handler that raises ends the consumer without a `websocket.disconnect`, so
+        `disconnect` alone would leave the answer generating for nobody.
+        """
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._stop_turns()
+
     async def connect(self):
         """Accept, and make sure the visitor has a session their conversations belong to."""
-        self.turns: dict[str, services.Turn] = {}
         try:
             self.owner = await self._owner()
         except DatabaseError as exc:
@@ -52,7 +67,12 @@ class ChatConsumer(AsyncWebsocketConsumer):
 
     async def disconnect(self, code):
         """A closed tab stops its generation; the partial answer is still stored."""
-        for turn in self.turns.values():
+        self._stop_turns()
+
+    def _stop_turns(self) -> None:
+        """Detach from and cancel this socket's unfinished answers, once."""
+        turns, self.turns = self.turns, {}
+        for turn in turns.values():
             turn.detach()
             if not turn.finished:
                 turn.cancel()
@@ -82,7 +102,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
             )
             return
         try:
-            services.turn_rate_check(owner=self.owner)
+            services.turn_rate_check(owner=self.owner, address=self._address())
         except services.TurnError as exc:
             await self.send_event(error_event(exc.code, exc.message, prompt.request_id))
             return
@@ -127,6 +147,11 @@ class ChatConsumer(AsyncWebsocketConsumer):
         await self.send_event(
             cancel_ack_event(command.request_id, message=command.message, result=result)
         )
+
+    def _address(self) -> str | None:
+        peer = (self.scope.get("client") or [None])[0]
+        forwarded = dict(self.scope.get("headers", [])).get(b"x-forwarded-for", b"")
+        return client_address(peer, forwarded.decode("latin1"))
 
     async def send_event(self, event: dict):
         await self.send(text_data=json.dumps(event, ensure_ascii=False))

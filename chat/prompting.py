@@ -22,7 +22,7 @@ def fit_prompt(
     while True:
         messages = head + history + [{"role": "user", "content": text}]
         rendered = backend.render(messages)
-        input_ids = backend.encode(rendered)
+        input_ids = backend.encode(messages)
         if len(input_ids) + max_new_tokens <= backend.context_length or not history:
             backend.check_fits(len(input_ids), max_new_tokens)
             return messages, rendered, input_ids

@@ -48,9 +48,23 @@ class Ping:
     pass
 
 
+def is_unicode(text: str) -> bool:
+    """False for a str holding a lone surrogate (JSON allows "\\ud800"; UTF-8 and the tokenizer do not)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _request_id(frame: dict) -> str:
     value = frame.get("request_id")
-    if not isinstance(value, str) or not value or len(value) > MAX_REQUEST_ID:
+    if (
+        not isinstance(value, str)
+        or not value
+        or len(value) > MAX_REQUEST_ID
+        or not is_unicode(value)
+    ):
         raise ProtocolError(
             "bad_request_id",
             f"request_id must be a non-empty string of at most {MAX_REQUEST_ID} characters",
@@ -65,6 +79,8 @@ def _json_object(text: str | bytes) -> dict:
         frame = json.loads(text)
     except ValueError as exc:
         raise ProtocolError("bad_json", f"the frame is not valid JSON: {exc}") from None
+    except RecursionError:  # "[[[[...": the decoder recurses once per level
+        raise ProtocolError("bad_json", "the frame's JSON is nested too deeply") from None
     if not isinstance(frame, dict):
         raise ProtocolError("bad_frame", "a frame must be a JSON object")
     return frame
@@ -83,8 +99,10 @@ def parse_frame(text: str | None, *, max_prompt_chars: int) -> Prompt | Cancel |
     if kind == "cancel":
         return _cancel(frame)
     if kind != "prompt":
+        # ascii(): a lone surrogate would make the error itself unsendable; a long type is cut.
+        shown = ascii(kind[:40]) if isinstance(kind, str) else f"of JSON type {type(kind).__name__}"
         raise ProtocolError(
-            "unknown_type", f"unknown frame type {kind!r}; expected prompt, cancel or ping"
+            "unknown_type", f"unknown frame type {shown}; expected prompt, cancel or ping"
         )
     return parse_prompt(frame, request_id=_request_id(frame), max_prompt_chars=max_prompt_chars)
 
@@ -113,6 +131,12 @@ def parse_prompt(frame: dict, *, request_id: str, max_prompt_chars: int) -> Prom
     prompt_text = frame.get("text")
     if not isinstance(prompt_text, str) or not prompt_text.strip():
         raise ProtocolError("bad_prompt", "text must be a non-empty string", request_id)
+    if not is_unicode(prompt_text):
+        raise ProtocolError(
+            "bad_prompt",
+            "text is not valid Unicode: it holds a lone surrogate (such as \\ud800 in the JSON)",
+            request_id,
+        )
     if len(prompt_text) > max_prompt_chars:
         raise ProtocolError(
             "prompt_too_long",
@@ -127,7 +151,9 @@ def parse_prompt(frame: dict, *, request_id: str, max_prompt_chars: int) -> Prom
             "bad_conversation", "conversation must be a conversation id or null", request_id
         )
     policy = frame.get("policy")
-    if policy is not None and (not isinstance(policy, str) or not policy or len(policy) > 50):
+    if policy is not None and (
+        not isinstance(policy, str) or not policy or len(policy) > 50 or not is_unicode(policy)
+    ):
         raise ProtocolError("bad_policy", "policy must be a policy slug or omitted", request_id)
     return Prompt(request_id=request_id, text=prompt_text, conversation=conversation, policy=policy)
 

@@ -48,7 +48,7 @@ from .protocol import (
     queued_event,
     retract_event,
 )
-from .ratelimit import prompt_limiter
+from .ratelimit import address_limiter, prompt_limiter
 from .runtime import NotReady, runtime
 from .selectors import Owner, answer_history, answer_status, conversations_for
 
@@ -176,14 +176,22 @@ class Turn:
             self.cancel()
 
 
-def turn_rate_check(*, owner: Owner) -> None:
-    """Count one prompt against the owner's per-minute limit; TurnError `rate_limited` when over it."""
-    wait = prompt_limiter.check(owner.rate_key)
-    if wait:
-        raise TurnError(
-            "rate_limited",
-            f"too many prompts: at most {prompt_limiter.limit} a minute; try again in {wait:.0f} s",
-        )
+def turn_rate_check(*, owner: Owner, address: str | None = None) -> None:
+    """Count one prompt against the owner's per-minute limit, and a visitor's address's;
+    TurnError `rate_limited` when over either (then neither is counted)."""
+    limits = [(prompt_limiter, owner.rate_key)]
+    if owner.user_id is None and address is not None:
+        limits.append((address_limiter, f"address:{address}"))
+    for limiter, key in limits:
+        wait = limiter.wait(key)
+        if wait:
+            raise TurnError(
+                "rate_limited",
+                f"too many prompts{' from this address' if limiter is address_limiter else ''}: "
+                f"at most {limiter.limit} a minute; try again in {wait:.0f} s",
+            )
+    for limiter, key in limits:
+        limiter.check(key)
 
 
 async def turn_start(*, owner: Owner, prompt, send: Send) -> Turn:
@@ -527,7 +535,7 @@ class _TurnRun:
             {"role": "user", "content": reask_message(reason, self.policy.schema)},
         ]
         backend = self._backend
-        input_ids = backend.encode(backend.render(messages))
+        input_ids = backend.encode(messages)
         if len(input_ids) + self.request.max_new_tokens > backend.context_length:
             return False
         try:

@@ -80,6 +80,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "chat.csp.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -168,6 +169,14 @@ SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", False)
 SECURE_PROXY_SSL_HEADER = (
     ("HTTP_X_FORWARDED_PROTO", "https") if envbool("BEHIND_TLS_PROXY", False) else None
 )
+# Scripts, styles, images, fonts, fetches and sockets from this site only; no inline script or
+# style, no plugins, no framing, forms post here. 'self' covers ws:/wss: on this host (CSP 3).
+CONTENT_SECURITY_POLICY = env(
+    "CONTENT_SECURITY_POLICY",
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
+    "frame-ancestors 'none'; form-action 'self'",
+)
 SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("SECURE_HSTS_INCLUDE_SUBDOMAINS", SECURE_HSTS_SECONDS > 0)
 SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", SECURE_HSTS_SECONDS > 0)
@@ -204,6 +213,10 @@ CHAT_MAX_QUEUE = envint("CHAT_MAX_QUEUE", 64)
 CHAT_RATE_LIMIT_PER_MINUTE = envint(
     "CHAT_RATE_LIMIT_PER_MINUTE", 30
 )  # prompts per user; 0 = no limit
+# Visitors without an account also count per client address (a new cookie is free); 0 = no limit.
+CHAT_RATE_LIMIT_PER_ADDRESS = envint("CHAT_RATE_LIMIT_PER_ADDRESS", CHAT_RATE_LIMIT_PER_MINUTE)
+# Proxies in front that append to X-Forwarded-For; 0 ignores the header (anyone can send it).
+CHAT_TRUSTED_PROXIES = envint("CHAT_TRUSTED_PROXIES", 0)
 CHAT_MAX_BATCH = envint(
     "CHAT_MAX_BATCH", 4
 )  # concurrent answers per generate call; 1 = plain queue

@@ -4,6 +4,8 @@ from django.urls import path
 from chat import api, views
 from chat.admin_views import latency_view
 
+handler400 = "chat.api.bad_request"  # JSON for /api/ clients
+
 urlpatterns = [
     path("", views.index, name="index"),
     path("api/conversations/", views.conversations, name="conversations"),

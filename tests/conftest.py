@@ -29,6 +29,15 @@ def empty_cache(settings):
         client.close()
 
 
+@pytest.fixture(autouse=True)
+def fresh_rate_limits():
+    """Every test starts with empty rate-limit windows: all test clients share one address."""
+    from chat.ratelimit import address_limiter, prompt_limiter
+
+    prompt_limiter.clear()
+    address_limiter.clear()
+
+
 @pytest.fixture(scope="session")
 def runtime():
     """The process's real model and scheduler, loaded once for the whole session."""
@@ -57,7 +66,7 @@ class ChatClient:
     def __init__(
         self, application, *, session_key: str | None = None, origin: bytes = b"http://localhost"
     ):
-        headers = [(b"origin", origin)]
+        headers = [(b"origin", origin), (b"host", b"localhost")]  # as a browser on this site sends
         if session_key:
             headers.append((b"cookie", f"sessionid={session_key}".encode()))
         self.communicator = WebsocketCommunicator(application, "/ws/chat/", headers=headers)

@@ -151,7 +151,7 @@ class _Handler(BaseHTTPRequestHandler):
                 404, f"The model `{body.get('model')}` does not exist.", "NotFoundError"
             )
         backend = self.fake.backend
-        input_ids = backend.encode(backend.render(body["messages"]))
+        input_ids = backend.encode(body["messages"])
         max_tokens = int(body.get("max_tokens") or 16)
         if len(input_ids) + max_tokens > backend.context_length:
             return self._error(

@@ -54,8 +54,8 @@ class ScriptedBackend:
     def render(self, messages: list[dict]) -> str:
         return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
 
-    def encode(self, rendered: str) -> list[int]:
-        return [ord(c) for c in rendered]
+    def encode(self, messages: list[dict]) -> list[int]:
+        return [ord(c) for c in self.render(messages)]
 
     def token_count(self, text: str) -> int:
         return len(text)

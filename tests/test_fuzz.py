@@ -26,8 +26,35 @@ frame_dicts = st.fixed_dictionaries(
         "policy": st.text(max_size=60) | json_values,
     },
 )
+# Deep nesting (the decoder recurses per level) and lone surrogates ("\\ud800": valid JSON, not UTF-8).
+nested = st.builds(
+    lambda depth, opener, value: opener * depth + value + {"[": "]", '{"a":': "}"}[opener] * depth,
+    st.integers(1, 3000),
+    st.sampled_from(["[", '{"a":']),
+    st.sampled_from(["", "1", '"x"']),
+)
+surrogates = st.text(
+    st.characters(categories=["Cs"]) | st.characters(),
+    min_size=1,
+    max_size=8,
+)
+hostile_frames = (
+    nested
+    | st.builds(
+        lambda inner: '{"type": "prompt", "request_id": "n", "text": ' + inner + "}", nested
+    )
+    | st.fixed_dictionaries(
+        {
+            "type": st.just("prompt"),
+            "request_id": st.text(max_size=4) | surrogates,
+            "text": surrogates,
+        },
+        optional={"policy": surrogates, "conversation": st.none()},
+    ).map(json.dumps)  # json.dumps writes a lone surrogate as its \\u escape
+)
 raw_frames = (
-    frame_dicts.map(json.dumps)
+    hostile_frames
+    | frame_dicts.map(json.dumps)
     | json_values.map(json.dumps)
     | st.text(min_size=1, max_size=200)
     | st.binary(min_size=1, max_size=64)

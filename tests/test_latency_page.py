@@ -6,8 +6,10 @@ import random
 import statistics
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
+from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser, Permission
 from django.core.exceptions import PermissionDenied
@@ -357,11 +359,11 @@ def test_the_page_plots_the_known_data(superuser, known_data):
     assert 'id="ttft-p50">300 ms<' in html and 'id="ttft-p95">480 ms<' in html
     assert 'id="total-p50">3.00 s<' in html and 'id="total-p95">8.80 s<' in html
     assert 'id="cached-share">12%<' in html and 'id="cancelled">1<' in html  # 1 of 8
-    assert (
-        "var(--link-fg)" in html
-        and "var(--body-fg)" in html
-        and "<script" not in html.split('id="content-main"')[1]
-    )
+    # The charts take the admin's colours from its stylesheet (a file: the CSP allows no inline style).
+    stylesheet = (Path(settings.BASE_DIR) / "static" / "chat" / "latency.css").read_text()
+    assert "chat/latency.css" in html and "<style" not in html
+    assert "var(--link-fg)" in stylesheet and "var(--body-fg)" in stylesheet
+    assert "<script" not in html.split('id="content-main"')[1]
     assert 'id="latency-empty"' not in html
 
     html = logged_in(superuser).get(URL + "?include_cached=1").content.decode()

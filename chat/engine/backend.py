@@ -18,6 +18,7 @@ from transformers import (
 from .batching import BatchStoppingCriteria, BatchStreamer, Row, finish_reason, left_pad
 from .eos import token_id
 from .stopping import StopStringHoldback
+from .template import encode_pieces, encode_text, render_pieces
 from .types import (
     EngineConfig,
     GenerationRequest,
@@ -98,15 +99,16 @@ class LocalBackend:
 
     def render(self, messages: list[dict]) -> str:
         """The exact model input for a conversation, via the tokenizer's chat template."""
-        return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
-        )
+        return "".join(text for text, _ in render_pieces(self.tokenizer, messages))
 
-    def encode(self, rendered: str) -> list[int]:
-        return self.tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    def encode(self, messages: list[dict]) -> list[int]:
+        """The ids fed to the model for `messages`; their contents never become control tokens."""
+        if isinstance(messages, str):
+            raise TypeError("encode() takes the messages: a rendered string hides typed markers")
+        return encode_pieces(self.tokenizer, render_pieces(self.tokenizer, messages))
 
     def token_count(self, text: str) -> int:
-        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return len(encode_text(self.tokenizer, text))
 
     def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
         """Refuse, rather than truncate, a prompt that leaves no room for the answer."""
@@ -115,7 +117,7 @@ class LocalBackend:
     def request(self, messages: list[dict], **options) -> GenerationRequest:
         """Render and tokenize `messages` into a request (convenience for plain Python)."""
         options.setdefault("max_new_tokens", min(256, self.config.max_new_tokens_cap))
-        return GenerationRequest(input_ids=self.encode(self.render(messages)), **options)
+        return GenerationRequest(input_ids=self.encode(messages), **options)
 
     # -- eos ------------------------------------------------------------------
 

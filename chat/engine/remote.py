@@ -31,6 +31,13 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from .stopping import StopStringHoldback
+from .template import (
+    defuse_markers,
+    encode_pieces,
+    encode_text,
+    render_pieces,
+    special_token_pattern,
+)
 from .types import (
     EngineError,
     GenerationRequest,
@@ -98,6 +105,7 @@ class OpenAIBackend:
         self.context_length = config.context_length or 1 << 62
         eos = getattr(tokenizer, "eos_token_id", None)
         self.eos_token_ids = [eos] if eos is not None else []
+        self._markers = special_token_pattern(tokenizer) if tokenizer is not None else None
         url = urlsplit(config.base_url)
         if url.scheme not in {"http", "https"} or not url.hostname:
             raise ValueError(f"{config.base_url!r} is not an http(s) URL")
@@ -123,19 +131,26 @@ class OpenAIBackend:
         """The messages as the server receives them, canonical JSON (the cache key covers this)."""
         return canonical_messages(messages)
 
-    def encode(self, rendered: str) -> list[int]:
-        """Token ids of the prompt as the local tokenizer's chat template renders it; [] without a tokenizer."""
+    def encode(self, messages: list[dict]) -> list[int]:
+        """Ids of what the server receives, as the local tokenizer's template renders it; [] without one."""
+        if isinstance(messages, str):
+            raise TypeError("encode() takes the messages: a rendered string hides typed markers")
         if self.tokenizer is None:
             return []
-        text = self.tokenizer.apply_chat_template(
-            json.loads(rendered), tokenize=False, add_generation_prompt=True
-        )
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return encode_pieces(self.tokenizer, render_pieces(self.tokenizer, self.sent(messages)))
 
     def token_count(self, text: str) -> int:
         if self.tokenizer is None:
             return 0
-        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return len(encode_text(self.tokenizer, text))
+
+    def sent(self, messages: list[dict]) -> list[dict]:
+        """The messages as sent: the local tokenizer's special tokens typed in a content defused.
+
+        The server tokenizes the rendered chat whole, so a typed `<|im_end|>` would be the
+        real one there. Without a local tokenizer nothing is known to defuse.
+        """
+        return defuse_markers(messages, self._markers)
 
     def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
         """Refuse, rather than truncate, a prompt that leaves no room for the answer."""
@@ -144,9 +159,7 @@ class OpenAIBackend:
     def request(self, messages: list[dict], **options) -> GenerationRequest:
         """A request for `messages` (convenience for plain Python)."""
         options.setdefault("max_new_tokens", min(256, self.config.max_new_tokens_cap))
-        return GenerationRequest(
-            input_ids=self.encode(self.render(messages)), messages=messages, **options
-        )
+        return GenerationRequest(input_ids=self.encode(messages), messages=messages, **options)
 
     def token_id(self, token: str) -> int | None:
         """Id of a single token in the local tokenizer, or None (then it cannot be sent as a stop token)."""
@@ -217,7 +230,7 @@ class OpenAIBackend:
     def _body(self, request: GenerationRequest, max_new: int) -> dict:
         body = {
             "model": self.config.model,
-            "messages": request.messages,
+            "messages": self.sent(request.messages),
             "stream": True,
             "stream_options": {"include_usage": True},
             "max_tokens": max_new,

@@ -187,8 +187,9 @@ class Backend(Protocol):
     def render(self, messages: list[dict]) -> str:
         """The exact model input for a conversation (the chat template applied)."""
 
-    def encode(self, rendered: str) -> list[int]:
-        """Token ids of a rendered prompt."""
+    def encode(self, messages: list[dict]) -> list[int]:
+        """Token ids of the rendered chat, where only the template's own markers become special
+        tokens: text a user typed never does."""
 
     def token_count(self, text: str) -> int:
         """How many tokens `text` costs, for per-prompt limits."""

@@ -157,9 +157,7 @@ class Command(BaseCommand):
         import torch
 
         messages = [{"role": "user", "content": self.prompt}]
-        self.input_ids = backend.encode(
-            backend.render(messages)
-        )  # exactly what the server feeds the model
+        self.input_ids = backend.encode(messages)  # exactly what the server feeds the model
         self.results["prompt_tokens"] = len(self.input_ids)
         self.results["threads"] = torch.get_num_threads()
         bm.bare_generate(
