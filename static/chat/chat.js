@@ -1,5 +1,6 @@
-// Chat page: streams answers over a WebSocket. Model and user text are only
-// ever written with textContent, never innerHTML, so markup renders literally.
+// Chat page: streams answers over a WebSocket. User text is only ever written with
+// textContent; an answer is rendered as Markdown by markdown.js (raw HTML off, then
+// DOMPurify), at most once per animation frame however fast its chunks arrive.
 (() => {
   'use strict';
 
@@ -33,6 +34,9 @@
     answers: new Map(), // request_id -> answer
     counter: 0,
   };
+  // Chunks received vs Markdown renders done, for the page's tests and the README figure.
+  const renderStats = { chunks: 0, renders: 0 };
+  window.__chatRenderStats = renderStats;
 
   function toId(value) { return value == null || value === '' ? null : Number(value); }
 
@@ -111,6 +115,13 @@
     return root;
   }
 
+  function actionButton(className, label, title) {
+    const button = el('button', `action ${className}`, label);
+    button.type = 'button';
+    button.title = title;
+    return button;
+  }
+
   function buildAnswer() {
     const root = el('article', 'message assistant');
     const meta = el('div', 'meta');
@@ -118,22 +129,50 @@
       badge: el('span', 'badge'),
       queue: el('div', 'queue'),
       status: el('div', 'status'),
-      text: el('div', 'text'),
+      text: el('div', 'text markdown'),
       json: el('pre', 'json'),
+      valid: el('div', 'json-valid', '✓ Valid against the schema'),
       error: el('div', 'error'),
       metrics: el('div', 'metrics'),
+      actions: el('div', 'actions'),
     };
-    for (const key of ['badge', 'queue', 'status', 'json', 'error', 'metrics']) parts[key].hidden = true;
+    for (const key of ['badge', 'queue', 'status', 'json', 'valid', 'error', 'metrics']) parts[key].hidden = true;
+    parts.actions.append(actionButton('copy-answer', 'Copy', 'Copy the answer as Markdown'));
     meta.append(el('span', 'role', 'Assistant'), parts.badge);
-    root.append(meta, parts.queue, parts.status, parts.text, parts.json, parts.error, parts.metrics);
-    return { root, parts, text: '' };
+    root.append(meta, parts.queue, parts.status, parts.text, parts.valid, parts.json, parts.error,
+      parts.metrics, parts.actions);
+    const answer = { root, parts, text: '', plain: false, renderQueued: false };
+    root.chatAnswer = answer;
+    return answer;
   }
 
   function setState(answer, value) { answer.root.dataset.state = value; }
 
-  function setText(answer, text) {
+  function renderNow(answer) {
+    answer.renderQueued = false;
+    renderStats.renders += 1;
+    if (answer.plain) answer.parts.text.textContent = answer.text;
+    else answer.parts.text.replaceChildren(window.ChatMarkdown.render(answer.text));
+  }
+
+  // The text changes per chunk; the DOM at most once per frame.
+  function setText(answer, text, { plain = false, now = false } = {}) {
     answer.text = text;
-    answer.parts.text.textContent = text;
+    answer.plain = plain;
+    if (now) { renderNow(answer); return; }
+    if (answer.renderQueued) return;
+    answer.renderQueued = true;
+    requestAnimationFrame(() => {
+      if (answer.renderQueued) keepScrolled(() => renderNow(answer));
+    });
+  }
+
+  // A structured answer: shown once, pretty-printed, with the mark that it passed its schema.
+  function showJson(answer, value) {
+    answer.parts.text.hidden = true;
+    show(answer.parts.json, JSON.stringify(value, null, 2));
+    answer.parts.valid.hidden = false;
+    answer.text = answer.parts.json.textContent;
   }
 
   function setStatus(answer, text, kind) {
@@ -163,10 +202,11 @@
     if (m.status === 'streaming') { value = 'streaming'; badge = ''; setStatus(answer, 'Still being written…'); }
     setState(answer, value);
     answer.root.dataset.messageId = m.id;
-    setText(answer, value === 'retracted' ? withdrawnText('') : (m.text || ''));
+    if (value === 'retracted') setText(answer, withdrawnText(''), { plain: true, now: true });
+    else setText(answer, m.text || '', { now: true });
     if (value === 'retracted') answer.root.classList.add('withdrawn');
     show(answer.parts.badge, badge);
-    if (m.json != null && value !== 'retracted') show(answer.parts.json, JSON.stringify(m.json, null, 2));
+    if (m.json != null && value !== 'retracted') showJson(answer, m.json);
     if (m.metrics) {
       const x = m.metrics;
       show(answer.parts.metrics, formatMetrics({ firstMs: x.ttft_ms, lastMs: x.total_ms, tokens: x.new_tokens, tps: x.tokens_per_s }));
@@ -267,12 +307,15 @@
   function onChunk(answer, msg) {
     if (answer.retracted) return;
     const piece = typeof msg.text === 'string' ? msg.text : '';
+    renderStats.chunks += 1;
     if (piece && answer.tFirst == null) answer.tFirst = performance.now();
-    answer.started = true;
-    answer.parts.queue.hidden = true;
-    setStatus(answer, '');
-    setState(answer, 'streaming');
-    keepScrolled(() => setText(answer, answer.text + piece));
+    if (!answer.started) {
+      answer.started = true;
+      answer.parts.queue.hidden = true;
+      setStatus(answer, '');
+      setState(answer, 'streaming');
+    }
+    setText(answer, answer.text + piece);
   }
 
   function onBuffering(answer, msg) {
@@ -287,8 +330,9 @@
     setStatus(answer, '');
     answer.root.classList.add('withdrawn');
     answer.parts.json.hidden = true;
+    answer.parts.valid.hidden = true;
     setState(answer, 'retracted');
-    setText(answer, withdrawnText(answer.retractReason));
+    setText(answer, withdrawnText(answer.retractReason), { plain: true, now: true });
   }
 
   function onDone(answer, msg) {
@@ -300,12 +344,12 @@
     keepScrolled(() => {
       if (value === 'retracted') {
         answer.root.classList.add('withdrawn');
-        setText(answer, withdrawnText(answer.retractReason));
+        setText(answer, withdrawnText(answer.retractReason), { plain: true, now: true });
       } else {
-        setText(answer, typeof msg.text === 'string' ? msg.text : answer.text);
+        setText(answer, typeof msg.text === 'string' ? msg.text : answer.text, { now: true });
         // A retract followed by e.g. "invalid": keep the reason visible.
         if (answer.retracted) setStatus(answer, withdrawnText(answer.retractReason), 'withdrawn');
-        if (msg.json != null) show(answer.parts.json, JSON.stringify(msg.json, null, 2));
+        if (msg.json != null) showJson(answer, msg.json);
       }
       show(answer.parts.badge, [info.badge, msg.cached ? 'cached' : ''].filter(Boolean).join(' · '));
       if (answer.tFirst == null) answer.tFirst = now;
@@ -515,6 +559,31 @@
     else { state.conversation = null; els.messages.replaceChildren(); markCurrent(); }
   }
 
+  // ---- per-answer actions --------------------------------------------------
+
+  async function copyText(button, text) {
+    try {
+      await navigator.clipboard.writeText(text);
+      button.textContent = 'Copied';
+    } catch {
+      button.textContent = 'Copy failed';
+    }
+    setTimeout(() => { button.textContent = 'Copy'; }, 1500);
+  }
+
+  function onMessagesClick(event) {
+    const codeCopy = event.target.closest('button.copy-code');
+    if (codeCopy) {
+      const code = codeCopy.closest('.code-block')?.querySelector('code');
+      copyText(codeCopy, code ? code.textContent : '');
+      return;
+    }
+    const action = event.target.closest('button.action');
+    const answer = action?.closest('.message.assistant')?.chatAnswer;
+    if (!answer) return;
+    if (action.classList.contains('copy-answer')) copyText(action, answer.text);
+  }
+
   // ---- wiring ------------------------------------------------------------
 
   function init() {
@@ -529,6 +598,10 @@
     els.stop.addEventListener('click', stopRunning);
     els.newChat.addEventListener('click', startNewChat);
     els.conversations.addEventListener('click', onConversationClick);
+    els.messages.addEventListener('click', onMessagesClick);
+    document.addEventListener('keydown', (event) => {
+      if (event.key === 'Escape' && state.running) { event.preventDefault(); stopRunning(); }
+    });
     window.addEventListener('popstate', onPopState);
 
     updateControls();
