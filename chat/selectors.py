@@ -34,6 +34,7 @@ def message_as_dict(message: Message) -> dict:
         "finish_reason": message.finish_reason or None,
         "json": message.json_value,
         "metrics": message.metrics,
+        "superseded": message.superseded,
         "created_at": message.created_at.isoformat(),
     }
 

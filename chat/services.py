@@ -41,6 +41,8 @@ Send = Callable[[dict], Awaitable[None]]
 
 # Answers the model should not see again as context: withdrawn or invalid ones.
 _NOT_CONTEXT = ("moderated", "invalid")
+# Sampling temperature of a regenerated answer when its policy is greedy.
+REGENERATE_TEMPERATURE = 0.8
 
 
 class TurnError(Exception):
@@ -93,7 +95,7 @@ def _history(conversation: Conversation | None) -> list[dict]:
     if conversation is None:
         return []
     rows = (
-        conversation.messages.filter(status=Message.Status.DONE)
+        conversation.messages.filter(status=Message.Status.DONE, superseded=False)
         .exclude(text="")
         .exclude(finish_reason__in=_NOT_CONTEXT)
         .order_by("-created_at", "-id")[: settings.CHAT_HISTORY_TURNS]
@@ -163,13 +165,14 @@ def _prepare(owner: Owner, prompt, backend) -> _Prepared:
             raise TurnError(
                 "unknown_conversation", f"conversation {prompt.conversation} does not exist"
             )
-    try:
-        messages, rendered, input_ids = _fit_prompt(
-            backend, policy, _history(conversation), prompt.text
-        )
-    except EngineError as exc:
-        raise TurnError(exc.code, str(exc)) from None
-    with transaction.atomic():
+    with transaction.atomic():  # a replaced answer stays current if the new prompt is refused
+        regenerate = prompt.replace is not None and _supersede(conversation, prompt) == prompt.text
+        try:
+            messages, rendered, input_ids = _fit_prompt(
+                backend, policy, _history(conversation), prompt.text
+            )
+        except EngineError as exc:
+            raise TurnError(exc.code, str(exc)) from None
         if conversation is None:
             conversation = Conversation.objects.create(
                 user_id=owner.user_id,
@@ -188,7 +191,32 @@ def _prepare(owner: Owner, prompt, backend) -> _Prepared:
         )
     request = _request_for(backend, policy, input_ids, prompt.request_id, messages)
     key = _cache_key(backend, policy, rendered, request) if policy.cache_enabled else None
+    if regenerate:
+        # A new answer, not the same greedy one again: sample, and neither serve nor store a cached one.
+        temperature = max(request.temperature, REGENERATE_TEMPERATURE)
+        request, key = replace(request, temperature=temperature), None
     return _Prepared(conversation, assistant, policy, messages, rendered, request, key)
+
+
+def _supersede(conversation: Conversation, prompt) -> str:
+    """Mark the last prompt and its answer `prompt.replace` as earlier versions; their prompt text."""
+    answer = (
+        conversation.messages.filter(role=Message.Role.ASSISTANT, superseded=False)
+        .select_for_update()
+        .last()
+    )
+    if answer is None or answer.pk != prompt.replace or answer.status == Message.Status.STREAMING:
+        raise TurnError(
+            "bad_message",
+            "replace must name the conversation's last answer, once it has finished",
+        )
+    asked = conversation.messages.filter(
+        role=Message.Role.USER, superseded=False, id__lt=answer.pk
+    ).last()
+    conversation.messages.filter(pk__in=[answer.pk, asked.pk if asked else answer.pk]).update(
+        superseded=True
+    )
+    return asked.text if asked else ""
 
 
 def _cache_key(

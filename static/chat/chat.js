@@ -10,7 +10,7 @@
     messages: $('messages'), conversations: $('conversations'), newChat: $('new-chat'),
     connection: $('connection'), connectionLabel: $('connection-label'),
     health: $('health-banner'), healthDetail: $('health-detail'),
-    banners: $('banners'), counter: $('char-count'),
+    banners: $('banners'), counter: $('char-count'), editHint: $('edit-hint'),
   };
 
   // finish_reason -> data-state and badge text.
@@ -31,6 +31,7 @@
     ws: null, backoff: BACKOFF_MIN_MS, pingTimer: null, healthTimer: null,
     ready: false, conversation: config.conversation,
     running: null, // the one live answer, if any
+    editing: null, // {answer}: the composer holds the last prompt, to replace that answer
     answers: new Map(), // request_id -> answer
     counter: 0,
   };
@@ -111,8 +112,20 @@
 
   function buildUser(text) {
     const root = el('article', 'message user');
-    root.append(el('div', 'meta', 'You'), el('div', 'text', text));
+    const actions = el('div', 'actions');
+    const edit = actionButton('edit-prompt', 'Edit', 'Edit this message and send it again');
+    edit.hidden = true;
+    actions.append(edit);
+    root.append(el('div', 'meta', 'You'), el('div', 'text', text), actions);
+    root.chatPrompt = text;
     return root;
+  }
+
+  // A regenerated answer or an edited prompt keeps what it replaced, marked as an earlier version.
+  function markSuperseded(node) {
+    node.classList.add('superseded');
+    const meta = node.querySelector('.meta');
+    if (meta && !meta.querySelector('.earlier')) meta.append(el('span', 'badge earlier', 'Earlier version'));
   }
 
   function actionButton(className, label, title) {
@@ -137,7 +150,9 @@
       actions: el('div', 'actions'),
     };
     for (const key of ['badge', 'queue', 'status', 'json', 'valid', 'error', 'metrics']) parts[key].hidden = true;
-    parts.actions.append(actionButton('copy-answer', 'Copy', 'Copy the answer as Markdown'));
+    const regenerate = actionButton('regenerate', 'Regenerate', 'A new answer to the same prompt');
+    regenerate.hidden = true;
+    parts.actions.append(actionButton('copy-answer', 'Copy', 'Copy the answer as Markdown'), regenerate);
     meta.append(el('span', 'role', 'Assistant'), parts.badge);
     root.append(meta, parts.queue, parts.status, parts.text, parts.valid, parts.json, parts.error,
       parts.metrics, parts.actions);
@@ -191,6 +206,7 @@
     if (m.role === 'user') {
       const node = buildUser(m.text || '');
       node.dataset.messageId = m.id;
+      if (m.superseded) markSuperseded(node);
       return node;
     }
     const answer = buildAnswer();
@@ -202,6 +218,8 @@
     if (m.status === 'streaming') { value = 'streaming'; badge = ''; setStatus(answer, 'Still being written…'); }
     setState(answer, value);
     answer.root.dataset.messageId = m.id;
+    answer.messageId = m.id;
+    if (m.superseded) markSuperseded(answer.root);
     if (value === 'retracted') setText(answer, withdrawnText(''), { plain: true, now: true });
     else setText(answer, m.text || '', { now: true });
     if (value === 'retracted') answer.root.classList.add('withdrawn');
@@ -239,8 +257,10 @@
     return `r${state.counter}-${Math.random().toString(36).slice(2, 8)}`;
   }
 
-  function sendPrompt() {
-    const text = els.prompt.value;
+  // From the composer, or a Regenerate (`text` given); `replace` names the answer it replaces.
+  function sendPrompt(text = null, replace = state.editing?.answer.messageId ?? null) {
+    const fromComposer = text == null;
+    if (fromComposer) text = els.prompt.value;
     if (els.send.disabled || !text.trim()) return;
     if (!socketOpen()) {
       showBanner('Not connected to the server yet. Reconnecting…', 'offline');
@@ -250,6 +270,7 @@
     answer.requestId = newRequestId();
     answer.prompt = text;
     answer.live = true;
+    answer.replaces = replace == null ? null : answerNodeOf(replace);
     answer.root.dataset.requestId = answer.requestId;
     setState(answer, 'queued');
     state.answers.set(answer.requestId, answer);
@@ -261,10 +282,48 @@
     const frame = { type: 'prompt', request_id: answer.requestId, text, conversation: state.conversation };
     const policy = document.getElementById('policy');
     if (policy && policy.value) frame.policy = policy.value;
+    if (replace != null) frame.replace = replace;
     state.ws.send(JSON.stringify(frame));
-    els.prompt.value = '';
+    if (fromComposer) {
+      els.prompt.value = '';
+      stopEditing();
+    }
+    autosize();
+    updateLastActions();
+    updateControls();
+  }
+
+  function answerNodeOf(messageId) {
+    return [...els.messages.querySelectorAll('.message.assistant')]
+      .find((node) => node.chatAnswer?.messageId === messageId) || null;
+  }
+
+  // Regenerate and Edit apply to the conversation's last answer only, once it has ended.
+  function updateLastActions() {
+    for (const button of els.messages.querySelectorAll('.regenerate, .edit-prompt')) button.hidden = true;
+    if (state.running) return;
+    const answers = els.messages.querySelectorAll('.message.assistant:not(.superseded)');
+    const last = answers[answers.length - 1];
+    if (!last || last.chatAnswer?.messageId == null) return;
+    last.querySelector('.regenerate').hidden = false;
+    const asked = last.previousElementSibling;
+    if (asked?.classList.contains('user')) asked.querySelector('.edit-prompt').hidden = false;
+  }
+
+  function startEditing(userNode) {
+    const answerNode = userNode.nextElementSibling;
+    if (!answerNode?.chatAnswer) return;
+    state.editing = { answer: answerNode.chatAnswer };
+    els.prompt.value = userNode.chatPrompt;
+    els.editHint.hidden = false;
     autosize();
     updateControls();
+    els.prompt.focus();
+  }
+
+  function stopEditing() {
+    state.editing = null;
+    els.editHint.hidden = true;
   }
 
   function stopRunning() {
@@ -281,6 +340,7 @@
     setState(answer, value);
     answer.parts.queue.hidden = true;
     if (state.running === answer) state.running = null;
+    updateLastActions();
     updateControls();
   }
 
@@ -288,6 +348,11 @@
 
   function onAccepted(answer, msg) {
     answer.messageId = msg.message;
+    if (answer.replaces) {
+      markSuperseded(answer.replaces);
+      const asked = answer.replaces.previousElementSibling;
+      if (asked?.classList.contains('user')) markSuperseded(asked);
+    }
     adoptConversation(msg.conversation, answer);
     onQueued(answer, msg);
   }
@@ -526,16 +591,19 @@
       return false;
     }
     const data = await res.json();
+    if (mode === 'replace') stopEditing();
     const nodes = (data.messages || []).map(renderHistoryMessage);
     state.conversation = toId(data.id ?? id);
     if (mode === 'prepend') els.messages.prepend(...nodes);
     else els.messages.replaceChildren(...nodes);
     els.messages.scrollTop = els.messages.scrollHeight;
     markCurrent();
+    updateLastActions();
     return true;
   }
 
   function startNewChat() {
+    stopEditing();
     state.conversation = null;
     els.messages.replaceChildren();
     history.pushState({ c: null }, '', '/');
@@ -579,9 +647,14 @@
       return;
     }
     const action = event.target.closest('button.action');
+    if (action?.classList.contains('edit-prompt')) { startEditing(action.closest('.message.user')); return; }
     const answer = action?.closest('.message.assistant')?.chatAnswer;
     if (!answer) return;
     if (action.classList.contains('copy-answer')) copyText(action, answer.text);
+    if (action.classList.contains('regenerate')) {
+      const asked = answer.root.previousElementSibling;
+      if (asked?.chatPrompt != null) sendPrompt(asked.chatPrompt, answer.messageId);
+    }
   }
 
   // ---- wiring ------------------------------------------------------------
@@ -600,7 +673,14 @@
     els.conversations.addEventListener('click', onConversationClick);
     els.messages.addEventListener('click', onMessagesClick);
     document.addEventListener('keydown', (event) => {
-      if (event.key === 'Escape' && state.running) { event.preventDefault(); stopRunning(); }
+      if (event.key !== 'Escape') return;
+      if (state.running) { event.preventDefault(); stopRunning(); } else if (state.editing) {
+        event.preventDefault();
+        stopEditing();
+        els.prompt.value = '';
+        autosize();
+        updateControls();
+      }
     });
     window.addEventListener('popstate', onPopState);
 
