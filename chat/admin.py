@@ -1,7 +1,11 @@
 from django.contrib import admin, messages
 
 from . import review
+from .accounts import AdminSignInForm
 from .models import CachedAnswer, Conversation, Message, OutputPolicy, PolicyRevision
+
+# /admin/login/ counts failed attempts exactly like the page's sign-in.
+admin.site.login_form = AdminSignInForm
 
 
 class MessageInline(admin.TabularInline):
