@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.db.models import Q
+
 from .models import Message
 from .services import Owner, conversations_for
 
@@ -14,14 +16,21 @@ def owner_of_request(request) -> Owner:
     return Owner(user_id=user_id, session_key=request.session.session_key)
 
 
-def conversation_list(owner: Owner, limit: int = 50) -> list[dict]:
+def conversation_list(owner: Owner, limit: int = 50, query: str = "") -> list[dict]:
+    """The owner's conversations, newest first; with `query`, those whose title or text has it."""
+    conversations = conversations_for(owner)
+    query = query.strip()
+    if query:
+        matching = Message.objects.filter(text__icontains=query).values("conversation_id")
+        conversations = conversations.filter(Q(title__icontains=query) | Q(pk__in=matching))
     return [
         {
             "id": c.pk,
             "title": c.title or f"Conversation {c.pk}",
             "updated_at": c.updated_at.isoformat(),
+            "day": c.updated_at.date().isoformat(),
         }
-        for c in conversations_for(owner).order_by("-updated_at")[:limit]
+        for c in conversations.order_by("-updated_at")[:limit]
     ]
 
 

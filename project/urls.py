@@ -53,6 +53,11 @@ urlpatterns = [
     ),
     path("api/conversations/", views.conversations, name="conversations"),
     path("api/conversations/<int:conversation_id>/", views.conversation, name="conversation"),
+    path(
+        "api/conversations/<int:conversation_id>/export",
+        views.conversation_export,
+        name="conversation-export",
+    ),
     path("api/chat", api.chat, name="api-chat"),
     path("api/chat/stream", api.chat_stream, name="api-chat-stream"),
     path("api/chat/cancel", api.cancel, name="api-chat-cancel"),
