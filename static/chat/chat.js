@@ -11,6 +11,9 @@
     connection: $('connection'), connectionLabel: $('connection-label'),
     health: $('health-banner'), healthDetail: $('health-detail'),
     banners: $('banners'), counter: $('char-count'), editHint: $('edit-hint'),
+    search: $('search'), tools: $('conversation-tools'), title: $('conversation-title'),
+    renameForm: $('rename-form'), renameInput: $('rename-input'), renameCancel: $('rename-cancel'),
+    rename: $('rename'), remove: $('delete'), exportMd: $('export-md'), exportJson: $('export-json'),
   };
 
   // finish_reason -> data-state and badge text.
@@ -549,27 +552,126 @@
   }
 
   function markCurrent() {
+    let current = null;
     for (const a of els.conversations.querySelectorAll('a')) {
-      if (Number(a.dataset.id) === state.conversation) a.setAttribute('aria-current', 'page');
-      else a.removeAttribute('aria-current');
+      if (Number(a.dataset.id) === state.conversation) {
+        a.setAttribute('aria-current', 'page');
+        current = a;
+      } else a.removeAttribute('aria-current');
     }
+    if (current) state.title = current.textContent;
+    updateTools();
+  }
+
+  function dayLabel(iso) {
+    const day = new Date(iso);
+    const today = new Date();
+    const yesterday = new Date(today);
+    yesterday.setDate(today.getDate() - 1);
+    if (day.toDateString() === today.toDateString()) return 'Today';
+    if (day.toDateString() === yesterday.toDateString()) return 'Yesterday';
+    return day.toLocaleDateString(undefined, { weekday: 'short', day: 'numeric', month: 'short', year: 'numeric' });
+  }
+
+  // Newest first, under a heading per day (the reader's local day).
+  function renderConversationList(list) {
+    const items = [];
+    let last = null;
+    for (const c of list) {
+      const label = c.updated_at ? dayLabel(c.updated_at) : '';
+      if (label !== last) {
+        const heading = el('li', 'day-label', label);
+        heading.setAttribute('role', 'presentation');
+        items.push(heading);
+        last = label;
+      }
+      items.push(conversationItem(c));
+    }
+    if (!list.length && els.search.value.trim()) items.push(el('li', 'day-label', 'No chats match.'));
+    els.conversations.replaceChildren(...items);
+    markCurrent();
   }
 
   async function refreshConversations() {
+    const q = els.search.value.trim();
     try {
-      const res = await fetch('/api/conversations/', { headers: { Accept: 'application/json' } });
+      const url = q ? `/api/conversations/?q=${encodeURIComponent(q)}` : '/api/conversations/';
+      const res = await fetch(url, { headers: { Accept: 'application/json' } });
       if (!res.ok) return;
       const data = await res.json();
-      if (!Array.isArray(data.conversations)) return;
-      els.conversations.replaceChildren(...data.conversations.map(conversationItem));
-      markCurrent();
+      if (!Array.isArray(data.conversations) || els.search.value.trim() !== q) return;
+      renderConversationList(data.conversations);
     } catch { /* the list is a convenience; keep the old one */ }
+  }
+
+  // ---- the current conversation: rename, delete, export ---------------------
+
+  function csrfToken() {
+    return document.querySelector('input[name="csrfmiddlewaretoken"]')?.value || '';
+  }
+
+  function updateTools() {
+    const id = state.conversation;
+    els.tools.hidden = id == null;
+    if (id == null) return;
+    els.title.textContent = state.title || 'Untitled chat';
+    els.exportMd.href = `/api/conversations/${id}/export?format=markdown`;
+    els.exportJson.href = `/api/conversations/${id}/export?format=json`;
+  }
+
+  function startRename() {
+    els.renameInput.value = state.title || '';
+    els.renameForm.hidden = false;
+    els.title.hidden = true;
+    els.renameInput.focus();
+    els.renameInput.select();
+  }
+
+  function endRename() {
+    els.renameForm.hidden = true;
+    els.title.hidden = false;
+    els.rename.focus();
+  }
+
+  async function conversationRequest(method, body) {
+    const res = await fetch(`/api/conversations/${state.conversation}/`, {
+      method,
+      headers: { 'Content-Type': 'application/json', 'X-CSRFToken': csrfToken(), Accept: 'application/json' },
+      body: body == null ? undefined : JSON.stringify(body),
+    });
+    if (!res.ok) {
+      const err = await res.json().catch(() => ({}));
+      showBanner(err.message || `The server said ${res.status}.`, err.code || `http_${res.status}`);
+    }
+    return res;
+  }
+
+  async function saveRename(event) {
+    event.preventDefault();
+    const title = els.renameInput.value.trim();
+    if (!title || state.conversation == null) return;
+    const res = await conversationRequest('PATCH', { title });
+    if (!res.ok) return;
+    state.title = (await res.json()).title;
+    endRename();
+    refreshConversations();
+  }
+
+  async function deleteConversation() {
+    if (state.conversation == null || state.running) return;
+    const title = state.title || 'this chat';
+    if (!window.confirm(`Delete “${title}” and all its messages? This cannot be undone.`)) return;
+    const res = await conversationRequest('DELETE');
+    if (!res.ok) return;
+    startNewChat();
+    refreshConversations();
   }
 
   // A first prompt creates the conversation server-side; make the page point at it.
   function adoptConversation(id, answer) {
     if (id == null || state.conversation != null || !answer.root.isConnected) return;
     state.conversation = toId(id);
+    state.title = answer.prompt.trim().slice(0, 60);
     history.replaceState({ c: id }, '', `/?c=${id}`);
     if (!els.conversations.querySelector(`a[data-id="${id}"]`)) {
       els.conversations.prepend(conversationItem({ id, title: answer.prompt.trim().slice(0, 60) }));
@@ -594,6 +696,7 @@
     if (mode === 'replace') stopEditing();
     const nodes = (data.messages || []).map(renderHistoryMessage);
     state.conversation = toId(data.id ?? id);
+    state.title = data.title;
     if (mode === 'prepend') els.messages.prepend(...nodes);
     else els.messages.replaceChildren(...nodes);
     els.messages.scrollTop = els.messages.scrollHeight;
@@ -683,12 +786,25 @@
       }
     });
     window.addEventListener('popstate', onPopState);
+    let searchTimer = null;
+    els.search.addEventListener('input', () => {
+      clearTimeout(searchTimer);
+      searchTimer = setTimeout(refreshConversations, 200);
+    });
+    els.rename.addEventListener('click', startRename);
+    els.renameForm.addEventListener('submit', saveRename);
+    els.renameCancel.addEventListener('click', endRename);
+    els.renameInput.addEventListener('keydown', (event) => {
+      if (event.key === 'Escape') { event.preventDefault(); event.stopPropagation(); endRename(); }
+    });
+    els.remove.addEventListener('click', deleteConversation);
 
     updateControls();
     pollHealth();
     connect();
     if (state.conversation != null) loadConversation(state.conversation, 'prepend');
     markCurrent();
+    refreshConversations(); // grouped by day, in the reader's time zone
   }
 
   init();
