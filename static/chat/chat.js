@@ -11,6 +11,7 @@
     connection: $('connection'), connectionLabel: $('connection-label'),
     health: $('health-banner'), healthDetail: $('health-detail'),
     banners: $('banners'), counter: $('char-count'), editHint: $('edit-hint'),
+    app: document.querySelector('.app'), sidebarToggle: $('sidebar-toggle'), announcer: $('announcer'),
     search: $('search'), tools: $('conversation-tools'), title: $('conversation-title'),
     renameForm: $('rename-form'), renameInput: $('rename-input'), renameCancel: $('rename-cancel'),
     rename: $('rename'), remove: $('delete'), exportMd: $('export-md'), exportJson: $('export-json'),
@@ -273,6 +274,7 @@
     answer.requestId = newRequestId();
     answer.prompt = text;
     answer.live = true;
+    answer.root.setAttribute('aria-busy', 'true'); // not read out chunk by chunk
     answer.replaces = replace == null ? null : answerNodeOf(replace);
     answer.root.dataset.requestId = answer.requestId;
     setState(answer, 'queued');
@@ -338,9 +340,17 @@
   }
 
   // Ends the live phase of an answer and frees the composer.
+  const ANNOUNCE = {
+    done: 'Answer finished.', cancelled: 'Answer stopped.', retracted: 'Answer withdrawn.',
+    invalid: 'Answer invalid.', error: 'The answer failed.', lost: 'Connection lost.',
+  };
+
   function finish(answer, value) {
     answer.live = false;
     setState(answer, value);
+    // The log region reads the answer once it is no longer busy; the status says how it ended.
+    answer.root.setAttribute('aria-busy', 'false');
+    els.announcer.textContent = ANNOUNCE[value] || '';
     answer.parts.queue.hidden = true;
     if (state.running === answer) state.running = null;
     updateLastActions();
@@ -707,6 +717,7 @@
 
   function startNewChat() {
     stopEditing();
+    setSidebar(false);
     state.conversation = null;
     els.messages.replaceChildren();
     history.pushState({ c: null }, '', '/');
@@ -720,6 +731,7 @@
     if (!a || event.button !== 0 || event.metaKey || event.ctrlKey || event.shiftKey || event.altKey) return;
     if (state.running) return;
     event.preventDefault();
+    setSidebar(false);
     const id = Number(a.dataset.id);
     loadConversation(id).then((ok) => { if (ok) history.pushState({ c: id }, '', `/?c=${id}`); });
   }
@@ -760,6 +772,16 @@
     }
   }
 
+  // ---- small screens -------------------------------------------------------
+
+  // On a phone the sidebar is a drawer; on wider screens the class changes nothing.
+  function setSidebar(open) {
+    els.app.classList.toggle('sidebar-open', open);
+    els.sidebarToggle.setAttribute('aria-expanded', String(open));
+    if (open) requestAnimationFrame(() => els.search.focus()); // once the drawer is visible
+    else if (document.activeElement?.closest('#sidebar')) els.sidebarToggle.focus();
+  }
+
   // ---- wiring ------------------------------------------------------------
 
   function init() {
@@ -777,6 +799,7 @@
     els.messages.addEventListener('click', onMessagesClick);
     document.addEventListener('keydown', (event) => {
       if (event.key !== 'Escape') return;
+      if (els.app.classList.contains('sidebar-open')) { event.preventDefault(); setSidebar(false); return; }
       if (state.running) { event.preventDefault(); stopRunning(); } else if (state.editing) {
         event.preventDefault();
         stopEditing();
@@ -798,6 +821,7 @@
       if (event.key === 'Escape') { event.preventDefault(); event.stopPropagation(); endRename(); }
     });
     els.remove.addEventListener('click', deleteConversation);
+    els.sidebarToggle.addEventListener('click', () => setSidebar(!els.app.classList.contains('sidebar-open')));
 
     updateControls();
     pollHealth();
