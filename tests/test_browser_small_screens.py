@@ -23,6 +23,10 @@ def test_on_a_phone_the_sidebar_is_a_drawer_that_opens_and_closes(browser, daphn
         expect(sidebar).to_be_hidden()
         expect(toggle).to_be_focused()
         expect(page.locator("#prompt")).to_be_visible()
+        toggle.click()
+        expect(sidebar).to_be_visible()
+        page.mouse.click(370, 400)  # beside the drawer
+        expect(sidebar).to_be_hidden()
         width = page.evaluate("document.documentElement.scrollWidth")
         assert width <= 390, width  # nothing forces sideways scrolling
     finally:

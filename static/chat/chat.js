@@ -822,6 +822,11 @@
     });
     els.remove.addEventListener('click', deleteConversation);
     els.sidebarToggle.addEventListener('click', () => setSidebar(!els.app.classList.contains('sidebar-open')));
+    // A tap beside the open drawer closes it.
+    document.addEventListener('click', (event) => {
+      if (!els.app.classList.contains('sidebar-open')) return;
+      if (!event.target.closest('#sidebar, #sidebar-toggle')) setSidebar(false);
+    });
 
     updateControls();
     pollHealth();
