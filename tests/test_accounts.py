@@ -32,7 +32,8 @@ _addresses = itertools.count(1)
 
 def browser() -> Client:
     """A client from its own address, so the per-address counts of one test never touch another's."""
-    return Client(REMOTE_ADDR=f"10.14.{next(_addresses) // 250}.{next(_addresses) % 250}")
+    n = next(_addresses)
+    return Client(REMOTE_ADDR=f"10.14.{n // 250}.{n % 250}")
 
 
 def visitor_with_a_conversation(client: Client) -> Conversation:
