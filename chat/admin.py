@@ -2,12 +2,23 @@ import copy
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.forms.models import construct_instance
+from django.http import HttpResponseNotAllowed
+from django.shortcuts import get_object_or_404, redirect
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.text import Truncator
 
 from . import review
+from .accounts import AdminSignInForm
 from .models import CachedAnswer, Conversation, Message, OutputPolicy, PolicyRevision
 from .policy_store import policy_errors
 from .runtime import runtime
+
+# /admin/login/ counts failed attempts exactly like the page's sign-in.
+admin.site.login_form = AdminSignInForm
 
 
 class MessageInline(admin.TabularInline):
@@ -154,14 +165,15 @@ class CachedAnswerAdmin(admin.ModelAdmin):
     """Review of cached answers; changing anything needs the review permission."""
 
     list_display = (
-        "short_prompt",
+        "prompt_excerpt",
+        "answer_excerpt",
         "policy_slug",
-        "policy_version",
         "status",
         "hits",
-        "last_served_at",
+        "row_actions",
         "updated_at",
     )
+    list_display_links = ("prompt_excerpt",)
     list_filter = ("status", "policy_slug", "finish_reason", "model_id")
     search_fields = ("prompt", "answer", "key")
     readonly_fields = (
@@ -183,12 +195,93 @@ class CachedAnswerAdmin(admin.ModelAdmin):
         "created_at",
         "updated_at",
     )
-    fields = ("prompt", "answer", *readonly_fields[2:], "key")
+    readonly_fields = (*readonly_fields, "rendered_answer")
+    fields = ("prompt", "rendered_answer", "answer", *readonly_fields[2:-1], "key")
     actions = ["approve", "reject", "evict", "reset"]
 
+    class Media:
+        # The detail page renders the answer exactly as the chat page does.
+        js = (
+            "vendor/markdown-it/markdown-it.min.js",
+            "vendor/dompurify/purify.min.js",
+            "chat/markdown.js",
+            "chat/admin-review.js",
+        )
+        css = {"all": ("chat/admin-review.css",)}
+
     @admin.display(description="prompt")
-    def short_prompt(self, obj):
-        return obj.prompt[:80]
+    def prompt_excerpt(self, obj):
+        return Truncator(obj.prompt).chars(140)
+
+    @admin.display(description="answer")
+    def answer_excerpt(self, obj):
+        return Truncator(obj.answer).chars(200)
+
+    @admin.display(description="answer, as users see it")
+    def rendered_answer(self, obj):
+        return format_html(
+            '<div class="rendered-answer markdown" data-markdown="{}"></div>', obj.answer
+        )
+
+    @admin.display(description="review")
+    def row_actions(self, obj):
+        """Approve and reject buttons that post the changelist's form (and its CSRF token) to this row."""
+        buttons = []
+        offered = (
+            ("approve", "Approve", CachedAnswer.Status.APPROVED),
+            ("reject", "Reject", CachedAnswer.Status.REJECTED),
+        )
+        for verb, label, reached in offered:
+            if obj.status == reached:
+                continue
+            url = reverse(f"admin:chat_cachedanswer_{verb}", args=[obj.pk])
+            buttons.append(
+                format_html(
+                    '<button type="submit" class="button review-{}" formaction="{}" '
+                    'formmethod="post">{}</button>',
+                    verb,
+                    url,
+                    label,
+                )
+            )
+        return format_html_join(" ", "{}", ((b,) for b in buttons))
+
+    def get_urls(self):
+        review_view = self.admin_site.admin_view(self.review_row)
+        return [
+            path(
+                "<int:pk>/approve/",
+                review_view,
+                {"verb": "approve"},
+                name="chat_cachedanswer_approve",
+            ),
+            path(
+                "<int:pk>/reject/", review_view, {"verb": "reject"}, name="chat_cachedanswer_reject"
+            ),
+            *super().get_urls(),
+        ]
+
+    def review_row(self, request, pk: int, verb: str):
+        """One row's approve or reject; back to the list with its filters."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_review_permission(request):
+            raise PermissionDenied
+        record = get_object_or_404(CachedAnswer, pk=pk)
+        if verb == "approve":
+            review.answer_approve(record, by=request.user)
+        else:
+            review.answer_reject(record, by=request.user)
+        done = "Approved" if verb == "approve" else "Rejected"
+        self.message_user(request, f"{done}: {Truncator(record.prompt).chars(60)}")
+        back = request.META.get("HTTP_REFERER", "")
+        if not url_has_allowed_host_and_scheme(back, {request.get_host()}):
+            back = reverse("admin:chat_cachedanswer_changelist")
+        return redirect(back)
+
+    def changelist_view(self, request, extra_context=None):
+        pending = CachedAnswer.objects.filter(status=CachedAnswer.Status.PENDING).count()
+        return super().changelist_view(request, {**(extra_context or {}), "pending_count": pending})
 
     def has_add_permission(self, request):
         return False  # records come from real answers only

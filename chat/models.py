@@ -60,6 +60,11 @@ class Message(models.Model):
         blank=True,
         help_text="the server process (CHAT_INSTANCE) that generated the answer",
     )
+    superseded = models.BooleanField(
+        default=False,
+        help_text="replaced by a regenerated answer or an edited prompt: kept and shown as an "
+        "earlier version, never sent to the model again",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -33,6 +33,8 @@ class Prompt:
     text: str
     conversation: int | None
     policy: str | None
+    # The conversation's last answer that this prompt replaces (Regenerate, Edit and resend).
+    replace: int | None = None
 
 
 @dataclass(frozen=True)
@@ -155,7 +157,20 @@ def parse_prompt(frame: dict, *, request_id: str, max_prompt_chars: int) -> Prom
         not isinstance(policy, str) or not policy or len(policy) > 50 or not is_unicode(policy)
     ):
         raise ProtocolError("bad_policy", "policy must be a policy slug or omitted", request_id)
-    return Prompt(request_id=request_id, text=prompt_text, conversation=conversation, policy=policy)
+    replace = frame.get("replace")
+    if replace is not None:
+        replace = message_id(replace, request_id)
+        if conversation is None:
+            raise ProtocolError(
+                "bad_conversation", "replace needs the conversation it belongs to", request_id
+            )
+    return Prompt(
+        request_id=request_id,
+        text=prompt_text,
+        conversation=conversation,
+        policy=policy,
+        replace=replace,
+    )
 
 
 def parse_http_prompt(body: bytes, *, max_prompt_chars: int) -> Prompt:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.db.models import Q
 
 from .models import Conversation, Message
 from .protocol import INVALID, MODERATED
@@ -41,7 +42,7 @@ def answer_history(conversation: Conversation | None) -> list[dict]:
     if conversation is None:
         return []
     rows = (
-        conversation.messages.filter(status=Message.Status.DONE)
+        conversation.messages.filter(status=Message.Status.DONE, superseded=False)
         .exclude(text="")
         .exclude(finish_reason__in=_NOT_CONTEXT)
         .order_by("-created_at", "-id")[: settings.CHAT_HISTORY_TURNS]
@@ -68,14 +69,21 @@ def owner_of_request(request) -> Owner:
     return Owner(user_id=user_id, session_key=request.session.session_key)
 
 
-def conversation_list(owner: Owner, limit: int = 50) -> list[dict]:
+def conversation_list(owner: Owner, limit: int = 50, query: str = "") -> list[dict]:
+    """The owner's conversations, newest first; with `query`, those whose title or text has it."""
+    conversations = conversations_for(owner)
+    query = query.strip()
+    if query:
+        matching = Message.objects.filter(text__icontains=query).values("conversation_id")
+        conversations = conversations.filter(Q(title__icontains=query) | Q(pk__in=matching))
     return [
         {
             "id": c.pk,
             "title": c.title or f"Conversation {c.pk}",
             "updated_at": c.updated_at.isoformat(),
+            "day": c.updated_at.date().isoformat(),
         }
-        for c in conversations_for(owner).order_by("-updated_at")[:limit]
+        for c in conversations.order_by("-updated_at")[:limit]
     ]
 
 
@@ -88,6 +96,7 @@ def message_as_dict(message: Message) -> dict:
         "finish_reason": message.finish_reason or None,
         "json": message.json_value,
         "metrics": message.metrics,
+        "superseded": message.superseded,
         "created_at": message.created_at.isoformat(),
     }
 

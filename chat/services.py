@@ -56,6 +56,9 @@ log = logging.getLogger(__name__)
 
 Send = Callable[[dict], Awaitable[None]]
 
+# Sampling temperature of a regenerated answer when its policy is greedy.
+REGENERATE_TEMPERATURE = 0.8
+
 
 class TurnError(Exception):
     """A turn refused before it started; `code` and `message` go to the client as `error`."""
@@ -107,13 +110,14 @@ def _prepare(owner: Owner, prompt, backend: Backend) -> _Prepared:
             raise TurnError(
                 "unknown_conversation", f"conversation {prompt.conversation} does not exist"
             )
-    try:
-        messages, rendered, input_ids = fit_prompt(
-            backend, policy, answer_history(conversation), prompt.text
-        )
-    except EngineError as exc:
-        raise TurnError(exc.code, str(exc)) from None
-    with transaction.atomic():
+    with transaction.atomic():  # a replaced answer stays current if the new prompt is refused
+        regenerate = prompt.replace is not None and _supersede(conversation, prompt) == prompt.text
+        try:
+            messages, rendered, input_ids = fit_prompt(
+                backend, policy, answer_history(conversation), prompt.text
+            )
+        except EngineError as exc:
+            raise TurnError(exc.code, str(exc)) from None
         if conversation is None:
             conversation = Conversation.objects.create(
                 user_id=owner.user_id,
@@ -132,7 +136,32 @@ def _prepare(owner: Owner, prompt, backend: Backend) -> _Prepared:
         )
     request = request_for(backend, policy, input_ids, prompt.request_id, messages)
     key = turn_cache_key(backend, policy, rendered, request) if policy.cache_enabled else None
+    if regenerate:
+        # A new answer, not the same greedy one again: sample, and neither serve nor store a cached one.
+        temperature = max(request.temperature, REGENERATE_TEMPERATURE)
+        request, key = replace(request, temperature=temperature), None
     return _Prepared(conversation, assistant, policy, messages, rendered, request, key)
+
+
+def _supersede(conversation: Conversation, prompt) -> str:
+    """Mark the last prompt and its answer `prompt.replace` as earlier versions; their prompt text."""
+    answer = (
+        conversation.messages.filter(role=Message.Role.ASSISTANT, superseded=False)
+        .select_for_update()
+        .last()
+    )
+    if answer is None or answer.pk != prompt.replace or answer.status == Message.Status.STREAMING:
+        raise TurnError(
+            "bad_message",
+            "replace must name the conversation's last answer, once it has finished",
+        )
+    asked = conversation.messages.filter(
+        role=Message.Role.USER, superseded=False, id__lt=answer.pk
+    ).last()
+    conversation.messages.filter(pk__in=[answer.pk, asked.pk if asked else answer.pk]).update(
+        superseded=True
+    )
+    return asked.text if asked else ""
 
 
 # -- the turn a transport holds ------------------------------------------------------

@@ -130,6 +130,14 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDIS_URL = env("REDIS_URL", "redis://127.0.0.1:6379/0")
 # The completion cache may live on another Redis than the channel layer.
 CHAT_CACHE_REDIS_URL = env("CHAT_CACHE_REDIS_URL", REDIS_URL)
+# Django's cache (sign-in throttle counts) in Redis, so every server process sees the same counts.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "chat",
+    }
+}
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
@@ -143,6 +151,34 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+
+# -- accounts ------------------------------------------------------------------
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/"
+# open: anyone may sign up; closed: staff create users in the admin.
+CHAT_SIGNUP = env("CHAT_SIGNUP", "open")
+if CHAT_SIGNUP not in {"open", "closed"}:
+    raise ImproperlyConfigured(f"CHAT_SIGNUP={CHAT_SIGNUP!r} must be open or closed")
+# Failed sign-ins (the page's and /admin/login/) allowed per account and per client address
+# in a window; beyond them every attempt is refused until the window ends.
+CHAT_SIGNIN_FAILURES_PER_ACCOUNT = envint("CHAT_SIGNIN_FAILURES_PER_ACCOUNT", 5)
+CHAT_SIGNIN_FAILURES_PER_ADDRESS = envint("CHAT_SIGNIN_FAILURES_PER_ADDRESS", 20)
+CHAT_SIGNIN_WINDOW_MINUTES = envint("CHAT_SIGNIN_WINDOW_MINUTES", 15)
+# Password-reset mail: printed to the console unless EMAIL_HOST names an SMTP server.
+EMAIL_HOST = env("EMAIL_HOST", "")
+EMAIL_BACKEND = env(
+    "EMAIL_BACKEND",
+    "django.core.mail.backends.smtp.EmailBackend"
+    if EMAIL_HOST
+    else "django.core.mail.backends.console.EmailBackend",
+)
+EMAIL_PORT = envint("EMAIL_PORT", 587)
+EMAIL_HOST_USER = env("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_SSL = envbool("EMAIL_USE_SSL", False)
+EMAIL_USE_TLS = envbool("EMAIL_USE_TLS", not EMAIL_USE_SSL)
+DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", "chat@localhost")
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

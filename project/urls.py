@@ -1,15 +1,65 @@
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from chat import api, views
+from chat import accounts, api, views
 from chat.admin_views import latency_view
 
 handler400 = "chat.api.bad_request"  # JSON for /api/ clients
 
+# Django's own auth views, with the chat's look (the admin keeps its own templates).
+ACCOUNTS = "accounts/"
+
 urlpatterns = [
     path("", views.index, name="index"),
+    path("accounts/login/", accounts.SignInView.as_view(), name="login"),
+    path("accounts/signup/", accounts.sign_up, name="signup"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path(
+        "accounts/password_change/",
+        auth_views.PasswordChangeView.as_view(template_name=f"{ACCOUNTS}password_change_form.html"),
+        name="password_change",
+    ),
+    path(
+        "accounts/password_change/done/",
+        auth_views.PasswordChangeDoneView.as_view(
+            template_name=f"{ACCOUNTS}password_change_done.html"
+        ),
+        name="password_change_done",
+    ),
+    path(
+        "accounts/password_reset/",
+        auth_views.PasswordResetView.as_view(template_name=f"{ACCOUNTS}password_reset_form.html"),
+        name="password_reset",
+    ),
+    path(
+        "accounts/password_reset/done/",
+        auth_views.PasswordResetDoneView.as_view(
+            template_name=f"{ACCOUNTS}password_reset_done.html"
+        ),
+        name="password_reset_done",
+    ),
+    path(
+        "accounts/reset/<uidb64>/<token>/",
+        auth_views.PasswordResetConfirmView.as_view(
+            template_name=f"{ACCOUNTS}password_reset_confirm.html"
+        ),
+        name="password_reset_confirm",
+    ),
+    path(
+        "accounts/reset/done/",
+        auth_views.PasswordResetCompleteView.as_view(
+            template_name=f"{ACCOUNTS}password_reset_complete.html"
+        ),
+        name="password_reset_complete",
+    ),
     path("api/conversations/", views.conversations, name="conversations"),
     path("api/conversations/<int:conversation_id>/", views.conversation, name="conversation"),
+    path(
+        "api/conversations/<int:conversation_id>/export",
+        views.conversation_export,
+        name="conversation-export",
+    ),
     path("api/chat", api.chat, name="api-chat"),
     path("api/chat/stream", api.chat_stream, name="api-chat-stream"),
     path("api/chat/cancel", api.cancel, name="api-chat-cancel"),

@@ -89,6 +89,9 @@ def test_a_structured_answer_is_shown_as_validating_then_as_pretty_json(page, da
         states
     )  # no chunk after holding began
     expect(answer.locator("pre.json")).to_contain_text('"answer": "Paris"')
+    # Shown once: the pretty JSON with its mark, not the raw text beside it.
+    expect(answer.locator(".text")).to_be_hidden()
+    expect(answer.locator(".json-valid")).to_have_text("✓ Valid against the schema")
     SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOT_DIR / "chat-json.png"))
 

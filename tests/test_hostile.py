@@ -8,6 +8,7 @@ from channels.testing import WebsocketCommunicator
 from django.test import AsyncClient
 
 from chat.ratelimit import client_address
+from chat.selectors import Owner
 from tests.conftest import ChatClient
 from tests.test_consumer import LONG, new_session_key, wait_stored
 from tests.test_http_api import HttpVisitor
@@ -160,12 +161,10 @@ def test_signed_in_users_are_limited_per_user_not_per_address(monkeypatch):
 
     monkeypatch.setattr(ratelimit.address_limiter, "limit", 1)
     for user_id in (1, 2, 3):
-        services.turn_rate_check(
-            owner=services.Owner(user_id=user_id, session_key="s"), address="192.0.2.9"
-        )
-    services.turn_rate_check(owner=services.Owner(None, "visitor-1"), address="192.0.2.9")
+        services.turn_rate_check(owner=Owner(user_id=user_id, session_key="s"), address="192.0.2.9")
+    services.turn_rate_check(owner=Owner(None, "visitor-1"), address="192.0.2.9")
     with pytest.raises(services.TurnError) as refused:
-        services.turn_rate_check(owner=services.Owner(None, "visitor-2"), address="192.0.2.9")
+        services.turn_rate_check(owner=Owner(None, "visitor-2"), address="192.0.2.9")
     assert refused.value.code == "rate_limited"
     assert ratelimit.prompt_limiter.wait("session:visitor-2") == 0  # a refusal counts nothing
 

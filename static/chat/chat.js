@@ -1,5 +1,6 @@
-// Chat page: streams answers over a WebSocket. Model and user text are only
-// ever written with textContent, never innerHTML, so markup renders literally.
+// Chat page: streams answers over a WebSocket. User text is only ever written with
+// textContent; an answer is rendered as Markdown by markdown.js (raw HTML off, then
+// DOMPurify), at most once per animation frame however fast its chunks arrive.
 (() => {
   'use strict';
 
@@ -9,7 +10,11 @@
     messages: $('messages'), conversations: $('conversations'), newChat: $('new-chat'),
     connection: $('connection'), connectionLabel: $('connection-label'),
     health: $('health-banner'), healthDetail: $('health-detail'),
-    banners: $('banners'), counter: $('char-count'),
+    banners: $('banners'), counter: $('char-count'), editHint: $('edit-hint'),
+    app: document.querySelector('.app'), sidebarToggle: $('sidebar-toggle'), announcer: $('announcer'),
+    search: $('search'), tools: $('conversation-tools'), title: $('conversation-title'),
+    renameForm: $('rename-form'), renameInput: $('rename-input'), renameCancel: $('rename-cancel'),
+    rename: $('rename'), remove: $('delete'), exportMd: $('export-md'), exportJson: $('export-json'),
   };
 
   // finish_reason -> data-state and badge text.
@@ -30,9 +35,13 @@
     ws: null, backoff: BACKOFF_MIN_MS, pingTimer: null, healthTimer: null,
     ready: false, conversation: config.conversation,
     running: null, // the one live answer, if any
+    editing: null, // {answer}: the composer holds the last prompt, to replace that answer
     answers: new Map(), // request_id -> answer
     counter: 0,
   };
+  // Chunks received vs Markdown renders done, for the page's tests and the README figure.
+  const renderStats = { chunks: 0, renders: 0 };
+  window.__chatRenderStats = renderStats;
 
   function toId(value) { return value == null || value === '' ? null : Number(value); }
 
@@ -107,8 +116,27 @@
 
   function buildUser(text) {
     const root = el('article', 'message user');
-    root.append(el('div', 'meta', 'You'), el('div', 'text', text));
+    const actions = el('div', 'actions');
+    const edit = actionButton('edit-prompt', 'Edit', 'Edit this message and send it again');
+    edit.hidden = true;
+    actions.append(edit);
+    root.append(el('div', 'meta', 'You'), el('div', 'text', text), actions);
+    root.chatPrompt = text;
     return root;
+  }
+
+  // A regenerated answer or an edited prompt keeps what it replaced, marked as an earlier version.
+  function markSuperseded(node) {
+    node.classList.add('superseded');
+    const meta = node.querySelector('.meta');
+    if (meta && !meta.querySelector('.earlier')) meta.append(el('span', 'badge earlier', 'Earlier version'));
+  }
+
+  function actionButton(className, label, title) {
+    const button = el('button', `action ${className}`, label);
+    button.type = 'button';
+    button.title = title;
+    return button;
   }
 
   function buildAnswer() {
@@ -118,22 +146,52 @@
       badge: el('span', 'badge'),
       queue: el('div', 'queue'),
       status: el('div', 'status'),
-      text: el('div', 'text'),
+      text: el('div', 'text markdown'),
       json: el('pre', 'json'),
+      valid: el('div', 'json-valid', '✓ Valid against the schema'),
       error: el('div', 'error'),
       metrics: el('div', 'metrics'),
+      actions: el('div', 'actions'),
     };
-    for (const key of ['badge', 'queue', 'status', 'json', 'error', 'metrics']) parts[key].hidden = true;
+    for (const key of ['badge', 'queue', 'status', 'json', 'valid', 'error', 'metrics']) parts[key].hidden = true;
+    const regenerate = actionButton('regenerate', 'Regenerate', 'A new answer to the same prompt');
+    regenerate.hidden = true;
+    parts.actions.append(actionButton('copy-answer', 'Copy', 'Copy the answer as Markdown'), regenerate);
     meta.append(el('span', 'role', 'Assistant'), parts.badge);
-    root.append(meta, parts.queue, parts.status, parts.text, parts.json, parts.error, parts.metrics);
-    return { root, parts, text: '' };
+    root.append(meta, parts.queue, parts.status, parts.text, parts.valid, parts.json, parts.error,
+      parts.metrics, parts.actions);
+    const answer = { root, parts, text: '', plain: false, renderQueued: false };
+    root.chatAnswer = answer;
+    return answer;
   }
 
   function setState(answer, value) { answer.root.dataset.state = value; }
 
-  function setText(answer, text) {
+  function renderNow(answer) {
+    answer.renderQueued = false;
+    renderStats.renders += 1;
+    if (answer.plain) answer.parts.text.textContent = answer.text;
+    else answer.parts.text.replaceChildren(window.ChatMarkdown.render(answer.text));
+  }
+
+  // The text changes per chunk; the DOM at most once per frame.
+  function setText(answer, text, { plain = false, now = false } = {}) {
     answer.text = text;
-    answer.parts.text.textContent = text;
+    answer.plain = plain;
+    if (now) { renderNow(answer); return; }
+    if (answer.renderQueued) return;
+    answer.renderQueued = true;
+    requestAnimationFrame(() => {
+      if (answer.renderQueued) keepScrolled(() => renderNow(answer));
+    });
+  }
+
+  // A structured answer: shown once, pretty-printed, with the mark that it passed its schema.
+  function showJson(answer, value) {
+    answer.parts.text.hidden = true;
+    show(answer.parts.json, JSON.stringify(value, null, 2));
+    answer.parts.valid.hidden = false;
+    answer.text = answer.parts.json.textContent;
   }
 
   function setStatus(answer, text, kind) {
@@ -152,6 +210,7 @@
     if (m.role === 'user') {
       const node = buildUser(m.text || '');
       node.dataset.messageId = m.id;
+      if (m.superseded) markSuperseded(node);
       return node;
     }
     const answer = buildAnswer();
@@ -163,10 +222,13 @@
     if (m.status === 'streaming') { value = 'streaming'; badge = ''; setStatus(answer, 'Still being written…'); }
     setState(answer, value);
     answer.root.dataset.messageId = m.id;
-    setText(answer, value === 'retracted' ? withdrawnText('') : (m.text || ''));
+    answer.messageId = m.id;
+    if (m.superseded) markSuperseded(answer.root);
+    if (value === 'retracted') setText(answer, withdrawnText(''), { plain: true, now: true });
+    else setText(answer, m.text || '', { now: true });
     if (value === 'retracted') answer.root.classList.add('withdrawn');
     show(answer.parts.badge, badge);
-    if (m.json != null && value !== 'retracted') show(answer.parts.json, JSON.stringify(m.json, null, 2));
+    if (m.json != null && value !== 'retracted') showJson(answer, m.json);
     if (m.metrics) {
       const x = m.metrics;
       show(answer.parts.metrics, formatMetrics({ firstMs: x.ttft_ms, lastMs: x.total_ms, tokens: x.new_tokens, tps: x.tokens_per_s }));
@@ -199,8 +261,10 @@
     return `r${state.counter}-${Math.random().toString(36).slice(2, 8)}`;
   }
 
-  function sendPrompt() {
-    const text = els.prompt.value;
+  // From the composer, or a Regenerate (`text` given); `replace` names the answer it replaces.
+  function sendPrompt(text = null, replace = state.editing?.answer.messageId ?? null) {
+    const fromComposer = text == null;
+    if (fromComposer) text = els.prompt.value;
     if (els.send.disabled || !text.trim()) return;
     if (!socketOpen()) {
       showBanner('Not connected to the server yet. Reconnecting…', 'offline');
@@ -210,6 +274,8 @@
     answer.requestId = newRequestId();
     answer.prompt = text;
     answer.live = true;
+    answer.root.setAttribute('aria-busy', 'true'); // not read out chunk by chunk
+    answer.replaces = replace == null ? null : answerNodeOf(replace);
     answer.root.dataset.requestId = answer.requestId;
     setState(answer, 'queued');
     state.answers.set(answer.requestId, answer);
@@ -221,10 +287,48 @@
     const frame = { type: 'prompt', request_id: answer.requestId, text, conversation: state.conversation };
     const policy = document.getElementById('policy');
     if (policy && policy.value) frame.policy = policy.value;
+    if (replace != null) frame.replace = replace;
     state.ws.send(JSON.stringify(frame));
-    els.prompt.value = '';
+    if (fromComposer) {
+      els.prompt.value = '';
+      stopEditing();
+    }
+    autosize();
+    updateLastActions();
+    updateControls();
+  }
+
+  function answerNodeOf(messageId) {
+    return [...els.messages.querySelectorAll('.message.assistant')]
+      .find((node) => node.chatAnswer?.messageId === messageId) || null;
+  }
+
+  // Regenerate and Edit apply to the conversation's last answer only, once it has ended.
+  function updateLastActions() {
+    for (const button of els.messages.querySelectorAll('.regenerate, .edit-prompt')) button.hidden = true;
+    if (state.running) return;
+    const answers = els.messages.querySelectorAll('.message.assistant:not(.superseded)');
+    const last = answers[answers.length - 1];
+    if (!last || last.chatAnswer?.messageId == null) return;
+    last.querySelector('.regenerate').hidden = false;
+    const asked = last.previousElementSibling;
+    if (asked?.classList.contains('user')) asked.querySelector('.edit-prompt').hidden = false;
+  }
+
+  function startEditing(userNode) {
+    const answerNode = userNode.nextElementSibling;
+    if (!answerNode?.chatAnswer) return;
+    state.editing = { answer: answerNode.chatAnswer };
+    els.prompt.value = userNode.chatPrompt;
+    els.editHint.hidden = false;
     autosize();
     updateControls();
+    els.prompt.focus();
+  }
+
+  function stopEditing() {
+    state.editing = null;
+    els.editHint.hidden = true;
   }
 
   function stopRunning() {
@@ -236,11 +340,20 @@
   }
 
   // Ends the live phase of an answer and frees the composer.
+  const ANNOUNCE = {
+    done: 'Answer finished.', cancelled: 'Answer stopped.', retracted: 'Answer withdrawn.',
+    invalid: 'Answer invalid.', error: 'The answer failed.', lost: 'Connection lost.',
+  };
+
   function finish(answer, value) {
     answer.live = false;
     setState(answer, value);
+    // The log region reads the answer once it is no longer busy; the status says how it ended.
+    answer.root.setAttribute('aria-busy', 'false');
+    els.announcer.textContent = ANNOUNCE[value] || '';
     answer.parts.queue.hidden = true;
     if (state.running === answer) state.running = null;
+    updateLastActions();
     updateControls();
   }
 
@@ -248,6 +361,11 @@
 
   function onAccepted(answer, msg) {
     answer.messageId = msg.message;
+    if (answer.replaces) {
+      markSuperseded(answer.replaces);
+      const asked = answer.replaces.previousElementSibling;
+      if (asked?.classList.contains('user')) markSuperseded(asked);
+    }
     adoptConversation(msg.conversation, answer);
     onQueued(answer, msg);
   }
@@ -267,12 +385,15 @@
   function onChunk(answer, msg) {
     if (answer.retracted) return;
     const piece = typeof msg.text === 'string' ? msg.text : '';
+    renderStats.chunks += 1;
     if (piece && answer.tFirst == null) answer.tFirst = performance.now();
-    answer.started = true;
-    answer.parts.queue.hidden = true;
-    setStatus(answer, '');
-    setState(answer, 'streaming');
-    keepScrolled(() => setText(answer, answer.text + piece));
+    if (!answer.started) {
+      answer.started = true;
+      answer.parts.queue.hidden = true;
+      setStatus(answer, '');
+      setState(answer, 'streaming');
+    }
+    setText(answer, answer.text + piece);
   }
 
   function onBuffering(answer, msg) {
@@ -287,8 +408,9 @@
     setStatus(answer, '');
     answer.root.classList.add('withdrawn');
     answer.parts.json.hidden = true;
+    answer.parts.valid.hidden = true;
     setState(answer, 'retracted');
-    setText(answer, withdrawnText(answer.retractReason));
+    setText(answer, withdrawnText(answer.retractReason), { plain: true, now: true });
   }
 
   function onDone(answer, msg) {
@@ -300,12 +422,12 @@
     keepScrolled(() => {
       if (value === 'retracted') {
         answer.root.classList.add('withdrawn');
-        setText(answer, withdrawnText(answer.retractReason));
+        setText(answer, withdrawnText(answer.retractReason), { plain: true, now: true });
       } else {
-        setText(answer, typeof msg.text === 'string' ? msg.text : answer.text);
+        setText(answer, typeof msg.text === 'string' ? msg.text : answer.text, { now: true });
         // A retract followed by e.g. "invalid": keep the reason visible.
         if (answer.retracted) setStatus(answer, withdrawnText(answer.retractReason), 'withdrawn');
-        if (msg.json != null) show(answer.parts.json, JSON.stringify(msg.json, null, 2));
+        if (msg.json != null) showJson(answer, msg.json);
       }
       show(answer.parts.badge, [info.badge, msg.cached ? 'cached' : ''].filter(Boolean).join(' · '));
       if (answer.tFirst == null) answer.tFirst = now;
@@ -440,27 +562,126 @@
   }
 
   function markCurrent() {
+    let current = null;
     for (const a of els.conversations.querySelectorAll('a')) {
-      if (Number(a.dataset.id) === state.conversation) a.setAttribute('aria-current', 'page');
-      else a.removeAttribute('aria-current');
+      if (Number(a.dataset.id) === state.conversation) {
+        a.setAttribute('aria-current', 'page');
+        current = a;
+      } else a.removeAttribute('aria-current');
     }
+    if (current) state.title = current.textContent;
+    updateTools();
+  }
+
+  function dayLabel(iso) {
+    const day = new Date(iso);
+    const today = new Date();
+    const yesterday = new Date(today);
+    yesterday.setDate(today.getDate() - 1);
+    if (day.toDateString() === today.toDateString()) return 'Today';
+    if (day.toDateString() === yesterday.toDateString()) return 'Yesterday';
+    return day.toLocaleDateString(undefined, { weekday: 'short', day: 'numeric', month: 'short', year: 'numeric' });
+  }
+
+  // Newest first, under a heading per day (the reader's local day).
+  function renderConversationList(list) {
+    const items = [];
+    let last = null;
+    for (const c of list) {
+      const label = c.updated_at ? dayLabel(c.updated_at) : '';
+      if (label !== last) {
+        const heading = el('li', 'day-label', label);
+        heading.setAttribute('role', 'presentation');
+        items.push(heading);
+        last = label;
+      }
+      items.push(conversationItem(c));
+    }
+    if (!list.length && els.search.value.trim()) items.push(el('li', 'day-label', 'No chats match.'));
+    els.conversations.replaceChildren(...items);
+    markCurrent();
   }
 
   async function refreshConversations() {
+    const q = els.search.value.trim();
     try {
-      const res = await fetch('/api/conversations/', { headers: { Accept: 'application/json' } });
+      const url = q ? `/api/conversations/?q=${encodeURIComponent(q)}` : '/api/conversations/';
+      const res = await fetch(url, { headers: { Accept: 'application/json' } });
       if (!res.ok) return;
       const data = await res.json();
-      if (!Array.isArray(data.conversations)) return;
-      els.conversations.replaceChildren(...data.conversations.map(conversationItem));
-      markCurrent();
+      if (!Array.isArray(data.conversations) || els.search.value.trim() !== q) return;
+      renderConversationList(data.conversations);
     } catch { /* the list is a convenience; keep the old one */ }
+  }
+
+  // ---- the current conversation: rename, delete, export ---------------------
+
+  function csrfToken() {
+    return document.querySelector('input[name="csrfmiddlewaretoken"]')?.value || '';
+  }
+
+  function updateTools() {
+    const id = state.conversation;
+    els.tools.hidden = id == null;
+    if (id == null) return;
+    els.title.textContent = state.title || 'Untitled chat';
+    els.exportMd.href = `/api/conversations/${id}/export?format=markdown`;
+    els.exportJson.href = `/api/conversations/${id}/export?format=json`;
+  }
+
+  function startRename() {
+    els.renameInput.value = state.title || '';
+    els.renameForm.hidden = false;
+    els.title.hidden = true;
+    els.renameInput.focus();
+    els.renameInput.select();
+  }
+
+  function endRename() {
+    els.renameForm.hidden = true;
+    els.title.hidden = false;
+    els.rename.focus();
+  }
+
+  async function conversationRequest(method, body) {
+    const res = await fetch(`/api/conversations/${state.conversation}/`, {
+      method,
+      headers: { 'Content-Type': 'application/json', 'X-CSRFToken': csrfToken(), Accept: 'application/json' },
+      body: body == null ? undefined : JSON.stringify(body),
+    });
+    if (!res.ok) {
+      const err = await res.json().catch(() => ({}));
+      showBanner(err.message || `The server said ${res.status}.`, err.code || `http_${res.status}`);
+    }
+    return res;
+  }
+
+  async function saveRename(event) {
+    event.preventDefault();
+    const title = els.renameInput.value.trim();
+    if (!title || state.conversation == null) return;
+    const res = await conversationRequest('PATCH', { title });
+    if (!res.ok) return;
+    state.title = (await res.json()).title;
+    endRename();
+    refreshConversations();
+  }
+
+  async function deleteConversation() {
+    if (state.conversation == null || state.running) return;
+    const title = state.title || 'this chat';
+    if (!window.confirm(`Delete “${title}” and all its messages? This cannot be undone.`)) return;
+    const res = await conversationRequest('DELETE');
+    if (!res.ok) return;
+    startNewChat();
+    refreshConversations();
   }
 
   // A first prompt creates the conversation server-side; make the page point at it.
   function adoptConversation(id, answer) {
     if (id == null || state.conversation != null || !answer.root.isConnected) return;
     state.conversation = toId(id);
+    state.title = answer.prompt.trim().slice(0, 60);
     history.replaceState({ c: id }, '', `/?c=${id}`);
     if (!els.conversations.querySelector(`a[data-id="${id}"]`)) {
       els.conversations.prepend(conversationItem({ id, title: answer.prompt.trim().slice(0, 60) }));
@@ -482,16 +703,21 @@
       return false;
     }
     const data = await res.json();
+    if (mode === 'replace') stopEditing();
     const nodes = (data.messages || []).map(renderHistoryMessage);
     state.conversation = toId(data.id ?? id);
+    state.title = data.title;
     if (mode === 'prepend') els.messages.prepend(...nodes);
     else els.messages.replaceChildren(...nodes);
     els.messages.scrollTop = els.messages.scrollHeight;
     markCurrent();
+    updateLastActions();
     return true;
   }
 
   function startNewChat() {
+    stopEditing();
+    setSidebar(false);
     state.conversation = null;
     els.messages.replaceChildren();
     history.pushState({ c: null }, '', '/');
@@ -505,6 +731,7 @@
     if (!a || event.button !== 0 || event.metaKey || event.ctrlKey || event.shiftKey || event.altKey) return;
     if (state.running) return;
     event.preventDefault();
+    setSidebar(false);
     const id = Number(a.dataset.id);
     loadConversation(id).then((ok) => { if (ok) history.pushState({ c: id }, '', `/?c=${id}`); });
   }
@@ -513,6 +740,46 @@
     const id = Number(new URLSearchParams(location.search).get('c')) || null;
     if (id) loadConversation(id);
     else { state.conversation = null; els.messages.replaceChildren(); markCurrent(); }
+  }
+
+  // ---- per-answer actions --------------------------------------------------
+
+  async function copyText(button, text) {
+    try {
+      await navigator.clipboard.writeText(text);
+      button.textContent = 'Copied';
+    } catch {
+      button.textContent = 'Copy failed';
+    }
+    setTimeout(() => { button.textContent = 'Copy'; }, 1500);
+  }
+
+  function onMessagesClick(event) {
+    const codeCopy = event.target.closest('button.copy-code');
+    if (codeCopy) {
+      const code = codeCopy.closest('.code-block')?.querySelector('code');
+      copyText(codeCopy, code ? code.textContent : '');
+      return;
+    }
+    const action = event.target.closest('button.action');
+    if (action?.classList.contains('edit-prompt')) { startEditing(action.closest('.message.user')); return; }
+    const answer = action?.closest('.message.assistant')?.chatAnswer;
+    if (!answer) return;
+    if (action.classList.contains('copy-answer')) copyText(action, answer.text);
+    if (action.classList.contains('regenerate')) {
+      const asked = answer.root.previousElementSibling;
+      if (asked?.chatPrompt != null) sendPrompt(asked.chatPrompt, answer.messageId);
+    }
+  }
+
+  // ---- small screens -------------------------------------------------------
+
+  // On a phone the sidebar is a drawer; on wider screens the class changes nothing.
+  function setSidebar(open) {
+    els.app.classList.toggle('sidebar-open', open);
+    els.sidebarToggle.setAttribute('aria-expanded', String(open));
+    if (open) requestAnimationFrame(() => els.search.focus()); // once the drawer is visible
+    else if (document.activeElement?.closest('#sidebar')) els.sidebarToggle.focus();
   }
 
   // ---- wiring ------------------------------------------------------------
@@ -529,13 +796,44 @@
     els.stop.addEventListener('click', stopRunning);
     els.newChat.addEventListener('click', startNewChat);
     els.conversations.addEventListener('click', onConversationClick);
+    els.messages.addEventListener('click', onMessagesClick);
+    document.addEventListener('keydown', (event) => {
+      if (event.key !== 'Escape') return;
+      if (els.app.classList.contains('sidebar-open')) { event.preventDefault(); setSidebar(false); return; }
+      if (state.running) { event.preventDefault(); stopRunning(); } else if (state.editing) {
+        event.preventDefault();
+        stopEditing();
+        els.prompt.value = '';
+        autosize();
+        updateControls();
+      }
+    });
     window.addEventListener('popstate', onPopState);
+    let searchTimer = null;
+    els.search.addEventListener('input', () => {
+      clearTimeout(searchTimer);
+      searchTimer = setTimeout(refreshConversations, 200);
+    });
+    els.rename.addEventListener('click', startRename);
+    els.renameForm.addEventListener('submit', saveRename);
+    els.renameCancel.addEventListener('click', endRename);
+    els.renameInput.addEventListener('keydown', (event) => {
+      if (event.key === 'Escape') { event.preventDefault(); event.stopPropagation(); endRename(); }
+    });
+    els.remove.addEventListener('click', deleteConversation);
+    els.sidebarToggle.addEventListener('click', () => setSidebar(!els.app.classList.contains('sidebar-open')));
+    // A tap beside the open drawer closes it.
+    document.addEventListener('click', (event) => {
+      if (!els.app.classList.contains('sidebar-open')) return;
+      if (!event.target.closest('#sidebar, #sidebar-toggle')) setSidebar(false);
+    });
 
     updateControls();
     pollHealth();
     connect();
     if (state.conversation != null) loadConversation(state.conversation, 'prepend');
     markCurrent();
+    refreshConversations(); // grouped by day, in the reader's time zone
   }
 
   init();

@@ -1,0 +1,64 @@
+"""Per-answer actions in a real browser with the real model: Regenerate, Edit and resend, Esc."""
+
+from playwright.sync_api import expect
+
+from tests.test_browser import open_chat
+
+PROMPT = "Count from 1 to 10, separated by commas."
+
+
+def short_policy(server) -> None:
+    server.manage(
+        "shell",
+        "-c",
+        "from chat.models import OutputPolicy as P; P.objects.get_or_create(slug='short', "
+        "defaults=dict(name='Short', mode='stream', max_new_tokens=12))",
+    )
+
+
+def test_regenerate_and_edit_keep_earlier_versions_and_survive_a_reload(page, daphne_server):
+    """Regenerate adds a new answer to the same prompt; Edit resends a changed prompt; both keep the old."""
+    short_policy(daphne_server)
+    open_chat(page, daphne_server)
+    page.select_option("#policy", "short")
+    page.fill("#prompt", PROMPT)
+    page.keyboard.press("Enter")
+    answers = page.locator(".message.assistant")
+    expect(answers.last).to_have_attribute("data-state", "done", timeout=60_000)
+
+    answers.last.locator("button.regenerate").click()
+    expect(answers).to_have_count(2)
+    expect(answers.last).to_have_attribute("data-state", "done", timeout=60_000)
+    expect(page.locator(".message.superseded")).to_have_count(2)  # the first prompt and answer
+    expect(page.locator(".message.user:not(.superseded) .text")).to_have_text(PROMPT)
+    expect(answers.first.locator(".earlier")).to_have_text("Earlier version")
+
+    page.locator(".message.user").last.locator("button.edit-prompt").click()
+    expect(page.locator("#prompt")).to_have_value(PROMPT)
+    expect(page.locator("#edit-hint")).to_be_visible()
+    page.fill("#prompt", "Count from 5 to 9.")
+    page.keyboard.press("Enter")
+    expect(answers).to_have_count(3)
+    expect(answers.last).to_have_attribute("data-state", "done", timeout=60_000)
+    expect(page.locator("#edit-hint")).to_be_hidden()
+    expect(page.locator(".message.superseded")).to_have_count(4)
+
+    page.reload()
+    expect(page.locator(".message.assistant")).to_have_count(3, timeout=10_000)
+    expect(page.locator(".message.superseded")).to_have_count(4)
+    current = page.locator(".message.user:not(.superseded) .text")
+    expect(current).to_have_text("Count from 5 to 9.")
+    # Only the last answer offers Regenerate, only the last prompt offers Edit.
+    expect(page.locator("button.regenerate:visible")).to_have_count(1)
+    expect(page.locator("button.edit-prompt:visible")).to_have_count(1)
+
+
+def test_escape_stops_the_running_answer(page, daphne_server):
+    """Esc anywhere on the page stops a streaming answer, like the Stop button."""
+    open_chat(page, daphne_server)
+    page.fill("#prompt", "Write a very long story about a dragon who learns to bake bread.")
+    page.keyboard.press("Enter")
+    answer = page.locator(".message.assistant").last
+    expect(answer.locator(".text")).not_to_be_empty(timeout=30_000)
+    page.keyboard.press("Escape")
+    expect(answer).to_have_attribute("data-state", "cancelled", timeout=10_000)

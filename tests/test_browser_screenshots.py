@@ -1,0 +1,74 @@
+"""Screenshots of the page for README.md, desktop (1280x800) and phone (390x844), real model.
+
+They go to var/screenshots/ (SCREENSHOT_DIR); `DOCS_SCREENSHOTS=1` writes them to docs/ instead.
+"""
+
+import os
+import re
+import uuid
+from pathlib import Path
+
+from playwright.sync_api import expect
+
+from tests.test_browser import SCREENSHOT_DIR, open_chat
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+PASSWORD = "a-long-pass-phrase-42"
+
+
+def target() -> Path:
+    folder = DOCS if os.environ.get("DOCS_SCREENSHOTS") == "1" else SCREENSHOT_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def sign_up(page, server) -> None:
+    page.goto(server.url + "/accounts/signup/")
+    page.fill("#id_username", f"ada{uuid.uuid4().hex[:4]}")
+    page.fill("#id_password1", PASSWORD)
+    page.fill("#id_password2", PASSWORD)
+    page.click("button[type=submit]")
+
+
+def ask(page, text: str) -> None:
+    page.fill("#prompt", text)
+    page.keyboard.press("Enter")
+    ended = re.compile("done|cancelled|invalid|retracted|error")
+    last = page.locator(".message.assistant").last
+    expect(last).to_have_attribute("data-state", ended, timeout=120_000)
+
+
+def test_screenshots_desktop_and_phone(browser, daphne_server):
+    context = browser.new_context(viewport={"width": 1280, "height": 800}, color_scheme="light")
+    page = context.new_page()
+    try:
+        sign_up(page, daphne_server)
+        open_chat(page, daphne_server)
+        ask(page, "What is the capital of France?")
+        page.click("#new-chat")
+        ask(page, "Write a Python function that adds two numbers. Use a code block.")
+        page.wait_for_timeout(300)
+        page.screenshot(path=str(target() / "screenshot.png"))
+        url = page.url
+        page.click("#new-chat")
+        page.select_option("#policy", "json")
+        ask(page, "What is the capital of France?")
+        page.wait_for_timeout(300)
+        page.screenshot(path=str(target() / "screenshot-json.png"))
+        phone = browser.new_context(
+            viewport={"width": 390, "height": 844},
+            is_mobile=True,
+            color_scheme="light",
+            storage_state=context.storage_state(),
+        )
+        mobile = phone.new_page()
+        mobile.goto(url)
+        expect(mobile.locator(".message.assistant").last).to_be_visible(timeout=10_000)
+        mobile.wait_for_timeout(300)
+        mobile.screenshot(path=str(target() / "screenshot-phone.png"))
+        mobile.click("#sidebar-toggle")
+        mobile.wait_for_timeout(400)
+        mobile.screenshot(path=str(target() / "screenshot-phone-sidebar.png"))
+        phone.close()
+    finally:
+        context.close()
