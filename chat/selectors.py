@@ -75,7 +75,10 @@ def conversation_list(owner: Owner, limit: int = 50) -> list[dict]:
             "title": c.title or f"Conversation {c.pk}",
             "updated_at": c.updated_at.isoformat(),
         }
-        for c in conversations_for(owner).order_by("-updated_at")[:limit]
+        # API requests make one conversation each; they would bury the page's own.
+        for c in conversations_for(owner)
+        .filter(api_key__isnull=True)
+        .order_by("-updated_at")[:limit]
     ]
 
 

@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import path
 
-from chat import api, views
+from chat import api, apikey_views, openai_api, views
 from chat.admin_views import latency_view
 
 urlpatterns = [
@@ -12,6 +12,10 @@ urlpatterns = [
     path("api/chat/stream", api.chat_stream, name="api-chat-stream"),
     path("api/chat/cancel", api.cancel, name="api-chat-cancel"),
     path("api/csrf", api.csrf, name="api-csrf"),
+    path("account/api-keys/", apikey_views.api_keys, name="account-api-keys"),
+    path("v1/models", openai_api.models, name="openai-models"),
+    path("v1/chat/completions", openai_api.chat_completions, name="openai-chat-completions"),
+    path("v1/<path:rest>", openai_api.not_found),
     path("healthz", views.healthz, name="healthz"),
     path("metrics", views.metrics, name="metrics"),
     path("admin/latency/", admin.site.admin_view(latency_view), name="admin-latency"),
