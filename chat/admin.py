@@ -23,7 +23,7 @@ class MessageInline(admin.TabularInline):
 
 @admin.register(Conversation)
 class ConversationAdmin(admin.ModelAdmin):
-    list_display = ("id", "title", "user", "updated_at")
+    list_display = ("id", "title", "user", "api_key", "updated_at")
     search_fields = ("title", "messages__text")
     list_filter = ("updated_at",)
     inlines = [MessageInline]

@@ -473,3 +473,53 @@ def test_hostile_bodies_get_an_openai_shaped_4xx_never_a_traceback(fuzz_key, raw
     assert 400 <= status < 500, (status, payload)
     assert set(payload) == {"error"} and payload["error"]["message"]
     assert set(payload["error"]) == {"message", "type", "param", "code"}
+
+
+async def test_another_user_can_neither_cancel_nor_read_an_api_answer(scripted, alice, bob):
+    """bob, signed in on the page, gets 404 for alice's running API answer and its conversation;
+    alice's own cancel stops it, and her client sees it end."""
+    from django.contrib.sessions.backends.db import SessionStore
+
+    from chat import services
+
+    scripted(Answer(("Partial",), wait_for_cancel=True))
+    running = asyncio.create_task(post(alice[1], ask(max_tokens=50)))
+    for _ in range(200):
+        message = (
+            await Message.objects.filter(role="assistant").select_related("conversation").afirst()
+        )
+        if message is not None:
+            break
+        await asyncio.sleep(0.02)
+    session = SessionStore()
+    session["_auth_user_id"] = str(bob[0].pk)
+    session["_auth_user_backend"] = "django.contrib.auth.backends.ModelBackend"
+    session["_auth_user_hash"] = bob[0].get_session_auth_hash()
+    await sync_to_async(session.create)()
+    cookie = f"sessionid={session.session_key}; csrftoken=t" + "x" * 31
+    headers = {"Cookie": cookie, "X-CSRFToken": "t" + "x" * 31}
+    body = json.dumps({"message": message.pk}).encode()
+    cancel = await request("POST", "/api/chat/cancel", body, headers)
+    assert cancel.status_code == 404 and cancel.json()["code"] == "unknown_request"
+    read = await request(
+        "GET", f"/api/conversations/{message.conversation_id}/", headers={"Cookie": cookie}
+    )
+    assert read.status_code == 404
+    assert not running.done()
+    owner = selectors.Owner(user_id=alice[0].pk, session_key="")
+    assert await services.turn_cancel(owner=owner, message_id=message.pk) == "cancelled"
+    response, answer = await running
+    choice = answer["choices"][0]
+    assert choice["native_finish_reason"] == "cancelled" and choice["finish_reason"] == "stop"
+    assert choice["message"]["content"] == "Partial"
+
+
+async def test_api_answers_are_counted_in_metrics(scripted, alice):
+    from chat.metrics import REQUESTS
+
+    scripted(Answer(("ok",)))
+    before = REQUESTS.labels("eos")._value.get()
+    await post(alice[1], ask())
+    assert REQUESTS.labels("eos")._value.get() == before + 1
+    scrape = await request("GET", "/metrics")
+    assert b'chat_request_success_total{finish_reason="eos"}' in scrape.body
