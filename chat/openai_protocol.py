@@ -16,7 +16,10 @@ from .policy import schema_errors
 from .policy_store import PolicyOverride
 
 MAX_BODY_BYTES = 1024 * 1024
-MAX_MESSAGES = 500
+MAX_MESSAGES = 200
+# All messages together, in characters: far past the model's context, and a bound on the work
+# of fitting a long conversation into it (the oldest turns are dropped two at a time).
+MAX_CONVERSATION_CHARS = 64 * 1024
 MAX_STOP_STRINGS = 4  # as OpenAI
 MAX_STOP_CHARS = 100
 MAX_POLICY_SLUG = 50
@@ -170,6 +173,13 @@ def _messages(body: dict) -> tuple[str | None, list[dict], str]:
             system.append(text)
         else:
             turns.append({"role": role, "content": text})
+    total = sum(len(t["content"]) for t in turns) + sum(len(text) for text in system)
+    if total > MAX_CONVERSATION_CHARS:
+        raise bad_request(
+            f"the messages hold {total} characters; the limit is {MAX_CONVERSATION_CHARS}",
+            "messages",
+            "context_length_exceeded",
+        )
     if not turns or turns[-1]["role"] != "user" or not turns[-1]["content"].strip():
         raise bad_request("the last message must be a non-empty user message", "messages")
     return ("\n\n".join(system) if system else None), turns[:-1], turns[-1]["content"]

@@ -92,3 +92,11 @@ def test_an_override_adds_stops_caps_tokens_buffers_for_a_schema_and_is_recorded
     assert changed.system_prompt.startswith("Hi.") and '{"type":"object"}' in changed.system_prompt
     assert changed.overrides["max_new_tokens"] == 64 and changed.temperature == 0.3
     assert (changed.slug, changed.version) == (policy.slug, policy.version)
+
+
+def test_a_conversation_past_the_character_limit_is_refused():
+    """Fitting a long conversation costs a tokenization per dropped turn: the total is bounded."""
+    turns = [{"role": "user", "content": "x" * 1000}] * 70
+    with pytest.raises(OpenAIError) as raised:
+        parse({"model": "smollm2", "messages": turns})
+    assert raised.value.code == "context_length_exceeded" and raised.value.param == "messages"
