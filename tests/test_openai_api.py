@@ -238,3 +238,20 @@ async def test_the_async_client_streams_and_one_users_cancel_never_touches_anoth
     assert alice["status"] == "done" and alice["finish_reason"] in ("length", "eos")
     assert alice["user_id"] == user_id(daphne_server, "alice")
     assert bob["user_id"] == user_id(daphne_server, "bob")
+
+
+def test_the_packages_structured_output_parse_gets_a_validated_object(daphne_server, keys):
+    """`client.chat.completions.parse(response_format=<pydantic model>)`: the package's strict
+    json_schema request, answered with JSON it parses into the model."""
+    from pydantic import BaseModel
+
+    class Capital(BaseModel):
+        answer: str
+
+    parsed = client(daphne_server, keys["carol"]).chat.completions.parse(
+        model="smollm2",
+        messages=[{"role": "user", "content": "What is the capital of Italy?"}],
+        response_format=Capital,
+        max_tokens=40,
+    )
+    assert isinstance(parsed.choices[0].message.parsed, Capital)
