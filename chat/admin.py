@@ -7,13 +7,15 @@ from django.forms.models import construct_instance
 from django.http import HttpResponseNotAllowed
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.text import Truncator
 
 from . import review
 from .accounts import AdminSignInForm
-from .models import CachedAnswer, Conversation, Message, OutputPolicy, PolicyRevision
+from .apikeys import new_key
+from .models import ApiKey, CachedAnswer, Conversation, Message, OutputPolicy, PolicyRevision
 from .policy_store import policy_errors
 from .runtime import runtime
 
@@ -32,7 +34,7 @@ class MessageInline(admin.TabularInline):
 
 @admin.register(Conversation)
 class ConversationAdmin(admin.ModelAdmin):
-    list_display = ("id", "title", "user", "updated_at")
+    list_display = ("id", "title", "user", "api_key", "updated_at")
     search_fields = ("title", "messages__text")
     list_filter = ("updated_at",)
     inlines = [MessageInline]
@@ -347,3 +349,34 @@ class CachedAnswerAdmin(admin.ModelAdmin):
                 if stored
                 else "Saved; it is not served (rejected, evicted or awaiting approval).",
             )
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    """Staff make keys for any user (shown once, after saving) and revoke them; never delete:
+    the key stays as the record of the conversations made with it."""
+
+    list_display = ("prefix", "name", "user", "created_at", "last_used_at", "revoked_at")
+    list_filter = ("revoked_at",)
+    search_fields = ("name", "prefix", "user__username")
+    fields = ("user", "name", "prefix", "created_at", "last_used_at", "revoked_at")
+    readonly_fields = ("prefix", "created_at", "last_used_at", "revoked_at")
+    autocomplete_fields = ("user",)
+    actions = ["revoke"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return self.readonly_fields + (("user",) if obj else ())
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def save_model(self, request, obj, form, change):
+        key = None if change else new_key(obj)
+        super().save_model(request, obj, form, change)
+        if key is not None:
+            messages.warning(request, f"The new key for {obj.user}, shown only this once: {key}")
+
+    @admin.action(description="Revoke the selected keys")
+    def revoke(self, request, queryset):
+        count = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+        messages.success(request, f"revoked {count} key(s)")

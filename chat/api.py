@@ -83,7 +83,7 @@ def _body(request) -> bytes:
         ) from None
 
 
-class _TurnFeed:
+class TurnFeed:
     """Collects a turn's events in a queue for a response to hand on; ends when the turn does."""
 
     END = None
@@ -114,11 +114,16 @@ class _TurnFeed:
             return _error_response(exc.code, exc.message, exc.request_id)
         except services.TurnError as exc:
             return _error_response(exc.code, exc.message, prompt.request_id)
-        if self.turn.task is None:  # served from the cache: every event is already queued
+        self.follow(self.turn)
+        return None
+
+    def follow(self, turn: services.Turn) -> None:
+        """Queue END after the last event of `turn`, started with this feed's `send`."""
+        self.turn = turn
+        if turn.task is None:  # served from the cache: every event is already queued
             self.events.put_nowait(self.END)
         else:
-            self.turn.task.add_done_callback(lambda _: self.events.put_nowait(self.END))
-        return None
+            turn.task.add_done_callback(lambda _: self.events.put_nowait(self.END))
 
     def abandon(self) -> None:
         """The client went away: stop the generation; the partial answer is still stored."""
@@ -132,7 +137,7 @@ class _TurnFeed:
 @require_POST
 async def chat_stream(request):
     """The turn's events as server-sent events, as they happen."""
-    feed = _TurnFeed()
+    feed = TurnFeed()
     refused = await feed.start(request)
     if refused is not None:
         return refused
@@ -161,7 +166,7 @@ async def chat_stream(request):
 @require_POST
 async def chat(request):
     """The turn's final `done` event as JSON, or its `error` with a fitting status."""
-    feed = _TurnFeed()
+    feed = TurnFeed()
     refused = await feed.start(request)
     if refused is not None:
         return refused

@@ -6,8 +6,9 @@ rows, builds their hooks, and says what is wrong with a row before the admin sav
 
 from __future__ import annotations
 
+import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from django.conf import settings
 
@@ -47,6 +48,56 @@ class ResolvedPolicy:
     cache_ttl_seconds: int = 0
     require_review: bool = False
     snapshot: dict = field(default_factory=dict, compare=False)
+    # What one request changed (PolicyOverride.apply); part of the cache key when not empty.
+    overrides: dict = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class PolicyOverride:
+    """One request's changes to its policy (the OpenAI-compatible API's parameters).
+
+    Args:
+        system_prompt: replaces the policy's system prompt.
+        schema: the answer must be JSON valid for it: the turn buffers, validates and re-asks.
+        strict: also constrain decoding to `schema` (OpenAI's `strict: true`).
+        stop_strings: added to the policy's own.
+        max_new_tokens: capped by CHAT_MAX_NEW_TOKENS_CAP.
+        temperature, top_p: replace the policy's.
+    """
+
+    system_prompt: str | None = None
+    schema: dict | None = None
+    strict: bool = False
+    stop_strings: tuple[str, ...] = ()
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+
+    def apply(self, policy: ResolvedPolicy) -> ResolvedPolicy:
+        changes: dict = {}
+        system_prompt = policy.system_prompt if self.system_prompt is None else self.system_prompt
+        if self.schema is not None:
+            # A small model needs the schema in its instructions, not only in the re-ask.
+            instruction = "Reply only with JSON that matches this JSON Schema: " + json.dumps(
+                self.schema, separators=(",", ":")
+            )
+            system_prompt = f"{system_prompt}\n\n{instruction}" if system_prompt else instruction
+            changes.update(mode="buffer", schema=self.schema, constrained=self.strict)
+        if system_prompt != policy.system_prompt:
+            changes["system_prompt"] = system_prompt
+        stops = tuple(dict.fromkeys(policy.stop_strings + self.stop_strings))
+        if stops != policy.stop_strings:
+            changes["stop_strings"] = stops
+        if self.max_new_tokens is not None:
+            changes["max_new_tokens"] = min(self.max_new_tokens, settings.CHAT_MAX_NEW_TOKENS_CAP)
+        if self.temperature is not None:
+            changes["temperature"] = self.temperature
+        if self.top_p is not None:
+            changes["top_p"] = self.top_p
+        if not changes:
+            return policy
+        recorded = {k: list(v) if isinstance(v, tuple) else v for k, v in changes.items()}
+        return replace(policy, **changes, overrides=recorded)
 
 
 def builtin_policy() -> ResolvedPolicy:

@@ -65,6 +65,8 @@ def turn_cache_key(
         "top_p": request.top_p,
         "json_schema": request.json_schema,
     }
+    if policy.overrides:  # only then, so the keys of every unchanged policy stay as they were
+        params["overrides"] = policy.overrides
     return cache_key(
         model_id=backend.model_id,
         fingerprint=backend.fingerprint,

@@ -83,7 +83,8 @@ def conversation_list(owner: Owner, limit: int = 50, query: str = "") -> list[di
             "updated_at": c.updated_at.isoformat(),
             "day": c.updated_at.date().isoformat(),
         }
-        for c in conversations.order_by("-updated_at")[:limit]
+        # API requests make one conversation each; they would bury the page's own.
+        for c in conversations.filter(api_key__isnull=True).order_by("-updated_at")[:limit]
     ]
 
 

@@ -83,6 +83,15 @@ class _Prepared:
     cache_key: str | None
 
 
+@dataclass(frozen=True)
+class _Given:
+    """What a transport may give instead of the stored defaults (the OpenAI-compatible API)."""
+
+    history: list[dict] | None = None  # earlier turns, in place of the conversation's
+    override: policy_store.PolicyOverride | None = None
+    api_key_id: int | None = None
+
+
 def _check_prompt_tokens(backend: Backend, text: str) -> None:
     """A per-prompt limit in the model's tokens; characters alone let odd text cost many tokens each."""
     limit = settings.CHAT_MAX_PROMPT_TOKENS
@@ -97,12 +106,14 @@ def _check_prompt_tokens(backend: Backend, text: str) -> None:
         )
 
 
-def _prepare(owner: Owner, prompt, backend: Backend) -> _Prepared:
+def _prepare(owner: Owner, prompt, backend: Backend, given: _Given) -> _Prepared:
     _check_prompt_tokens(backend, prompt.text)
     try:
         policy = policy_store.policy_for(prompt.policy)
     except policy_store.UnknownPolicy as exc:
         raise TurnError(exc.code, str(exc)) from None
+    if given.override is not None:
+        policy = given.override.apply(policy)
     conversation = None
     if prompt.conversation is not None:
         conversation = conversations_for(owner).filter(pk=prompt.conversation).first()
@@ -114,7 +125,10 @@ def _prepare(owner: Owner, prompt, backend: Backend) -> _Prepared:
         regenerate = prompt.replace is not None and _supersede(conversation, prompt) == prompt.text
         try:
             messages, rendered, input_ids = fit_prompt(
-                backend, policy, answer_history(conversation), prompt.text
+                backend,
+                policy,
+                answer_history(conversation) if given.history is None else given.history,
+                prompt.text,
             )
         except EngineError as exc:
             raise TurnError(exc.code, str(exc)) from None
@@ -123,6 +137,7 @@ def _prepare(owner: Owner, prompt, backend: Backend) -> _Prepared:
                 user_id=owner.user_id,
                 session_key="" if owner.user_id is not None else owner.session_key,
                 title=" ".join(prompt.text.split())[:80],
+                api_key_id=given.api_key_id,
             )
         Message.objects.create(conversation=conversation, role=Message.Role.USER, text=prompt.text)
         assistant = Message.objects.create(
@@ -223,8 +238,23 @@ def turn_rate_check(*, owner: Owner, address: str | None = None) -> None:
         limiter.check(key)
 
 
-async def turn_start(*, owner: Owner, prompt, send: Send) -> Turn:
-    """Validate and queue one prompt; sends `accepted` and returns the running turn."""
+async def turn_start(
+    *,
+    owner: Owner,
+    prompt,
+    send: Send,
+    history: list[dict] | None = None,
+    override: policy_store.PolicyOverride | None = None,
+    api_key_id: int | None = None,
+) -> Turn:
+    """Validate and queue one prompt; sends `accepted` and returns the running turn.
+
+    The socket and the page's HTTP API give only `prompt`. The OpenAI-compatible API gives
+    the earlier turns itself (`history`, user/assistant messages, in place of the stored
+    conversation's), its per-request `override` of the policy, and the `api_key_id` the
+    new conversation is recorded under.
+    """
+    given = _Given(history=history, override=override, api_key_id=api_key_id)
     try:
         backend, scheduler = runtime.require()
     except NotReady as exc:
@@ -235,7 +265,7 @@ async def turn_start(*, owner: Owner, prompt, send: Send) -> Turn:
     try:
         try:
             prepared = await sync_to_async(storage.closing_on_error)(
-                _prepare, owner, prompt, backend
+                _prepare, owner, prompt, backend, given
             )
         except DatabaseError as exc:
             log.warning("could not start %s: %s", prompt.request_id, exc)

@@ -258,6 +258,8 @@ CHAT_MAX_BATCH = envint(
 )  # concurrent answers per generate call; 1 = plain queue
 CHAT_HISTORY_TURNS = envint("CHAT_HISTORY_TURNS", 20)  # earlier messages sent back to the model
 CHAT_SYSTEM_PROMPT = env("CHAT_SYSTEM_PROMPT", "")
+# The model name the OpenAI-compatible API offers the default policy as (`<name>:<slug>` for the others).
+CHAT_API_MODEL_NAME = env("CHAT_API_MODEL_NAME", "smollm2")
 CHAT_LOAD_MODEL = envbool("CHAT_LOAD_MODEL", True)  # off: serve pages/admin without a model
 # Names this server process, stable across its restarts (host and port by default). Each answer
 # records it, and a migrate under the same name closes what that process left streaming when it

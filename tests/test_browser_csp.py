@@ -18,6 +18,10 @@ ADMIN_PAGES = [
     "/admin/chat/message/",
     "/admin/chat/cachedanswer/",
     "/admin/latency/",
+    "/admin/chat/apikey/",
+    # The signed-in person's own pages, with the same session.
+    "/account/api-keys/",
+    "/accounts/password_change/",
 ]
 
 
@@ -79,5 +83,7 @@ def test_the_admin_pages_run_under_the_policy(page, daphne_server):
     expect(page.locator(".latency-controls")).to_have_css(
         "display", "flex"
     )  # its stylesheet loaded
+    page.goto(daphne_server.url + "/account/api-keys/")
+    expect(page.locator(".keys-page")).to_have_css("max-width", "800px")  # chat.css styles it
     assert all(v == [] for v in seen.values()), seen
     assert problems == []

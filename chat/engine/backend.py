@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 
 import torch
@@ -29,6 +30,8 @@ from .types import (
 )
 
 log = logging.getLogger(__name__)
+
+STOP_CRITERIA_KEPT = 64
 
 
 def pick_device(requested: str) -> str:
@@ -70,7 +73,7 @@ class LocalBackend:
         self.device = model.device
         self.context_length = int(getattr(model.config, "max_position_embeddings", 2048))
         self.eos_token_ids = self._model_eos_ids()
-        self._stop_criteria: dict[tuple[str, ...], StopStringCriteria] = {}
+        self._stop_criteria: OrderedDict[tuple[str, ...], StopStringCriteria] = OrderedDict()
         self._stop_lock = threading.Lock()
 
     @classmethod
@@ -230,6 +233,10 @@ class LocalBackend:
                 criteria = self._stop_criteria[stop_strings] = StopStringCriteria(
                     self.tokenizer, list(stop_strings)
                 )
+                # API clients choose their own stop strings: keep the recent sets, not every one.
+                while len(self._stop_criteria) > STOP_CRITERIA_KEPT:
+                    self._stop_criteria.popitem(last=False)
+            self._stop_criteria.move_to_end(stop_strings)
             return criteria
 
     @staticmethod

@@ -1,0 +1,102 @@
+"""The OpenAI wire shapes without a server: request parsing, the answer mapping, overrides."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+
+from chat.openai_protocol import (
+    ChatRequest,
+    OpenAIError,
+    answer_of,
+    parse_chat_request,
+)
+from chat.policy_store import PolicyOverride, ResolvedPolicy
+from tests.test_openai_views import raw_bodies
+
+
+def parse(body: dict) -> ChatRequest:
+    return parse_chat_request(json.dumps(body).encode(), model_name="smollm2", max_prompt_chars=100)
+
+
+@settings(max_examples=3000, deadline=None, database=None)
+@given(raw=raw_bodies)
+def test_any_body_parses_or_is_an_openai_error_with_a_4xx(raw):
+    try:
+        request = parse_chat_request(raw.encode(), model_name="smollm2", max_prompt_chars=100)
+    except OpenAIError as exc:
+        assert 400 <= exc.status < 500 and exc.message
+        assert set(exc.body()["error"]) == {"message", "type", "param", "code"}
+    else:
+        assert request.text.strip() and request.model
+
+
+def test_the_model_name_chooses_the_policy_and_the_policy_field_wins():
+    assert (
+        parse({"model": "smollm2", "messages": [{"role": "user", "content": "x"}]}).policy is None
+    )
+    body = {"model": "smollm2:json", "messages": [{"role": "user", "content": "x"}]}
+    assert parse(body).policy == "json"
+    assert parse(body | {"policy": "chat"}).policy == "chat"
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -0.1, 2.5, True, "1"])
+def test_temperature_must_be_a_finite_number_in_range(bad):
+    body = {"model": "smollm2", "messages": [{"role": "user", "content": "x"}], "temperature": bad}
+    with pytest.raises(OpenAIError) as raised:
+        parse_chat_request(json.dumps(body).encode(), model_name="smollm2", max_prompt_chars=100)
+    assert raised.value.param == "temperature"
+
+
+def done(**fields) -> dict:
+    base = {"text": "", "json": None, "finish_reason": "eos", "reason": None, "cached": False}
+    return base | fields
+
+
+@pytest.mark.parametrize(
+    ("event", "shown", "content", "delta", "finish"),
+    [
+        (done(text="Hello."), "Hello.", "Hello.", "", "stop"),
+        (done(text="Hello.", finish_reason="stop_string"), "He", "Hello.", "llo.", "stop"),
+        (done(text="Hel", finish_reason="length"), "Hel", "Hel", "", "length"),
+        (done(text="", finish_reason="moderated"), "Some text", "", None, "content_filter"),
+        (done(text='```{"a": 1}```', json={"a": 1}), "", '{"a": 1}', '{"a": 1}', "stop"),
+        (done(text="Sorry.", finish_reason="invalid"), "", "Sorry.", "Sorry.", "stop"),
+    ],
+)
+def test_finish_reasons_and_content_map_to_openais(event, shown, content, delta, finish):
+    answer = answer_of(event, shown=shown)
+    assert (answer.content, answer.delta, answer.finish_reason) == (content, delta, finish)
+    assert answer.native_finish_reason == event["finish_reason"]
+
+
+def test_an_answer_that_stayed_invalid_is_a_refusal():
+    answer = answer_of(done(finish_reason="invalid", reason="$.answer: missing"), shown="")
+    assert answer.content is None and "$.answer: missing" in answer.refusal
+
+
+def test_an_override_adds_stops_caps_tokens_buffers_for_a_schema_and_is_recorded(settings):
+    settings.CHAT_MAX_NEW_TOKENS_CAP = 64
+    policy = ResolvedPolicy(
+        id=1, slug="chat", version=3, mode="stream", stop_strings=("\nUser:",), system_prompt="Hi."
+    )
+    assert PolicyOverride().apply(policy) is policy
+    schema = {"type": "object"}
+    changed = PolicyOverride(
+        schema=schema, strict=True, stop_strings=(",",), max_new_tokens=10**6, temperature=0.3
+    ).apply(policy)
+    assert changed.mode == "buffer" and changed.schema == schema and changed.constrained
+    assert changed.stop_strings == ("\nUser:", ",") and changed.max_new_tokens == 64
+    assert changed.system_prompt.startswith("Hi.") and '{"type":"object"}' in changed.system_prompt
+    assert changed.overrides["max_new_tokens"] == 64 and changed.temperature == 0.3
+    assert (changed.slug, changed.version) == (policy.slug, policy.version)
+
+
+def test_a_conversation_past_the_character_limit_is_refused():
+    """Fitting a long conversation costs a tokenization per dropped turn: the total is bounded."""
+    turns = [{"role": "user", "content": "x" * 1000}] * 70
+    with pytest.raises(OpenAIError) as raised:
+        parse({"model": "smollm2", "messages": turns})
+    assert raised.value.code == "context_length_exceeded" and raised.value.param == "messages"
