@@ -11,14 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import threading
-import time
-from dataclasses import dataclass
 
-import redis
 from django.conf import settings
 
 from . import metrics
+from .redis_guard import RedisGuard
 
 log = logging.getLogger(__name__)
 
@@ -50,54 +47,27 @@ def cache_key(
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-@dataclass
-class CacheState:
-    available: bool = True
-    errors: int = 0
-    last_error: str = ""
-    retry_at: float = 0.0
-
-
 class CompletionCache:
-    """A thin layer over redis-py: JSON entries with a TTL, and a back-off when Redis is down."""
-
-    backoff_seconds = 2.0
+    """JSON entries with a TTL in Redis; while Redis is down the chat goes on uncached."""
 
     def __init__(self):
-        self.state = CacheState()
-        self._lock = threading.Lock()
-        self._clients: dict[str, redis.Redis] = {}
+        self._guard = RedisGuard(
+            "completion cache",
+            url=lambda: settings.CHAT_CACHE_REDIS_URL,
+            fallback="chat continues uncached",
+            on_error=lambda operation: metrics.CACHE_ERRORS.labels(operation).inc(),
+        )
 
-    def _client(self) -> redis.Redis:
-        url = settings.CHAT_CACHE_REDIS_URL
-        with self._lock:
-            if url not in self._clients:
-                self._clients[url] = redis.Redis.from_url(
-                    url, socket_timeout=0.5, socket_connect_timeout=0.5, health_check_interval=10
-                )
-            return self._clients[url]
+    @property
+    def backoff_seconds(self) -> float:
+        return self._guard.backoff_seconds
+
+    @backoff_seconds.setter
+    def backoff_seconds(self, seconds: float) -> None:
+        self._guard.backoff_seconds = seconds
 
     def _call(self, operation: str, fn):
-        if not self.state.available and time.monotonic() < self.state.retry_at:
-            return None
-        try:
-            value = fn(self._client())
-        except (redis.RedisError, OSError) as exc:
-            self.state.errors += 1
-            self.state.last_error = f"{type(exc).__name__}: {exc}"
-            if self.state.available:
-                log.warning(
-                    "completion cache unavailable (%s); chat continues uncached",
-                    self.state.last_error,
-                )
-            self.state.available = False
-            self.state.retry_at = time.monotonic() + self.backoff_seconds
-            metrics.CACHE_ERRORS.labels(operation).inc()
-            return None
-        if not self.state.available:
-            log.info("completion cache is back")
-            self.state.available = True
-        return value
+        return self._guard.call(operation, fn)[1]
 
     def get(self, key: str) -> dict | None:
         raw = self._call("get", lambda r: r.get(KEY_PREFIX + key))
@@ -113,9 +83,7 @@ class CompletionCache:
         return bool(self._call("evict", lambda r: r.delete(KEY_PREFIX + key)))
 
     def status(self) -> str:
-        if self.state.available:
-            return "ok"
-        return f"unavailable ({self.state.errors} errors, last: {self.state.last_error}); serving uncached"
+        return self._guard.status("serving uncached")
 
 
 completion_cache = CompletionCache()

@@ -7,6 +7,7 @@ from django.conf import settings
 from django.db import connection
 
 from .cache import completion_cache
+from .ratelimit import prompt_limiter
 from .runtime import runtime
 
 
@@ -43,6 +44,7 @@ def health() -> tuple[bool, dict]:
         "redis": redis_status(),
         "database": database_status(),
         "cache": completion_cache.status(),
+        "rate_limit": prompt_limiter.status(),
     }
     if settings.CHAT_BACKEND == "openai":
         report["upstream"] = settings.CHAT_REMOTE_URL

@@ -1,8 +1,14 @@
-"""Prompt rate limits: a sliding window of recent prompt times per owner and per address, in this process."""
+"""Prompt rate limits: a sliding window of recent prompt times per owner and per address.
+
+Counted in Redis, so every server process shares one window per key (N processes behind a
+balancer do not allow N times the limit); while Redis is unreachable each process counts on
+its own, says so in /healthz, and goes back to the shared count when Redis answers again.
+"""
 
 from __future__ import annotations
 
 import ipaddress
+import secrets
 import threading
 import time
 from collections import defaultdict, deque
@@ -10,13 +16,28 @@ from collections.abc import Callable
 
 from django.conf import settings
 
+from .redis_guard import RedisGuard
+
+# One round trip, atomic: drop hits older than the window, refuse when full (answering how
+# long until the oldest hit leaves it), else record this hit when asked to.
+_SLIDING_WINDOW = """
+local now, window, limit, count = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+if redis.call('ZCARD', KEYS[1]) >= limit then
+  local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  return tostring(tonumber(oldest[2]) + window - now)
+end
+if count == '1' then
+  redis.call('ZADD', KEYS[1], now, ARGV[5])
+  redis.call('PEXPIRE', KEYS[1], math.ceil(window * 1000))
+end
+return '0'
+"""
+
 
 class RateLimiter:
-    """At most `limit` prompts per `window` seconds per key; 0 disables it.
+    """At most `limit` prompts per `window` seconds per key, in this process; 0 disables it.
 
-    In-process on purpose: a limit that needs Redis would fail closed exactly when
-    Redis is down. With several daphne processes a user may get up to `limit` per
-    process (the balancer decides where each socket or request lands).
     Keys idle for a whole window are dropped once a window, so memory follows
     the users active in the last minute, not every visitor ever seen.
     """
@@ -97,7 +118,65 @@ def client_address(peer: str | None, forwarded_for: str | None) -> str | None:
     return str(address)
 
 
+class SharedRateLimiter:
+    """The same limit counted in Redis for every process, with this process's RateLimiter as the
+    fallback while Redis is unreachable (a limit that needs Redis must not refuse everyone when
+    it is down, nor let everyone through)."""
+
+    def __init__(self, name: str, limit: int, window: float = 60.0):
+        self.name = name
+        self.limit = limit
+        self.window = window
+        self.local = RateLimiter(limit, window)
+        self._guard = RedisGuard(
+            f"shared rate limit {name!r}",
+            url=lambda: settings.REDIS_URL,
+            fallback="each process counts its own prompts",
+        )
+        self._script = None
+
+    def check(self, key: str) -> float:
+        """0.0 if allowed (and counted), else the seconds until the next prompt is allowed."""
+        return self._check(key, count=True)
+
+    def wait(self, key: str) -> float:
+        """What `check` would answer, counting nothing."""
+        return self._check(key, count=False)
+
+    def _check(self, key: str, *, count: bool) -> float:
+        if self.limit <= 0:
+            return 0.0
+        hit = secrets.token_hex(8)  # a member per hit, so hits at equal times all count
+        ok, wait = self._guard.call(
+            "check",
+            lambda client: self._sliding_window(client)(
+                keys=[f"chat:rate:{self.name}:{key}"],
+                args=[time.time(), self.window, self.limit, "1" if count else "0", hit],
+            ),
+        )
+        if not ok:
+            self.local.limit = self.limit
+            return self.local.check(key) if count else self.local.wait(key)
+        return float(wait)
+
+    def _sliding_window(self, client):
+        if self._script is None or self._script.registered_client is not client:
+            self._script = client.register_script(_SLIDING_WINDOW)
+        return self._script
+
+    def status(self) -> str:
+        return self._guard.status("counted per process")
+
+    def clear(self) -> None:
+        """Forget every window, shared and local (tests start from none)."""
+        self.local.clear()
+        self._guard.call(
+            "clear",
+            lambda client: [client.delete(k) for k in client.scan_iter(f"chat:rate:{self.name}:*")],
+        )
+
+
 # One limit for every transport: WebSocket prompts and the HTTP API count together.
-prompt_limiter = RateLimiter(settings.CHAT_RATE_LIMIT_PER_MINUTE)
+prompt_limiter = SharedRateLimiter("prompt", settings.CHAT_RATE_LIMIT_PER_MINUTE)
 # Visitors without an account also count per address: dropping the session cookie gains nothing.
-address_limiter = RateLimiter(settings.CHAT_RATE_LIMIT_PER_ADDRESS)
+address_limiter = SharedRateLimiter("address", settings.CHAT_RATE_LIMIT_PER_ADDRESS)
