@@ -59,6 +59,7 @@ class RunningBatch:
 
     # -- joining --------------------------------------------------------------
 
+    @torch.inference_mode()
     def add(self, rows: list[Row]) -> list[Row]:
         """Prefill `rows`, pick their first tokens and join them to the batch; returns rows already done."""
         if not rows:
@@ -92,6 +93,7 @@ class RunningBatch:
         self._keep([row for row in self.rows if row.reason is None])
         return gone
 
+    @torch.inference_mode()
     def step(self) -> list[Row]:
         """One decode step for every row; returns the rows that ended on it (already dropped)."""
         if not self.rows:
@@ -105,15 +107,14 @@ class RunningBatch:
         # Each row counts its own positions: padding on the left must not shift them.
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1] :]
         self.forward_calls += 1
-        with torch.inference_mode():
-            out = self.model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         return out.logits[:, -1, :].float()
 
     def _choose(self, rows: list[Row], logits: torch.Tensor) -> list[Row]:
