@@ -32,13 +32,41 @@ def pick_device(requested: str) -> str:
     return "cpu"
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (Linux); empty where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
 def pick_dtype(requested: str, device: str) -> torch.dtype:
     if requested != "auto":
         return getattr(torch, requested)
-    # On the CPU, bf16 made SmolLM2 miss its end-of-turn token: 2 of 6 short greedy answers ran on
-    # to max_new_tokens, none in fp32. On a 2-core AMX Xeon fp32 decoded as fast (16.1 vs 15.4
-    # tok/s), so the answer ending where it should is worth the extra 0.3 GB. GPUs keep bf16.
-    return torch.bfloat16 if device == "cuda" else torch.float32
+    if device == "cuda":
+        return torch.bfloat16
+    if device == "cpu" and bf16_pays_on_this_cpu(cpu_flags()):
+        return torch.bfloat16
+    return torch.float32
+
+
+def bf16_pays_on_this_cpu(flags: set[str]) -> bool:
+    """Whether bf16 decodes clearly faster than fp32 here, by what was measured (dtypecheck).
+
+    AMX Xeon (amx_bf16), 2 cores: fp32 16.1 tok/s, bf16 15.4, and greedy bf16 answers missed
+    their end-of-turn token more often (5 of 20 short prompts, fp32 3): fp32.
+    AMD EPYC with avx512_bf16 and no AMX, 2 cores: see NOTES-issue-12 / README for the figures.
+    Elsewhere (no bf16 instructions) bf16 is emulated and slow: fp32.
+    """
+    return BF16_ON_AVX512 and "avx512_bf16" in flags and "amx_bf16" not in flags
+
+
+# Set from the dtypecheck figures on an avx512_bf16 CPU (see bf16_pays_on_this_cpu).
+BF16_ON_AVX512 = False
 
 
 class LocalBackend:
