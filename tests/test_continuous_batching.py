@@ -109,7 +109,7 @@ def test_rows_end_their_own_ways_while_others_join(backend):
         "short": backend.request(COUNT, max_new_tokens=4),
         "cancelled": backend.request(STORY, max_new_tokens=40),
         "plain": backend.request([{"role": "user", "content": "Say hello."}], max_new_tokens=12),
-        "json": backend.request(CAPITAL, max_new_tokens=40, json_schema=SCHEMA),
+        "json": backend.request(CAPITAL, max_new_tokens=60, json_schema=SCHEMA),
     }
     tickets = {}
     clients["cancelled"].on_chunk = lambda: scheduler.cancel(tickets["cancelled"])
@@ -185,7 +185,7 @@ def test_constrained_json_runs_beside_streamed_prose(backend):
         prose, constrained = backend.generate_batch(
             [
                 backend.request(STORY, max_new_tokens=24, min_new_tokens=24),
-                backend.request(CAPITAL, max_new_tokens=40, json_schema=SCHEMA),
+                backend.request(CAPITAL, max_new_tokens=60, json_schema=SCHEMA),
             ],
             [prose_chunks.append, json_chunks.append],
         )
