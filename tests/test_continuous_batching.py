@@ -95,13 +95,14 @@ def test_a_newcomer_streams_while_a_long_answer_runs(backend):
 
 
 def test_rows_end_their_own_ways_while_others_join(backend):
-    """Five endings in one running batch, the rows joining after it started: each ends by its own rule."""
+    """Five endings in one running batch (greedy, sampled and constrained rows together), the rows
+    joining after it started: each ends by its own rule."""
     recorder = Recorder(backend)
     scheduler = Scheduler(recorder, max_batch=8)
     first = Client(recorder)
     scheduler.submit(backend.request(STORY, max_new_tokens=40, min_new_tokens=40), first)
     assert first.first_chunk.wait(60)
-    names = ["stop", "comma", "short", "cancelled", "plain", "json"]
+    names = ["stop", "comma", "short", "cancelled", "plain", "json", "sampled"]
     clients = {name: Client(recorder) for name in names}
     requests = {
         "stop": backend.request(COUNT, max_new_tokens=40, stop_strings=(", 5",)),
@@ -110,6 +111,9 @@ def test_rows_end_their_own_ways_while_others_join(backend):
         "cancelled": backend.request(STORY, max_new_tokens=40),
         "plain": backend.request([{"role": "user", "content": "Say hello."}], max_new_tokens=12),
         "json": backend.request(CAPITAL, max_new_tokens=60, json_schema=SCHEMA),
+        "sampled": backend.request(
+            STORY, max_new_tokens=6, min_new_tokens=6, temperature=0.8, top_p=0.9
+        ),
     }
     tickets = {}
     clients["cancelled"].on_chunk = lambda: scheduler.cancel(tickets["cancelled"])
@@ -125,6 +129,7 @@ def test_rows_end_their_own_ways_while_others_join(backend):
     assert reasons["plain"] in ("eos", "length")  # greedy wording may or may not end on eos
     assert reasons["json"] == "eos"
     jsonschema.validate(json.loads(clients["json"].result.text), SCHEMA)
+    assert reasons["sampled"] == "length" and clients["sampled"].result.new_tokens == 6
     for client in [first, *clients.values()]:
         assert client.text == client.result.text
     assert first.result.finish_reason == "length" and first.result.new_tokens == 40
