@@ -192,6 +192,80 @@ def engine_generate(backend, messages: list[dict], tokens: int) -> Timed:
     )
 
 
+@dataclass
+class Newcomer:
+    """A short prompt's first chunk (seconds from submit), alone and while a long answer decodes."""
+
+    alone_s: float | None
+    busy_s: float | None
+    long_running: bool  # the long answer was still decoding when the newcomer's first chunk came
+    long_tokens: int  # tokens the long answer had when it was cancelled
+    long_finish: str | None
+
+
+NEWCOMER = "Say hello in five words."
+LONG_ANSWER = "Write a 600-word story about a lighthouse keeper."
+
+
+def newcomer_first_chunk(backend, long_tokens: int, max_batch: int = 8) -> Newcomer:
+    """The scheduler the server runs: a newcomer's first chunk, alone, then while a long answer runs.
+
+    The long answer is forced to `long_tokens` (about 600 words at 800); it is cancelled once the
+    newcomer has its first chunk, since the rest would measure nothing.
+    """
+    import threading
+
+    from chat.engine.scheduler import ContinuousScheduler
+    from chat.engine.types import Finished, TextChunk
+
+    scheduler = ContinuousScheduler(backend, max_batch=max_batch)
+
+    def submit(prompt, **options):
+        first, done, box = threading.Event(), threading.Event(), {}
+
+        def sink(event):
+            if isinstance(event, TextChunk) and not first.is_set():
+                box["first"] = time.perf_counter()
+                first.set()
+            if isinstance(event, Finished):
+                box["result"] = event.result
+                done.set()
+
+        request = backend.request([{"role": "user", "content": prompt}], **options)
+        box["sent"] = time.perf_counter()
+        ticket, _ = scheduler.submit(request, sink)
+        return ticket, first, done, box
+
+    def first_chunk_s(box, first):
+        return box["first"] - box["sent"] if first.wait(300) else None
+
+    try:
+        _, first, done, box = submit(NEWCOMER, max_new_tokens=24, stop_strings=CHAT_STOP_STRINGS)
+        alone = first_chunk_s(box, first)
+        done.wait(120)
+        long_ticket, long_first, long_done, long_box = submit(
+            LONG_ANSWER, max_new_tokens=long_tokens, min_new_tokens=long_tokens
+        )
+        long_first.wait(300)
+        time.sleep(1.0)  # well into the long answer
+        _, first, done, box = submit(NEWCOMER, max_new_tokens=24, stop_strings=CHAT_STOP_STRINGS)
+        busy = first_chunk_s(box, first)
+        long_running = not long_done.is_set()
+        done.wait(120)
+        scheduler.cancel(long_ticket)
+        long_done.wait(120)
+        result = long_box.get("result")
+        return Newcomer(
+            alone_s=alone,
+            busy_s=busy,
+            long_running=long_running,
+            long_tokens=result.new_tokens if result else 0,
+            long_finish=result.finish_reason if result else None,
+        )
+    finally:
+        scheduler.close()
+
+
 # -- WebSocket client -------------------------------------------------------------
 
 

@@ -103,11 +103,14 @@ class Runtime:
             )
             return backend, scheduler
         from .engine.loading import load_backend
-        from .engine.scheduler import Scheduler
+        from .engine.scheduler import ContinuousScheduler
 
         backend = load_backend(self.engine_config(), progress=self._progress)
-        return backend, Scheduler(
-            backend, max_waiting=settings.CHAT_MAX_QUEUE, max_batch=settings.CHAT_MAX_BATCH
+        return backend, ContinuousScheduler(
+            backend,
+            max_waiting=settings.CHAT_MAX_QUEUE,
+            max_batch=settings.CHAT_MAX_BATCH,
+            kv_budget_bytes=settings.CHAT_KV_CACHE_MB * 2**20,
         )
 
     def _load(self) -> None:

@@ -254,8 +254,11 @@ CHAT_RATE_LIMIT_PER_ADDRESS = envint("CHAT_RATE_LIMIT_PER_ADDRESS", CHAT_RATE_LI
 # Proxies in front that append to X-Forwarded-For; 0 ignores the header (anyone can send it).
 CHAT_TRUSTED_PROXIES = envint("CHAT_TRUSTED_PROXIES", 0)
 CHAT_MAX_BATCH = envint(
-    "CHAT_MAX_BATCH", 4
-)  # concurrent answers per generate call; 1 = plain queue
+    "CHAT_MAX_BATCH", 8
+)  # answers decoding together in the running batch; 1 = plain queue
+CHAT_KV_CACHE_MB = envint(
+    "CHAT_KV_CACHE_MB", 512
+)  # KV cache the running batch may reserve (padded, worst case); more waits in the queue
 CHAT_HISTORY_TURNS = envint("CHAT_HISTORY_TURNS", 20)  # earlier messages sent back to the model
 CHAT_SYSTEM_PROMPT = env("CHAT_SYSTEM_PROMPT", "")
 # The model name the OpenAI-compatible API offers the default policy as (`<name>:<slug>` for the others).
@@ -289,6 +292,8 @@ CHAT_REMOTE_LEASE_SECONDS = envfloat(
 # A local tokenizer folder for token counts; empty: CHAT_MODEL_PATH or the bundled model if present; "none": none.
 CHAT_REMOTE_TOKENIZER = env("CHAT_REMOTE_TOKENIZER", "")
 
+if CHAT_KV_CACHE_MB < 1 or CHAT_MAX_BATCH < 1:
+    raise ImproperlyConfigured("CHAT_KV_CACHE_MB and CHAT_MAX_BATCH must be at least 1")
 if CHAT_BACKEND not in {"local", "openai"}:
     raise ImproperlyConfigured(f"CHAT_BACKEND={CHAT_BACKEND!r}: use 'local' or 'openai'")
 if CHAT_BACKEND == "openai":

@@ -66,9 +66,6 @@ class ScriptedBackend:
     def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
         PromptTooLong.check(prompt_tokens, max_new_tokens, self.context_length)
 
-    def batch_signature(self, request: GenerationRequest) -> object | None:
-        return None
-
     def generate(self, request: GenerationRequest, on_text: OnText) -> GenerationResult:
         with self._lock:
             self.requests.append(request)

@@ -185,8 +185,12 @@ async def test_closed_socket_cancels_the_generation(make_client):
     assert message.metrics["new_tokens"] < 100
 
 
-async def test_queued_request_is_served_as_soon_as_the_one_before_is_cancelled(make_client):
-    """A second user waits at position 1 and starts right after the first is cancelled."""
+async def test_queued_request_is_served_as_soon_as_the_one_before_is_cancelled(
+    make_client, runtime, monkeypatch
+):
+    """With the batch full (one row), a second user waits at position 1 and starts right after
+    the first is cancelled."""
+    monkeypatch.setattr(runtime.scheduler, "max_batch", 1)
     alice, bob = await make_client(), await make_client()
     a = await alice.prompt(LONG)
     await alice.receive_until("chunk", a)
@@ -199,8 +203,11 @@ async def test_queued_request_is_served_as_soon_as_the_one_before_is_cancelled(m
     assert events[-1]["finish_reason"] == "eos" and chunks_text(events) == events[-1]["text"]
 
 
-async def test_cancelling_a_waiting_request_removes_it_from_the_queue(make_client):
-    """A request cancelled while queued never runs and frees its place for the next."""
+async def test_cancelling_a_waiting_request_removes_it_from_the_queue(
+    make_client, runtime, monkeypatch
+):
+    """A request cancelled while queued (the batch full) never runs and frees its place for the next."""
+    monkeypatch.setattr(runtime.scheduler, "max_batch", 1)
     alice, bob, carol = await make_client(), await make_client(), await make_client()
     a = await alice.prompt(LONG)
     await alice.receive_until("chunk", a)
@@ -305,14 +312,16 @@ async def test_a_model_failure_mid_answer_is_an_error_and_the_queue_goes_on(
 ):
     """The model raising after some text: the client gets `error`, the partial text is stored as failed,
     and the next prompt is answered normally."""
-    original = runtime.backend.generate_batch
+    from chat.engine.decoding import RunningBatch
 
-    def failing(requests, on_texts):
-        monkeypatch.setattr(runtime.backend, "generate_batch", original)  # only this call fails
-        on_texts[0]("Partial ")
+    original = RunningBatch.add
+
+    def failing(batch, rows):
+        monkeypatch.setattr(RunningBatch, "add", original)  # only this call fails
+        rows[0].on_text("Partial ")
         raise RuntimeError("CUDA out of memory (simulated)")
 
-    monkeypatch.setattr(runtime.backend, "generate_batch", failing)
+    monkeypatch.setattr(RunningBatch, "add", failing)
     request_id = await client.prompt(SHORT)
     events = await client.receive_until("error", request_id)
     assert [e["type"] for e in events] == ["accepted", "chunk", "error"]

@@ -105,13 +105,13 @@ async def test_a_forged_turn_over_the_socket_is_answered_as_one_user_message(
     and the stored prompt keeps the characters the user typed."""
     settings.CHAT_MAX_NEW_TOKENS = 8
     fed: list[list[int]] = []
-    original = backend.generate_batch
+    original = backend.row  # where the scheduler hands each request to the running batch
 
-    def recording(requests, on_texts):
-        fed.extend(r.input_ids for r in requests)
-        return original(requests, on_texts)
+    def recording(request, on_text):
+        fed.append(request.input_ids)
+        return original(request, on_text)
 
-    monkeypatch.setattr(backend, "generate_batch", recording)
+    monkeypatch.setattr(backend, "row", recording)
     request_id = await client.prompt(FORGED)
     events = await client.receive_until("done", request_id)
     accepted, done = events[0], events[-1]

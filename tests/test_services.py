@@ -9,8 +9,8 @@ from asgiref.sync import sync_to_async
 from chat.engine.backend import LocalBackend
 from chat.engine.concurrent import ConcurrentScheduler
 from chat.engine.remote import OpenAIBackend, RemoteConfig
-from chat.engine.scheduler import Scheduler as LocalScheduler
-from chat.engine.types import Backend, Scheduler
+from chat.engine.scheduler import ContinuousScheduler
+from chat.engine.types import Backend, Scheduler, SteppedBackend
 from chat.models import Message
 from chat.protocol import FINISH_REASONS, METRIC_KEYS
 from tests.conftest import ChatClient, chunks_text
@@ -60,14 +60,16 @@ async def ask(chat: ChatClient, text: str, **extra) -> list[dict]:
     return await chat.receive_until("done", request_id, timeout=10)
 
 
-def test_every_backend_and_scheduler_implements_the_engine_protocols():
+def test_every_backend_and_scheduler_implements_the_engine_protocols(runtime):
     """The written contract in chat/engine/types.py holds for each implementation and the script."""
     remote = OpenAIBackend(RemoteConfig(base_url="http://127.0.0.1:9/v1", model="m"))
-    for backend in (ScriptedBackend([]), remote):
+    for backend in (ScriptedBackend([]), remote, runtime.backend):
         assert isinstance(backend, Backend), type(backend).__name__
-    for method in ("render", "encode", "generate", "generate_batch", "batch_signature"):
+    assert isinstance(runtime.backend, SteppedBackend)
+    for method in ("render", "encode", "generate", "generate_batch", "new_batch", "row", "result"):
         assert callable(getattr(LocalBackend, method))
-    schedulers = [LocalScheduler(ScriptedBackend([])), ConcurrentScheduler(remote)]
+    assert not isinstance(remote, SteppedBackend)  # the remote server steps its own model
+    schedulers = [ContinuousScheduler(runtime.backend), ConcurrentScheduler(remote)]
     try:
         for scheduler in schedulers:
             assert isinstance(scheduler, Scheduler), type(scheduler).__name__

@@ -9,16 +9,11 @@ from collections import OrderedDict
 from pathlib import Path
 
 import torch
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    StoppingCriteriaList,
-    StopStringCriteria,
-)
+from transformers import AutoModelForCausalLM, AutoTokenizer, StopStringCriteria
 
-from .batching import BatchStoppingCriteria, BatchStreamer, Row, finish_reason, left_pad
+from .batching import Row
+from .decoding import RunningBatch, sampling_processors
 from .eos import token_id
-from .stopping import StopStringHoldback
 from .template import encode_pieces, encode_text, render_pieces
 from .types import (
     EngineConfig,
@@ -44,13 +39,41 @@ def pick_device(requested: str) -> str:
     return "cpu"
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (Linux); empty where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
 def pick_dtype(requested: str, device: str) -> torch.dtype:
     if requested != "auto":
         return getattr(torch, requested)
-    # On the CPU, bf16 made SmolLM2 miss its end-of-turn token: 2 of 6 short greedy answers ran on
-    # to max_new_tokens, none in fp32. On a 2-core AMX Xeon fp32 decoded as fast (16.1 vs 15.4
-    # tok/s), so the answer ending where it should is worth the extra 0.3 GB. GPUs keep bf16.
-    return torch.bfloat16 if device == "cuda" else torch.float32
+    if device == "cuda":
+        return torch.bfloat16
+    if device == "cpu" and bf16_pays_on_this_cpu(cpu_flags()):
+        return torch.bfloat16
+    return torch.float32
+
+
+def bf16_pays_on_this_cpu(flags: set[str]) -> bool:
+    """Whether bf16 decodes clearly faster than fp32 here, by what was measured (dtypecheck).
+
+    AMX Xeon (amx_bf16), 2 cores: fp32 16.1 tok/s, bf16 15.4, and greedy bf16 answers missed
+    their end-of-turn token more often (5 of 20 short prompts, fp32 3): fp32.
+    AMD EPYC with avx512_bf16 and no AMX, 2 cores: see NOTES-issue-12 / README for the figures.
+    Elsewhere (no bf16 instructions) bf16 is emulated and slow: fp32.
+    """
+    return BF16_ON_AVX512 and "avx512_bf16" in flags and "amx_bf16" not in flags
+
+
+# Set from the dtypecheck figures on an avx512_bf16 CPU (see bf16_pays_on_this_cpu).
+BF16_ON_AVX512 = False
 
 
 class LocalBackend:
@@ -150,76 +173,73 @@ class LocalBackend:
     def generate_batch(
         self, requests: list[GenerationRequest], on_texts: list[OnText]
     ) -> list[GenerationResult]:
-        """Generate several answers in one left-padded `generate` call, each streamed and stopped on its own.
+        """Generate several answers together in a running batch, each streamed and stopped on its own.
 
-        All requests must share their sampling settings (see `batch_signature`); a
-        constrained (json_schema) request must be alone.
+        Any mix of sampling settings and constrained requests may share it; a row
+        that ends leaves the batch at once.
         """
-        rows = []
-        for request, on_text in zip(requests, on_texts, strict=True):
-            max_new = max(1, min(request.max_new_tokens, self.config.max_new_tokens_cap))
-            self.check_fits(len(request.input_ids), max_new)
-            rows.append(
-                Row(
-                    request,
-                    on_text,
-                    max_new,
-                    frozenset([*self.eos_token_ids, *request.eos_token_ids]),
-                    StopStringHoldback(request.stop_strings),
-                )
-            )
-        head = requests[0]
-        sampling = (
-            {"do_sample": True, "temperature": head.temperature, "top_p": head.top_p}
-            if head.temperature > 0
-            else {"do_sample": False}
+        rows = [self.row(r, t) for r, t in zip(requests, on_texts, strict=True)]
+        batch = self.new_batch()
+        started = time.perf_counter()
+        finished_at = {}
+        for row in batch.add(rows):
+            finished_at[id(row)] = time.perf_counter()
+        while len(batch):
+            for row in [*batch.drop_cancelled(), *batch.step()]:
+                finished_at[id(row)] = time.perf_counter()
+        return [self.result(row, started, finished_at[id(row)]) for row in rows]
+
+    def new_batch(self) -> RunningBatch:
+        """An empty running batch on this model (the scheduler keeps one for its lifetime)."""
+        return RunningBatch(self.model, self.pad_id, self.stop_string_criteria)
+
+    def row(self, request: GenerationRequest, on_text: OnText) -> Row:
+        """A request made ready to join a batch; raises PromptTooLong if it cannot fit."""
+        max_new = max(1, min(request.max_new_tokens, self.config.max_new_tokens_cap))
+        self.check_fits(len(request.input_ids), max_new)
+        row = Row(
+            request,
+            on_text,
+            max_new,
+            frozenset([*self.eos_token_ids, *request.eos_token_ids]),
+            tokenizer=self.tokenizer,
         )
-        if head.json_schema is not None:
-            if len(requests) > 1:
-                raise ValueError("a constrained request must be generated alone")
+        constrained = None
+        if request.json_schema is not None:
             from .constrained import logits_processor
 
-            sampling["logits_processor"] = [
-                logits_processor(self.tokenizer, self.model.config.vocab_size, head.json_schema)
-            ]
-        if any(r.min_new_tokens for r in requests):
-            sampling["min_new_tokens"] = max(r.min_new_tokens for r in requests)
-        pad_id = (
-            self.tokenizer.pad_token_id
-            if self.tokenizer.pad_token_id is not None
-            else self.eos_token_ids[0]
+            constrained = logits_processor(
+                self.tokenizer, self.model.config.vocab_size, request.json_schema
+            )
+        row.processors = sampling_processors(row, constrained)
+        return row
+
+    @staticmethod
+    def result(row: Row, started: float, finished: float) -> GenerationResult:
+        return GenerationResult(
+            text=row.text,
+            finish_reason=row.reason or "cancelled",
+            new_tokens=len(row.new_ids),
+            prompt_tokens=len(row.request.input_ids),
+            started_at=started,
+            first_token_at=row.first_token_at,
+            finished_at=finished,
         )
-        input_ids, attention_mask = left_pad([r.input_ids for r in requests], pad_id, self.device)
-        started = time.perf_counter()
-        with torch.inference_mode():
-            self.model.generate(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                max_new_tokens=max(row.max_new for row in rows),
-                eos_token_id=self.eos_token_ids,
-                pad_token_id=pad_id,
-                stopping_criteria=StoppingCriteriaList(
-                    [BatchStoppingCriteria(self.stop_string_criteria, rows, input_ids.shape[1])]
-                ),
-                streamer=BatchStreamer(self.tokenizer, rows),
-                **sampling,
-            )
-        finished = time.perf_counter()
-        results = []
-        for row in rows:
-            row.flush()
-            results.append(
-                GenerationResult(
-                    text="".join(row.shown),
-                    finish_reason=finish_reason(row),
-                    new_tokens=len(row.new_ids),
-                    prompt_tokens=len(row.request.input_ids),
-                    started_at=started,
-                    first_token_at=row.first_token_at,
-                    finished_at=finished,
-                )
-            )
-        return results
+
+    @property
+    def pad_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return pad if pad is not None else self.eos_token_ids[0]
+
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of KV cache one token takes in every layer (keys and values)."""
+        config = self.model.config
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = (
+            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        )
+        size = torch.empty((), dtype=self.model.dtype).element_size()
+        return 2 * config.num_hidden_layers * heads * head_dim * size
 
     def stop_string_criteria(self, stop_strings: tuple[str, ...]) -> StopStringCriteria:
         """transformers' StopStringCriteria, built once per set of stop strings (it is stateless).
@@ -238,10 +258,3 @@ class LocalBackend:
                     self._stop_criteria.popitem(last=False)
             self._stop_criteria.move_to_end(stop_strings)
             return criteria
-
-    @staticmethod
-    def batch_signature(request: GenerationRequest):
-        """Requests with equal signatures may share a batch; None means "only alone"."""
-        if request.json_schema is not None:
-            return None
-        return (request.temperature, request.top_p) if request.temperature > 0 else ("greedy",)

@@ -1,39 +1,94 @@
-"""Several requests in one `model.generate` call: left-padded, streamed and stopped per row.
+"""One request's row in a running batch: its next-token rules, its text stream and why it ended.
 
-Decoding is bound by memory bandwidth, so a batch of 4 costs little more per step
-than one request (DESIGN.md: 17.6 tok/s at batch 1, 62 at batch 4). Every rule that
-ends an answer is applied per row: its cancel flag, its eos ids, its stop strings
-and its max_new_tokens; a finished row's later (padding) tokens are ignored.
+Decoding is bound by memory bandwidth, so a batch of 8 costs little more per step than
+one request. Every rule that ends an answer is applied per row: its cancel flag (checked
+by the batch before each step), its eos ids, its stop strings and its max_new_tokens.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from transformers import StoppingCriteria, StopStringCriteria
-from transformers.generation.streamers import BaseStreamer
+from transformers import LogitsProcessorList, StopStringCriteria, TextStreamer
 
-from .stopping import CancelledCriteria, StopStringHoldback
+from .stopping import StopStringHoldback
 from .types import GenerationRequest, OnText
 
 
-@dataclass
+@dataclass(eq=False)
 class Row:
-    """One request's state inside a batch."""
+    """One request's state inside a running batch.
+
+    Args:
+        request: what to generate.
+        on_text: receives the visible text, piece by piece (never a stop string or part of one).
+        max_new: new tokens allowed (the request's, capped by the server).
+        eos_ids: the model's end-of-sequence ids and the request's extra ones.
+        processors: transformers logits processors for this row alone; empty means greedy argmax.
+    """
 
     request: GenerationRequest
     on_text: OnText
     max_new: int
     eos_ids: frozenset[int]
-    holdback: StopStringHoldback
+    processors: LogitsProcessorList = field(default_factory=LogitsProcessorList)
+    holdback: StopStringHoldback | None = None
     shown: list[str] = field(default_factory=list)
     new_ids: list[int] = field(default_factory=list)
     first_token_at: float | None = None
-    stop_len: int | None = None  # new tokens when a stopping rule fired; later ones are padding
-    hit_stop_string: bool = False
+    reason: str | None = None  # why it ended: a FINISH_REASONS value once set
+    stop: StopStringCriteria | None = None
+    decoder: TextStreamer | None = None
+    tokenizer: object = None
+
+    def prepare(self, stop_criteria: Callable[[tuple[str, ...]], StopStringCriteria]) -> None:
+        """Build what the row needs once it runs: stop-string matcher, holdback, text decoder."""
+        stops = tuple(self.request.stop_strings)
+        self.holdback = StopStringHoldback(stops)
+        self.stop = stop_criteria(stops) if stops else None
+        self.decoder = TextStreamer(self.tokenizer, skip_prompt=False, skip_special_tokens=True)
+        self.decoder.on_finalized_text = lambda text, stream_end=False: text and self.emit(text)
+
+    def ids(self, last: int | None = None) -> torch.Tensor:
+        """The row's prompt and answer so far as a [1, n] tensor (only the `last` ones if given)."""
+        ids = self.request.input_ids + self.new_ids
+        return torch.tensor([ids[-last:] if last else ids])
+
+    def pick(self, scores: torch.Tensor) -> int:
+        """The next token from this row's [1, vocab] scores, under its processors."""
+        scores = self.processors(self.ids(), scores)
+        if self.request.temperature > 0:
+            return int(torch.multinomial(torch.softmax(scores, dim=-1), 1))
+        return int(scores.argmax(dim=-1))
+
+    def accept(self, token: int, now: float) -> None:
+        """Take the chosen token: stream its text, then end the row if a rule says so."""
+        self.new_ids.append(token)
+        self.first_token_at = self.first_token_at or now
+        self.decoder.put(torch.tensor([token]))
+        if token in self.eos_ids:
+            self.end("eos")
+        elif self.holdback.stopped or (self.stop is not None and self._hit_stop_string()):
+            self.end("stop_string")
+        elif len(self.new_ids) >= self.max_new:
+            self.end("length")
+
+    def _hit_stop_string(self) -> bool:
+        # StopStringCriteria only reads the last `maximum_token_len` ids.
+        return bool(self.stop(self.ids(self.stop.maximum_token_len), None))
+
+    def end(self, reason: str) -> None:
+        """Mark the row done and release the text the decoder and the holdback still hold."""
+        self.decoder.end()
+        if self.holdback.stopped and reason != "eos":
+            reason = "stop_string"
+        self.reason = reason
+        tail = self.holdback.finish()
+        if tail:
+            self.shown.append(tail)
+            self.on_text(tail)
 
     def emit(self, text: str) -> None:
         visible = self.holdback.feed(text)
@@ -41,117 +96,9 @@ class Row:
             self.shown.append(visible)
             self.on_text(visible)
 
-    def flush(self) -> None:
-        tail = self.holdback.finish()
-        if tail:
-            self.shown.append(tail)
-            self.on_text(tail)
-
-
-class BatchStreamer(BaseStreamer):
-    """Receives each step's tokens for the whole batch and feeds the rows they belong to.
-
-    generate checks stopping criteria before it hands a step's tokens to the streamer,
-    so a row's last token arrives after the row was marked done: `stop_len` says which
-    tokens are still the row's own.
-    """
-
-    def __init__(self, tokenizer, rows: list[Row]):
-        from transformers import TextStreamer
-
-        self.rows = rows
-        self.decoders = []
-        for row in rows:
-            decoder = TextStreamer(tokenizer, skip_prompt=False, skip_special_tokens=True)
-            decoder.on_finalized_text = (
-                lambda r: lambda text, stream_end=False: text and r.emit(text)
-            )(row)
-            self.decoders.append(decoder)
-        self._prompt_seen = False
-        self._step = 0
-
-    def put(self, value: torch.Tensor) -> None:
-        if not self._prompt_seen:  # generate hands over the prompt first
-            self._prompt_seen = True
-            return
-        self._step += 1
-        now = time.perf_counter()
-        for index, token in enumerate(value.reshape(-1).tolist()):
-            row = self.rows[index]
-            if row.stop_len is not None and self._step > row.stop_len:
-                continue  # padding after this row ended
-            row.new_ids.append(token)
-            row.first_token_at = row.first_token_at or now
-            self.decoders[index].put(torch.tensor([token]))
-
-    def end(self) -> None:
-        for decoder in self.decoders:
-            decoder.end()
-
-
-class BatchStoppingCriteria(StoppingCriteria):
-    """Per row: cancel flag, eos ids, stop strings (transformers' StopStringCriteria) and max_new_tokens.
-
-    generate stops when every row is done. `stop_criteria` returns a StopStringCriteria
-    for a set of stop strings; building one scans the whole vocabulary (0.8 s here),
-    so the backend hands out cached ones.
-    """
-
-    def __init__(
-        self,
-        stop_criteria: Callable[[tuple[str, ...]], StopStringCriteria],
-        rows: list[Row],
-        prompt_width: int,
-    ):
-        self.rows = rows
-        self.prompt_width = prompt_width
-        groups: dict[tuple[str, ...], list[int]] = {}
-        for index, row in enumerate(rows):
-            if row.request.stop_strings:
-                groups.setdefault(tuple(row.request.stop_strings), []).append(index)
-        self.stop_groups = [(stop_criteria(stops), indices) for stops, indices in groups.items()]
-        self.cancelled = CancelledCriteria([row.request.cancel for row in rows])
-
-    def __call__(
-        self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs
-    ) -> torch.BoolTensor:
-        new = input_ids.shape[1] - self.prompt_width
-        last = input_ids[:, -1].tolist()
-        stop_hits = [False] * len(self.rows)
-        for criteria, indices in self.stop_groups:
-            fired = criteria(input_ids, scores)
-            for index in indices:
-                stop_hits[index] = bool(fired[index])
-        cancelled = self.cancelled(input_ids, scores).tolist()
-        for index, row in enumerate(self.rows):
-            if row.stop_len is not None:
-                continue
-            row.hit_stop_string = stop_hits[index]
-            if (
-                cancelled[index]
-                or stop_hits[index]
-                or last[index] in row.eos_ids
-                or new >= row.max_new
-            ):
-                row.stop_len = new
-        return torch.tensor(
-            [row.stop_len is not None for row in self.rows],
-            dtype=torch.bool,
-            device=input_ids.device,
-        )
-
-
-def finish_reason(row: Row) -> str:
-    # A natural end wins over a cancel that arrived in the same step.
-    if row.new_ids and row.new_ids[-1] in row.eos_ids:
-        return "eos"
-    if row.hit_stop_string or row.holdback.stopped:
-        return "stop_string"
-    if row.request.cancel.is_set():
-        return "cancelled"
-    if len(row.new_ids) >= row.max_new:
-        return "length"
-    return "eos"
+    @property
+    def text(self) -> str:
+        return "".join(self.shown)
 
 
 def left_pad(sequences: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,13 +1,12 @@
 """Many streams at once to an inference server that batches by itself: N slots, FIFO beyond them.
 
-`scheduler.Scheduler` runs one `generate_batch` at a time, right for a model in this process.
-An inference server (vLLM, TGI) batches continuously, so here every request streams
-on its own thread as soon as one of `max_running` slots is free. Same public interface
-as `scheduler.Scheduler` (the Scheduler Protocol in types.py: expect, unexpect, submit, cancel, waiting, running, close) and the same
-events to each sink: Queued* -> Started -> TextChunk* -> Finished | Failed.
+`scheduler.ContinuousScheduler` steps a model in this process itself. An inference server
+(vLLM, TGI) batches continuously on its own, so here every request streams on its own thread
+as soon as one of `max_running` slots is free. Both implement the Scheduler Protocol in
+types.py and send the same events to each sink: Queued* -> Started -> TextChunk* -> Finished | Failed.
 
 Queue positions: 0 means the request starts now; a waiter's position is 1 (one of the
-running streams must end) plus the waiters ahead of it, as `scheduler.Scheduler` counts a running batch.
+running streams must end) plus the waiters ahead of it, as the local scheduler counts them.
 
 With an `admission` (chat/engine/admission.py) the slots and the queue are global, shared
 through Redis by every process using the same server; positions are then ranks in the

@@ -9,7 +9,7 @@ with `stream: true`. What has no remote meaning is decided here:
 - Token counts (prompt-length guard, history trimming, policy checks) use a local
   tokenizer when one is configured (the served model's tokenizer folder); without one
   the prompt is not counted here and the server's "context length" 400 becomes PromptTooLong.
-- Batching is the server's business: `batch_signature` says "alone" for every request.
+- Batching is the server's business: each request streams on its own (concurrent.py).
 
 Cancellation closes the upstream socket at once (a watcher shuts it down, so a read
 waiting for the next token returns), which is how vLLM and TGI learn to stop generating.
@@ -190,11 +190,6 @@ class OpenAIBackend:
             connection.close()
 
     # -- generation -----------------------------------------------------------
-
-    @staticmethod
-    def batch_signature(request: GenerationRequest):
-        """None: the server batches by itself, so requests never share a call here."""
-        return None
 
     def generate_batch(
         self, requests: list[GenerationRequest], on_texts: list[OnText]

@@ -1,7 +1,10 @@
-"""One model, many users: a FIFO queue in front of a single generation worker that batches.
+"""One model, many users: a FIFO queue in front of one worker that batches continuously.
 
-Up to `max_batch` waiting requests that can share a `generate` call (same sampling
-settings, none constrained) run together; the rest wait their turn in order.
+The worker drives a running batch (chat/engine/decoding.py) one decode step at a time.
+Between steps, waiters join it (prefilled together, then decoding with the rest) as long
+as the batch has a free row (`max_batch`) and its KV cache stays within `kv_budget_bytes`;
+rows that end leave at once. Nobody waits for someone else's answer to finish unless
+the batch is full, and then only for the first row to end.
 
 Each request's events go to its `sink`, a callable invoked on the worker thread
 (or the caller's, for queue moves); it must not block. The async side wraps it
@@ -24,6 +27,7 @@ from .types import (
     QueueFull,
     Sink,
     Started,
+    SteppedBackend,
     TextChunk,
     Ticket,
     finish_cancelled,
@@ -32,29 +36,44 @@ from .types import (
 log = logging.getLogger(__name__)
 
 
-class Scheduler:
-    """Runs requests in arrival order, batched where they can share a step, on a daemon thread.
+class ContinuousScheduler:
+    """Runs requests in arrival order, joined into one running batch, on a daemon thread.
 
-    A cancelled waiter leaves the queue at once; a cancelled runner stops after
-    at most one more decode step (its batch mates go on), and waiters start as
-    soon as the running batch has ended.
+    A cancelled waiter leaves the queue at once; a cancelled runner is dropped from the
+    batch before the next decode step (its batch mates go on) and its row goes to the
+    next waiter.
+
+    Queue positions: 0 means the request starts at the next step; a waiter that must
+    wait for a row to end is at 1 plus the waiters ahead of it that must wait too (as
+    ConcurrentScheduler counts).
 
     Args:
-        backend: anything with `generate_batch(requests, on_texts)` and `batch_signature(request)`.
+        backend: a SteppedBackend (types.py): LocalBackend.
         max_waiting: further submissions are refused with QueueFull.
-        max_batch: requests per generate call; 1 is a plain one-at-a-time queue.
+        max_batch: rows decoding at once; 1 is a plain one-at-a-time queue.
+        kv_budget_bytes: KV cache the batch may reserve (rows x longest possible row, padding
+            included); a lone request is always admitted. None: no limit.
     """
 
-    # How long the worker may hold a batch open for requests announced with `expect`.
+    # How long an idle worker may hold the first step for requests announced with `expect`.
     gather_seconds = 0.25
 
-    def __init__(self, backend, *, max_waiting: int = 64, max_batch: int = 1):
+    def __init__(
+        self,
+        backend: SteppedBackend,
+        *,
+        max_waiting: int = 64,
+        max_batch: int = 1,
+        kv_budget_bytes: int | None = None,
+    ):
         self.backend = backend
         self.max_waiting = max_waiting
         self.max_batch = max(1, max_batch)
+        self.kv_budget_bytes = kv_budget_bytes
         self._incoming = 0  # requests announced but not yet submitted
         self._waiting: deque[Ticket] = deque()
         self._running: list[Ticket] = []
+        self._positions: dict[Ticket, int] = {}  # last position each waiter was told
         self._cond = threading.Condition()
         self._numbers = itertools.count(1)
         self._closed = False
@@ -64,7 +83,7 @@ class Scheduler:
     # -- public ---------------------------------------------------------------
 
     def expect(self) -> None:
-        """Announce a request that is being prepared, so an idle worker waits for it to join the batch.
+        """Announce a request that is being prepared, so an idle worker waits for it to join the first step.
 
         Pair every call with `submit(..., expected=True)` or `unexpect()`. A lone user
         pays nothing: the worker only waits while other requests are on their way.
@@ -80,7 +99,7 @@ class Scheduler:
     def submit(
         self, request: GenerationRequest, sink: Sink, *, expected: bool = False
     ) -> tuple[Ticket, int]:
-        """Queue `request`; returns its ticket and how many requests are ahead of it."""
+        """Queue `request`; returns its ticket and its queue position (0: it starts at the next step)."""
         with self._cond:
             if len(self._waiting) >= self.max_waiting:
                 raise QueueFull(
@@ -90,7 +109,8 @@ class Scheduler:
                 self._incoming = max(0, self._incoming - 1)
             ticket = Ticket(request, sink, number=next(self._numbers))
             self._waiting.append(ticket)
-            position = len(self._waiting) - 1 + bool(self._running)
+            position = self._queue_positions()[-1]
+            self._positions[ticket] = position
             self._cond.notify()
         return ticket, position
 
@@ -101,8 +121,9 @@ class Scheduler:
             try:
                 self._waiting.remove(ticket)
             except ValueError:
-                return  # running (the stopping criterion sees the flag) or already done
-            moved = list(self._waiting)
+                return  # running (dropped before the next step) or already done
+            self._positions.pop(ticket, None)
+            moved = self._moves()
         finish_cancelled(ticket)
         self._announce(moved)
 
@@ -118,35 +139,68 @@ class Scheduler:
         with self._cond:
             self._closed = True
             pending, self._waiting = list(self._waiting), deque()
+            for ticket in self._running:
+                ticket.request.cancel.set()
             self._cond.notify_all()
         for ticket in pending:
-            self.cancel(ticket)
+            ticket.request.cancel.set()
+            finish_cancelled(ticket)
+
+    # -- queue positions --------------------------------------------------------
+
+    def _queue_positions(self) -> list[int]:
+        """Each waiter's position: 0 for those the next step admits, then 1, 2, ... (lock held)."""
+        running, positions, blocked = list(self._running), [], 0
+        for ticket in self._waiting:
+            if not blocked and len(running) < self.max_batch and self._fits(ticket, running):
+                running.append(ticket)
+                positions.append(0)
+            else:
+                blocked += 1
+                positions.append(blocked)
+        return positions
+
+    def _moves(self) -> list[tuple[Ticket, int]]:
+        """Waiters whose position changed since they were last told (call with the lock held)."""
+        moved = []
+        for ticket, position in zip(self._waiting, self._queue_positions(), strict=True):
+            if self._positions.get(ticket) != position:
+                self._positions[ticket] = position
+                moved.append((ticket, position))
+        return moved
+
+    @staticmethod
+    def _announce(moved: list[tuple[Ticket, int]]) -> None:
+        for ticket, position in moved:
+            ticket.sink(Queued(position=position))
 
     # -- worker ---------------------------------------------------------------
 
-    def _announce(self, tickets: list[Ticket]) -> None:
-        ahead = 1 if self._running else 0
-        for index, ticket in enumerate(tickets):
-            ticket.sink(Queued(position=index + ahead))
-
     def _work(self) -> None:
+        batch = self.backend.new_batch()
+        tickets: dict[int, tuple[Ticket, float]] = {}  # id(row) -> its ticket and start time
         while True:
             with self._cond:
-                while not self._waiting and not self._closed:
+                while not self._waiting and not len(batch) and not self._closed:
                     self._cond.wait()
-                if self._closed:
+                if self._closed and not len(batch):
                     return
-                self._gather()
-                batch = self._take_batch()
-                self._running = batch
-                moved = list(self._waiting)
+                if not len(batch):
+                    self._gather()
+                joining = self._admit()
+                moved = self._moves()
             self._announce(moved)
-            self._run(batch)
-            with self._cond:
-                self._running = []
+            try:
+                self._finish(self._join(batch, joining, tickets), tickets)
+                self._finish(batch.drop_cancelled(), tickets)
+                self._finish(batch.step(), tickets)
+            except Exception as exc:  # the queue must go on whatever one step does
+                self._fail(list(tickets.values()), exc)
+                tickets.clear()
+                batch = self.backend.new_batch()
 
     def _gather(self) -> None:
-        """Hold the batch open briefly while announced requests are still being prepared."""
+        """Hold the first step briefly while announced requests are still being prepared."""
         if self.max_batch == 1:
             return
         deadline = time.monotonic() + self.gather_seconds
@@ -156,42 +210,73 @@ class Scheduler:
                 return
             self._cond.wait(remaining)
 
-    def _take_batch(self) -> list[Ticket]:
-        """The head of the queue plus later waiters that can share its generate call."""
-        head = self._waiting.popleft()
-        batch = [head]
-        signature = self.backend.batch_signature(head.request)
-        if signature is None or self.max_batch == 1:
-            return batch
-        for ticket in list(self._waiting):
-            if len(batch) >= self.max_batch:
-                break
-            if self.backend.batch_signature(ticket.request) == signature:
-                self._waiting.remove(ticket)
-                batch.append(ticket)
-        return batch
+    def _admit(self) -> list[Ticket]:
+        """Waiters that fit into the batch now, in order (call with the lock held)."""
+        joining = []
+        while self._waiting and len(self._running) < self.max_batch:
+            if not self._fits(self._waiting[0], self._running):
+                break  # first come, first served: nobody overtakes the head of the queue
+            ticket = self._waiting.popleft()
+            self._positions.pop(ticket, None)
+            self._running.append(ticket)
+            joining.append(ticket)
+        return joining
 
-    def _run(self, batch: list[Ticket]) -> None:
+    def _fits(self, ticket: Ticket, running: list[Ticket]) -> bool:
+        """Whether the batch's KV cache, padded to its longest possible row, stays within budget.
+
+        A request alone always fits: it could never run otherwise.
+        """
+        if self.kv_budget_bytes is None or not running:
+            return True
+        rows = [*running, ticket]
+        longest = max(self._reserve(t) for t in rows)
+        return len(rows) * longest * self.backend.kv_bytes_per_token() <= self.kv_budget_bytes
+
+    def _reserve(self, ticket: Ticket) -> int:
+        request = ticket.request
+        cap = self.backend.config.max_new_tokens_cap
+        return len(request.input_ids) + max(1, min(request.max_new_tokens, cap))
+
+    def _join(self, batch, joining: list[Ticket], tickets: dict) -> list:
+        """Start the admitted tickets: prefill them together and add them to the batch."""
+        rows = []
         now = time.perf_counter()
-        live = []
-        for ticket in batch:
+        for ticket in joining:
             if ticket.request.cancel.is_set():  # cancelled between leaving the queue and starting
+                self._release(ticket)
                 finish_cancelled(ticket)
-            else:
-                ticket.sink(Started(at=now))
-                live.append(ticket)
-        if not live:
-            return
-        on_texts = [(lambda sink: lambda text: sink(TextChunk(text)))(t.sink) for t in live]
-        try:
-            results = self.backend.generate_batch([t.request for t in live], on_texts)
-        except Exception as exc:  # the queue must go on whatever one request does
-            log.exception(
-                "generation failed for %s",
-                ", ".join(t.request.label or str(t.number) for t in live),
-            )
-            for ticket in live:
-                ticket.sink(Failed(error=f"{type(exc).__name__}: {exc}", at=time.perf_counter()))
-            return
-        for ticket, result in zip(live, results, strict=True):
-            ticket.sink(Finished(result))
+                continue
+            try:
+                row = self.backend.row(
+                    ticket.request, lambda text, s=ticket.sink: s(TextChunk(text))
+                )
+            except Exception as exc:  # e.g. PromptTooLong: this request alone fails
+                self._fail([(ticket, now)], exc)
+                continue
+            ticket.sink(Started(at=now))
+            tickets[id(row)] = (ticket, now)
+            rows.append(row)
+        return batch.add(rows)
+
+    def _finish(self, rows: list, tickets: dict) -> None:
+        finished = time.perf_counter()
+        for row in rows:
+            ticket, started = tickets.pop(id(row))
+            self._release(ticket)
+            ticket.sink(Finished(self.backend.result(row, started, finished)))
+
+    def _fail(self, failed: list[tuple[Ticket, float]], exc: Exception) -> None:
+        log.error(
+            "generation failed for %s",
+            ", ".join(t.request.label or str(t.number) for t, _ in failed),
+            exc_info=exc,
+        )
+        for ticket, _ in failed:
+            self._release(ticket)
+            ticket.sink(Failed(error=f"{type(exc).__name__}: {exc}", at=time.perf_counter()))
+
+    def _release(self, ticket: Ticket) -> None:
+        with self._cond:
+            if ticket in self._running:
+                self._running.remove(ticket)

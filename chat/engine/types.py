@@ -11,7 +11,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # torch-backed types, named in annotations only
+    from .batching import Row
+    from .decoding import RunningBatch
 
 # Why an engine generation ended. A chat turn adds its own reasons on top (chat/protocol.py).
 FINISH_REASONS = ("eos", "stop_string", "length", "cancelled")
@@ -200,9 +204,6 @@ class Backend(Protocol):
     def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
         """Raise PromptTooLong when the prompt leaves no room for the answer."""
 
-    def batch_signature(self, request: GenerationRequest) -> object | None:
-        """Requests with equal signatures may share a step; None means "only alone"."""
-
     def generate(self, request: GenerationRequest, on_text: OnText) -> GenerationResult:
         """Generate one answer in the calling thread, handing visible text to `on_text`."""
 
@@ -210,6 +211,24 @@ class Backend(Protocol):
         self, requests: list[GenerationRequest], on_texts: list[OnText]
     ) -> list[GenerationResult]:
         """Generate several answers together, each streamed and stopped on its own."""
+
+
+@runtime_checkable
+class SteppedBackend(Backend, Protocol):
+    """A backend whose model runs in this process, so a scheduler can drive it one decode step at
+    a time (backend.LocalBackend, driven by scheduler.ContinuousScheduler)."""
+
+    def new_batch(self) -> RunningBatch:
+        """An empty running batch: rows join it between decode steps and leave when they end."""
+
+    def row(self, request: GenerationRequest, on_text: OnText) -> Row:
+        """A request's state in a running batch: its sampling, streaming and stopping."""
+
+    def result(self, row: Row, started: float, finished: float) -> GenerationResult:
+        """What a finished row produced."""
+
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes one token of one row holds, for the scheduler's memory budget."""
 
 
 @runtime_checkable

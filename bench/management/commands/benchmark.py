@@ -29,7 +29,8 @@ TARGETS = {
     "stream": 1.05,  # streamed total <= 1.05 x bare generate
     "first_chunk_ms": 30.0,  # first chunk at the client <= model's first token + 30 ms
     "cache_ms": 10.0,  # cache hit p50
-    "scale4": 2.5,  # 4 users' aggregate tok/s >= 2.5 x one user's
+    "scale4": 2.5,
+    "newcomer": 1.5,  # a newcomer's first chunk while a long answer runs <= 1.5 x alone  # 4 users' aggregate tok/s >= 2.5 x one user's
     "ready_s": 10.0,  # warm start to ready
     "rss_mb": 1.5 * 1024,  # RSS with the model
 }
@@ -77,6 +78,12 @@ class Command(BaseCommand):
             default=None,
             help="also run the concurrent rounds against CHAT_MAX_BATCH=1 (default on; off with --quick)",
         )
+        parser.add_argument(
+            "--newcomer-tokens",
+            type=int,
+            default=None,
+            help="length of the long answer a newcomer arrives during (default 800, ~600 words; --quick 40)",
+        )
         parser.add_argument("--prompt", default=PROMPT, help="the prompt of the long answer")
         parser.add_argument(
             "--quick", action="store_true", help="tiny sizes: a smoke test in well under a minute"
@@ -97,6 +104,7 @@ class Command(BaseCommand):
         )
         if not self.levels or min(self.levels) < 1 or max(self.levels) > 32:
             raise CommandError("--concurrency takes numbers from 1 to 32, e.g. 1,2,4,8")
+        self.newcomer_tokens = opts["newcomer_tokens"] or (40 if quick else 800)
         self.hits = max(1, min(opts["hits"] or (3 if quick else 20), 200))
         self.runs = max(1, min(opts["runs"], 10))
         self.prompt = opts["prompt"]
@@ -121,6 +129,7 @@ class Command(BaseCommand):
 
         backend = load(self)
         self.section("in-process generation", self.in_process, backend)
+        self.section("a newcomer during a long answer", self.newcomer, backend)
         with tempfile.TemporaryDirectory(prefix="chat-benchmark-") as tmp:
             self.workdir = Path(tmp)
             self.first_server = True
@@ -194,6 +203,12 @@ class Command(BaseCommand):
         engine = median_of(lambda: bm.engine_generate(backend, messages, self.tokens))
         self.results["engine"] = engine
         self.floor_for(backend, engine.tokens)
+
+    def newcomer(self, backend):
+        self.note(
+            f"  {bm.NEWCOMER!r} alone, then while a {self.newcomer_tokens}-token answer decodes"
+        )
+        self.results["newcomer"] = bm.newcomer_first_chunk(backend, self.newcomer_tokens)
 
     def floor_for(self, backend, tokens: int):
         """The bare-generate floor for exactly `tokens` tokens (measured once, on demand)."""
@@ -412,6 +427,23 @@ class Command(BaseCommand):
             "  2b and 3 may end early at eos or the stop string: their floor is a bare run of the same token count."
         )
 
+        newcomer = r.get("newcomer")
+        if newcomer:
+            x = bm.ratio(newcomer.busy_s, newcomer.alone_s)
+            r["newcomer_x"] = x if newcomer.long_running else None
+            out("")
+            out(
+                f"A newcomer ({bm.NEWCOMER!r}) in the server's scheduler, first chunk from submit: "
+                f"alone {bm.fmt(ms(newcomer.alone_s), '.0f', ' ms')}, while a "
+                f"{self.newcomer_tokens}-token answer decodes {bm.fmt(ms(newcomer.busy_s), '.0f', ' ms')} "
+                f"({bm.fmt(x, '.2f', 'x')}); the long answer "
+                + (
+                    f"was still running (cancelled after {newcomer.long_tokens} tokens)"
+                    if newcomer.long_running
+                    else "had already ended"
+                )
+            )
+
         hits = r.get("hits")
         out("")
         if hits:
@@ -535,6 +567,15 @@ class Command(BaseCommand):
                     None,
                 )
             )
+        x = r.get("newcomer_x")
+        lines.append(
+            (
+                "newcomer's first chunk: long answer running / alone",
+                bm.fmt(x, ".2f", "x"),
+                f"<= {TARGETS['newcomer']:.1f}x",
+                None if x is None else x <= TARGETS["newcomer"],
+            )
+        )
         p50 = r.get("cache_p50")
         lines.append(
             (
