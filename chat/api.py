@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 
 # A comment line now and then keeps proxies from closing a stream that waits in the queue.
 KEEPALIVE_SECONDS = 15.0
+KEEPALIVE = ": keepalive\n\n"  # an SSE comment line
 
 # HTTP status of a refused turn, by error code; anything else is a bad request.
 STATUS_FOR_CODE = {
@@ -125,6 +126,19 @@ class TurnFeed:
         else:
             turn.task.add_done_callback(lambda _: self.events.put_nowait(self.END))
 
+    async def until_end(self):
+        """The turn's events as they come, and KEEPALIVE after every quiet KEEPALIVE_SECONDS
+        (a comment line now and then keeps proxies from closing a stream waiting in the queue)."""
+        while True:
+            try:
+                event = await asyncio.wait_for(self.events.get(), KEEPALIVE_SECONDS)
+            except TimeoutError:
+                yield KEEPALIVE
+                continue
+            if event is self.END:
+                return
+            yield event
+
     def abandon(self) -> None:
         """The client went away: stop the generation; the partial answer is still stored."""
         if self.turn is not None:
@@ -144,15 +158,12 @@ async def chat_stream(request):
 
     async def stream():
         try:
-            while True:
-                try:
-                    event = await asyncio.wait_for(feed.events.get(), KEEPALIVE_SECONDS)
-                except TimeoutError:
-                    yield ": keepalive\n\n"
-                    continue
-                if event is feed.END:
-                    return
-                yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
+            async for event in feed.until_end():
+                yield (
+                    event
+                    if event is KEEPALIVE
+                    else f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
+                )
         finally:
             # Django cancels this generator when the client disconnects; a finished turn ignores it.
             feed.abandon()

@@ -14,7 +14,6 @@ the connection cancels the turn within one decode step. Wire shapes: chat/openai
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -26,7 +25,7 @@ from django.http import JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from . import apikeys, services
-from .api import KEEPALIVE_SECONDS, TurnFeed
+from .api import KEEPALIVE, TurnFeed
 from .models import ApiKey, OutputPolicy
 from .openai_protocol import (
     ChatRequest,
@@ -233,15 +232,10 @@ async def chat_completions(request):
     async def stream():
         try:
             yield reply.chunk(delta={"role": "assistant", "content": ""})
-            while True:
-                try:
-                    event = await asyncio.wait_for(feed.events.get(), KEEPALIVE_SECONDS)
-                except TimeoutError:
-                    yield ": keepalive\n\n"
-                    continue
-                if event is feed.END:
-                    break
-                if text := reply.take(event):
+            async for event in feed.until_end():
+                if event is KEEPALIVE:
+                    yield event
+                elif text := reply.take(event):
                     yield reply.chunk(delta={"content": text})
             for event in reply.ending():
                 yield event

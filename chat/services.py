@@ -505,14 +505,7 @@ class _TurnRun:
             result = outcome_event.result
             self.new_tokens += result.new_tokens
             if self.retracted is not None:
-                return await self._finish(
-                    result,
-                    MODERATED,
-                    text="",
-                    raw=gate.text,
-                    outcome="moderated",
-                    reason=self.retracted,
-                )
+                return await self._withdraw(result, gate.text, self.retracted)
             if result.finish_reason == "cancelled":
                 return await self._finish(result, "cancelled", text=gate.shown, raw=gate.text)
             actions, outcome = gate.finish()
@@ -528,14 +521,7 @@ class _TurnRun:
                     json_value=outcome.json,
                 )
             if outcome.status == "moderated":
-                return await self._finish(
-                    result,
-                    MODERATED,
-                    text="",
-                    raw=gate.text,
-                    outcome="moderated",
-                    reason=outcome.reason,
-                )
+                return await self._withdraw(result, gate.text, outcome.reason)
             prometheus.VALIDATION_FAILURES.inc()
             # invalid: nothing was shown in buffer mode, so the model may try again
             if (
@@ -554,6 +540,10 @@ class _TurnRun:
                 outcome="invalid",
                 reason=outcome.reason,
             )
+
+    async def _withdraw(self, result, raw: str, reason: str) -> None:
+        """A moderation veto: nothing is kept as the answer; the raw text is stored for review."""
+        await self._finish(result, MODERATED, text="", raw=raw, outcome="moderated", reason=reason)
 
     async def _generate(self, gate):
         """Pump one generation's events through the gate; returns its Finished or Failed."""

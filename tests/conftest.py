@@ -219,3 +219,27 @@ def make_policy(db):
         return policy
 
     return factory
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """A scripted backend (tests/scripted.py) behind the process's runtime, for unit tests of
+    what services does around generation; returns a function taking the answers to play."""
+    from chat.engine.concurrent import ConcurrentScheduler
+    from chat.runtime import runtime
+    from tests.scripted import ScriptedBackend
+
+    made = []
+
+    def install(*answers) -> ScriptedBackend:
+        backend = ScriptedBackend(list(answers))
+        scheduler = ConcurrentScheduler(backend, max_running=2)
+        made.append(scheduler)
+        monkeypatch.setattr(runtime, "backend", backend)
+        monkeypatch.setattr(runtime, "scheduler", scheduler)
+        monkeypatch.setattr(runtime, "state", "ready")
+        return backend
+
+    yield install
+    for scheduler in made:
+        scheduler.close()

@@ -16,10 +16,9 @@ from hypothesis import strategies as st
 
 from chat import selectors
 from chat.apikeys import apikey_create, apikey_revoke
-from chat.engine.concurrent import ConcurrentScheduler
 from chat.models import Message, OutputPolicy
 from chat.ratelimit import prompt_limiter
-from tests.scripted import Answer, ScriptedBackend
+from tests.scripted import Answer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,27 +29,6 @@ ANSWER_SCHEMA = {
     "required": ["answer"],
 }
 JSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER_SCHEMA}}
-
-
-@pytest.fixture
-def scripted(monkeypatch):
-    """A scripted backend behind the process's runtime; returns a function taking answers."""
-    from chat.runtime import runtime
-
-    made = []
-
-    def install(*answers: Answer) -> ScriptedBackend:
-        backend = ScriptedBackend(list(answers))
-        scheduler = ConcurrentScheduler(backend, max_running=2)
-        made.append(scheduler)
-        monkeypatch.setattr(runtime, "backend", backend)
-        monkeypatch.setattr(runtime, "scheduler", scheduler)
-        monkeypatch.setattr(runtime, "state", "ready")
-        return backend
-
-    yield install
-    for scheduler in made:
-        scheduler.close()
 
 
 def _user_with_key(name: str):

@@ -8,9 +8,10 @@ from asgiref.sync import sync_to_async
 
 from chat.engine.backend import LocalBackend
 from chat.engine.concurrent import ConcurrentScheduler
+from chat.engine.decoding import SteppedBackend
 from chat.engine.remote import OpenAIBackend, RemoteConfig
 from chat.engine.scheduler import ContinuousScheduler
-from chat.engine.types import Backend, Scheduler, SteppedBackend
+from chat.engine.types import Backend, Scheduler
 from chat.models import Message
 from chat.protocol import FINISH_REASONS, METRIC_KEYS
 from tests.conftest import ChatClient, chunks_text
@@ -23,27 +24,6 @@ ANSWER_SCHEMA = {
     "properties": {"answer": {"type": "string", "minLength": 1}},
     "required": ["answer"],
 }
-
-
-@pytest.fixture
-def scripted(monkeypatch):
-    """Install a scripted backend behind the process's runtime; returns a function taking answers."""
-    from chat.runtime import runtime
-
-    made = []
-
-    def install(*answers: Answer) -> ScriptedBackend:
-        backend = ScriptedBackend(list(answers))
-        scheduler = ConcurrentScheduler(backend, max_running=2)
-        made.append(scheduler)
-        monkeypatch.setattr(runtime, "backend", backend)
-        monkeypatch.setattr(runtime, "scheduler", scheduler)
-        monkeypatch.setattr(runtime, "state", "ready")
-        return backend
-
-    yield install
-    for scheduler in made:
-        scheduler.close()
 
 
 @pytest.fixture

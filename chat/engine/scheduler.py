@@ -19,6 +19,7 @@ import threading
 import time
 from collections import deque
 
+from .decoding import SteppedBackend
 from .types import (
     Failed,
     Finished,
@@ -27,7 +28,6 @@ from .types import (
     QueueFull,
     Sink,
     Started,
-    SteppedBackend,
     TextChunk,
     Ticket,
     finish_cancelled,

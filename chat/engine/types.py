@@ -11,11 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
-
-if TYPE_CHECKING:  # torch-backed types, named in annotations only
-    from .batching import Row
-    from .decoding import RunningBatch
+from typing import Protocol, runtime_checkable
 
 # Why an engine generation ended. A chat turn adds its own reasons on top (chat/protocol.py).
 FINISH_REASONS = ("eos", "stop_string", "length", "cancelled")
@@ -211,24 +207,6 @@ class Backend(Protocol):
         self, requests: list[GenerationRequest], on_texts: list[OnText]
     ) -> list[GenerationResult]:
         """Generate several answers together, each streamed and stopped on its own."""
-
-
-@runtime_checkable
-class SteppedBackend(Backend, Protocol):
-    """A backend whose model runs in this process, so a scheduler can drive it one decode step at
-    a time (backend.LocalBackend, driven by scheduler.ContinuousScheduler)."""
-
-    def new_batch(self) -> RunningBatch:
-        """An empty running batch: rows join it between decode steps and leave when they end."""
-
-    def row(self, request: GenerationRequest, on_text: OnText) -> Row:
-        """A request's state in a running batch: its sampling, streaming and stopping."""
-
-    def result(self, row: Row, started: float, finished: float) -> GenerationResult:
-        """What a finished row produced."""
-
-    def kv_bytes_per_token(self) -> int:
-        """KV-cache bytes one token of one row holds, for the scheduler's memory budget."""
 
 
 @runtime_checkable
