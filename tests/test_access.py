@@ -39,11 +39,13 @@ def all_views(patterns=None, prefix=""):
 
 
 def test_no_view_is_exempt_from_csrf():
-    """CsrfViewMiddleware guards every POST: no view of ours or the admin's opts out."""
+    """CsrfViewMiddleware guards every POST: no view of ours or the admin's opts out, except the
+    OpenAI-compatible API, which reads no cookie (a Bearer key only), so a forged cross-site
+    request carries no credentials (tests/test_openai_views.py checks a cookie alone gets 401)."""
     views = list(all_views())
     assert len(views) > 10
     exempt = [route for route, view in views if getattr(view, "csrf_exempt", False)]
-    assert exempt == []
+    assert exempt and all(route.startswith("v1/") for route in exempt), exempt
 
 
 @pytest.fixture

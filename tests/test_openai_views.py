@@ -501,3 +501,21 @@ async def test_api_answers_are_counted_in_metrics(scripted, alice):
     assert REQUESTS.labels("eos")._value.get() == before + 1
     scrape = await request("GET", "/metrics")
     assert b'chat_request_success_total{finish_reason="eos"}' in scrape.body
+
+
+async def test_a_signed_in_browser_session_alone_is_refused(scripted, bob):
+    """The API is exempt from CSRF because it reads no cookie: a page session without a key is 401."""
+    from django.contrib.sessions.backends.db import SessionStore
+
+    session = SessionStore()
+    session["_auth_user_id"] = str(bob[0].pk)
+    session["_auth_user_backend"] = "django.contrib.auth.backends.ModelBackend"
+    session["_auth_user_hash"] = bob[0].get_session_auth_hash()
+    await sync_to_async(session.create)()
+    response = await request(
+        "POST",
+        "/v1/chat/completions",
+        json.dumps(ask(max_tokens=5)).encode(),
+        headers={"Cookie": f"sessionid={session.session_key}"},
+    )
+    assert_openai_error(response, response.json(), 401)
