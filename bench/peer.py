@@ -2,7 +2,7 @@
 a long answer streams, and one stream's speed; same model folder, greedy, fp32.
 
 Run: `PYTHONPATH=. .venv/bin/python bench/peer.py` (needs the transformers[serving] extra:
-fastapi, uvicorn). Not yet a row of `make benchmark` (see NOTES-issue-12.md).
+fastapi, uvicorn, not pinned yet). Not yet a row of `make benchmark` (issue 12).
 """
 
 import json
