@@ -48,6 +48,20 @@ def test_no_view_is_exempt_from_csrf():
     assert exempt and all(route.startswith("v1/") for route in exempt), exempt
 
 
+def pending_answer(*, policy_slug: str) -> CachedAnswer:
+    """A cached answer awaiting review, as the cache records one."""
+    return CachedAnswer.objects.create(
+        key="k" * 64,
+        prompt="p",
+        rendered_prompt="p",
+        answer="a",
+        finish_reason="eos",
+        policy_slug=policy_slug,
+        policy_version=1,
+        model_id="m",
+    )
+
+
 @pytest.fixture
 def staff_without_token(example_policies):
     """A superuser whose client enforces CSRF like a browser does (Django's test client skips it by default)."""
@@ -69,16 +83,7 @@ def test_admin_posts_without_a_csrf_token_are_refused(staff_without_token, examp
         ).status_code
         == 403
     )
-    record = CachedAnswer.objects.create(
-        key="k" * 64,
-        prompt="p",
-        rendered_prompt="p",
-        answer="a",
-        finish_reason="eos",
-        policy_slug="json",
-        policy_version=1,
-        model_id="m",
-    )
+    record = pending_answer(policy_slug="json")
     action = {"action": "approve", "_selected_action": [record.pk]}
     assert staff_without_token.post("/admin/chat/cachedanswer/", action).status_code == 403
     assert OutputPolicy.objects.get(pk=policy.pk).name != "hijacked"
@@ -176,16 +181,7 @@ def test_reviewing_needs_its_permission_even_for_staff_who_may_edit_policies():
     )
     client = Client()
     client.force_login(user)
-    record = CachedAnswer.objects.create(
-        key="k" * 64,
-        prompt="p",
-        rendered_prompt="p",
-        answer="a",
-        finish_reason="eos",
-        policy_slug="chat",
-        policy_version=1,
-        model_id="m",
-    )
+    record = pending_answer(policy_slug="chat")
     client.post("/admin/chat/cachedanswer/", {"action": "approve", "_selected_action": [record.pk]})
     assert CachedAnswer.objects.get(pk=record.pk).status == "pending"
     assert (
