@@ -62,12 +62,16 @@ def pick_dtype(requested: str, device: str) -> torch.dtype:
 
 
 def bf16_pays_on_this_cpu(flags: set[str]) -> bool:
-    """Whether bf16 decodes clearly faster than fp32 here, by what was measured (dtypecheck).
+    """Whether bf16 beats fp32 here, by what `manage.py dtypecheck` measured (2 cores each).
 
-    AMX Xeon (amx_bf16), 2 cores: fp32 16.1 tok/s, bf16 15.4, and greedy bf16 answers missed
-    their end-of-turn token more often (5 of 20 short prompts, fp32 3): fp32.
-    AMD EPYC with avx512_bf16 and no AMX, 2 cores: see NOTES-issue-12 / README for the figures.
-    Elsewhere (no bf16 instructions) bf16 is emulated and slow: fp32.
+    The server mostly decodes batches, and an answer that misses its end-of-turn token runs on to
+    max_new_tokens, so the batch of 8 and the eos count weigh more than one stream's speed.
+    - AMX Xeon (amx_bf16): fp32 16.1 tok/s one stream, bf16 15.4; eos fp32 17/20, bf16 15/20: fp32.
+    - AMD EPYC, avx512_bf16, no AMX (issue 12): one stream fp32 12.2, bf16 19.5; 8 streams fp32 77,
+      bf16 89; eos fp32 19/20, bf16 17/20. bf16 is faster but ends fewer answers: fp32, until a
+      quiet rerun shows the speed worth it (BF16_ON_AVX512).
+    - AMD EPYC, AVX2 only (2026-12-03): one stream fp32 16.3, bf16 21.9; 8 streams fp32 72.1, bf16
+      37.0; eos fp32 19/20, bf16 17/20: fp32 (bf16 has no instructions here and halves a batch).
     """
     return BF16_ON_AVX512 and "avx512_bf16" in flags and "amx_bf16" not in flags
 
