@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, StopStringCriteria
 
+from . import weight_major
 from .batching import Row
 from .decoding import RunningBatch, sampling_processors
 from .eos import token_id
@@ -122,8 +123,33 @@ class LocalBackend:
         progress(f"Loading {folder.name} ({dtype}, {device}, {torch.get_num_threads()} threads)...")
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).to(device).eval()
+        backend = cls(model, tokenizer, config, model_id=folder.name, fingerprint=fingerprint)
+        if device == "cpu" and config.weight_major != "off":
+            progress(
+                "  " + weight_major.choose(model, backend.time_decode_step, config.weight_major)
+            )
         progress(f"  model ready in {time.perf_counter() - started:.1f} s")
-        return cls(model, tokenizer, config, model_id=folder.name, fingerprint=fingerprint)
+        return backend
+
+    def time_decode_step(self, rows: int = 4, steps: int = 3) -> float:
+        """Seconds of one decode step of `rows` short answers (best of `steps`), for tuning."""
+        batch = self.new_batch()
+        requests = [
+            self.request(
+                [{"role": "user", "content": f"Tell me a story, number {i}."}],
+                max_new_tokens=steps + 2,
+                min_new_tokens=steps + 2,
+            )
+            for i in range(rows)
+        ]
+        batch.add([self.row(request, lambda text: None) for request in requests])
+        batch.step()  # the first step after a prefill pays one-off allocations
+        best = float("inf")
+        for _ in range(steps):
+            started = time.perf_counter()
+            batch.step()
+            best = min(best, time.perf_counter() - started)
+        return best
 
     # -- prompts --------------------------------------------------------------
 
