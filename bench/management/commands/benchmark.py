@@ -86,6 +86,13 @@ class Command(BaseCommand):
         )
         parser.add_argument("--prompt", default=PROMPT, help="the prompt of the long answer")
         parser.add_argument(
+            "--peer",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="also measure `transformers serve --continuous-batching` and the product in front "
+            "of it over the OpenAI API (default on when the serving extra is installed)",
+        )
+        parser.add_argument(
             "--quick", action="store_true", help="tiny sizes: a smoke test in well under a minute"
         )
 
@@ -142,6 +149,12 @@ class Command(BaseCommand):
                 modes.append(("batch", self.batch_label, self.batch_env))
             for key, label, env in modes:
                 self.section(f"concurrency ({label})", self.live_concurrency, key, label, env)
+            self.results["api"] = []
+            if opts["peer"]:
+                self.section("over the OpenAI API: the product's local engine", self.api_local)
+                self.section(
+                    "over the OpenAI API: the peer, and the product in front of it", self.api_peer
+                )
         self.results["bench_rss_mb"] = bm.self_peak_rss_mb()
         self.results["elapsed_s"] = time.perf_counter() - started
         self.results["load_end"] = os.getloadavg()[0]
@@ -328,6 +341,78 @@ class Command(BaseCommand):
             timeout = 60 + users * self.ctokens * 0.5
             rows[users] = await bm.ask_together(server, prompts, timeout)
         return rows
+
+    # -- 6: over the OpenAI API, one client for the product and the peer -----------------
+
+    def api_sizes(self) -> dict:
+        return {
+            "prompt": self.prompt,
+            "tokens": self.tokens,
+            "newcomer_tokens": self.newcomer_tokens,
+            "levels": self.levels,
+            "level_tokens": self.ctokens,
+            "note": self.note,
+        }
+
+    def api_key(self, server) -> str:
+        """A user and an API key in the server's database (the last line `apikey create` prints)."""
+        server.manage(
+            "shell",
+            "-c",
+            "from django.contrib.auth import get_user_model as U; "
+            "U().objects.get_or_create(username='bench')",
+        )
+        return server.manage("apikey", "create", "--user", "bench").strip().splitlines()[-1]
+
+    def api_product(self, label: str, kind: str, env: dict):
+        from bench import openai_client as oc
+
+        bm.flush_cache_db()
+        env = {"CHAT_MAX_NEW_TOKENS_CAP": str(max(self.tokens, self.newcomer_tokens)), **env}
+        self.note(f"  starting daphne ({label})")
+        with self.start(label, env) as run:
+            self.servers.append(run)
+            target = oc.Target(
+                label,
+                kind,
+                run.server.url + "/v1",
+                "smollm2",
+                key=self.api_key(run.server),
+                pid=run.server.process.pid,
+                reset=bm.flush_cache_db,  # the newcomer's repeat must be generated, not a cache hit
+            )
+            rows = oc.measure(target, **self.api_sizes())
+            rows.ready_s = run.ready_s
+        rows.peak_rss_mb = run.peak_rss_mb  # read as the server stopped
+        self.results["api"].append(rows)
+
+    def api_local(self):
+        self.api_product("product, local engine", "local", self.batch_env)
+
+    def api_peer(self):
+        from bench import openai_client as oc
+        from bench.peer import TransformersServe, serving_available
+
+        if not serving_available():
+            self.note("  skipped: the serving extra is not installed (requirements-dev.txt)")
+            return
+        peer = TransformersServe(log_path=self.workdir / "peer.log")
+        self.note("  starting transformers serve --continuous-batching (fp32, same model folder)")
+        with peer:
+            target = oc.Target(
+                "peer: transformers serve", "peer", peer.base_url, peer.model, pid=peer.pid
+            )
+            rows = oc.measure(target, **self.api_sizes())
+            rows.ready_s = peer.ready_s
+            rows.peak_rss_mb = bm.process_peak_rss_mb(peer.pid)
+            self.results["api"].append(rows)
+            remote = {
+                "CHAT_BACKEND": "openai",
+                "CHAT_REMOTE_URL": peer.base_url,
+                "CHAT_REMOTE_MODEL": peer.model,
+                "CHAT_REMOTE_MAX_CONCURRENCY": str(max(8, max(self.levels) + 1)),
+            }
+            self.api_product("product -> peer (openai)", "remote", remote)
 
     # -- the report -------------------------------------------------------------------
 
@@ -519,9 +604,150 @@ class Command(BaseCommand):
             "  start->ready: LiveServer.start() -> /healthz 200, on an already migrated database (its no-op migrate included)"
         )
 
+        self.api_report(out)
         self.targets(out, floors)
         out("")
         out(f"benchmark took {r['elapsed_s']:.0f} s")
+
+    def api_report(self, out):
+        all_rows = self.results.get("api") or []
+        if not all_rows:
+            return
+        width = 28
+        out("")
+        out(
+            "Over the OpenAI API: one client (bench/openai_client.py), same prompts, greedy, fp32 for "
+            "the peer; tokens from each server's usage"
+        )
+        out(f"  {'figure':44}" + "".join(f" {r.target.label[:width]:>{width}}" for r in all_rows))
+
+        def line(name, values):
+            out(f"  {name:44}" + "".join(f" {v:>{width}}" for v in values))
+
+        line("start -> answering", [bm.fmt(r.ready_s, ".1f", " s") for r in all_rows])
+        line(
+            "one stream: first chunk",
+            [bm.fmt(r.single and r.single.first_chunk_ms, ".0f", " ms") for r in all_rows],
+        )
+        line(
+            "one stream: tok/s (tokens)",
+            [
+                f"{bm.fmt(r.single_tps(), '.1f')} ({r.single.tokens if r.single else '-'})"
+                for r in all_rows
+            ],
+        )
+        line(
+            "newcomer alone: first chunk",
+            [
+                bm.fmt(r.newcomer and r.newcomer.alone.first_chunk_ms, ".0f", " ms")
+                for r in all_rows
+            ],
+        )
+
+        def busy(r):
+            n = r.newcomer
+            if not n:
+                return "-"
+            x = bm.ratio(n.busy.first_chunk_ms, n.alone.first_chunk_ms)
+            flag = "" if n.long_running else " (long ended)"
+            return f"{bm.fmt(n.busy.first_chunk_ms, '.0f', ' ms')} ({bm.fmt(x, '.2f', 'x')}){flag}"
+
+        line("newcomer during a long answer (x alone)", [busy(r) for r in all_rows])
+        for users in self.levels:
+            line(
+                f"{users} user(s): agg tok/s (x 1 user)",
+                [
+                    f"{bm.fmt(r.agg_tps(users), '.1f')} "
+                    f"({bm.fmt(bm.ratio(r.agg_tps(users), r.agg_tps(1)), '.2f', 'x')})"
+                    for r in all_rows
+                ],
+            )
+            line(
+                f"{users} user(s): per-user tok/s, worst 1st chunk",
+                [
+                    f"{bm.fmt(r.per_user_tps(users), '.1f')}, "
+                    f"{bm.fmt(r.worst_first_ms(users), '.0f', ' ms')}"
+                    for r in all_rows
+                ],
+            )
+        line("peak RSS", [bm.fmt(r.peak_rss_mb, ".0f", " MB") for r in all_rows])
+        for r in all_rows:
+            errors = sorted(
+                {s.error for streams, _ in (r.levels or {}).values() for s in streams if s.error}
+            )
+            if errors:
+                out(f"  errors ({r.target.label}): {'; '.join(errors)[:300]}")
+
+    def api_targets(self) -> list:
+        """Issue 12's and 15's ratios between the product and the peer, from one run."""
+        rows = {r.target.kind: r for r in self.results.get("api") or []}
+        local, peer, remote = rows.get("local"), rows.get("peer"), rows.get("remote")
+        lines = []
+
+        def add(name, value, target, ok, spec=".2f", unit="x"):
+            lines.append(
+                (name, bm.fmt(value, spec, unit), target, None if value is None else ok(value))
+            )
+
+        if local:
+            one, four, eight = local.agg_tps(1), local.agg_tps(4), local.agg_tps(8)
+            add(
+                "4 users vs 1 user, agg tok/s (product /v1)",
+                bm.ratio(four, one),
+                ">= 3.0x",
+                lambda x: x >= 3.0,
+            )
+            add(
+                "8 users vs 1 user, agg tok/s (product /v1)",
+                bm.ratio(eight, one),
+                ">= 5.0x",
+                lambda x: x >= 5.0,
+            )
+            add(
+                "worst first chunk, 8 users (product /v1)",
+                local.worst_first_ms(8),
+                "<= 2000 ms",
+                lambda v: v <= 2000,
+                ".0f",
+                " ms",
+            )
+        if local and peer:
+            add(
+                "one stream tok/s: product / peer",
+                bm.ratio(local.single_tps(), peer.single_tps()),
+                ">= 1.0x",
+                lambda x: x >= 1.0,
+            )
+            add(
+                "4 users agg tok/s: product / peer",
+                bm.ratio(local.agg_tps(4), peer.agg_tps(4)),
+                ">= 1.0x",
+                lambda x: x >= 1.0,
+            )
+        if remote and peer:
+            cost = bm.ratio(remote.single_tps(), peer.single_tps())
+            add(
+                "web tier in front of the peer: tok/s cost",
+                None if cost is None else (1 - cost) * 100,
+                "<= 5 %",
+                lambda v: v <= 5,
+                ".1f",
+                " %",
+            )
+            gap = (
+                None
+                if not (remote.single and peer.single and remote.single.first and peer.single.first)
+                else remote.single.first_chunk_ms - peer.single.first_chunk_ms
+            )
+            add(
+                "web tier in front of the peer: first chunk cost",
+                gap,
+                "<= 15 ms",
+                lambda v: v <= 15,
+                "+.0f",
+                " ms",
+            )
+        return lines
 
     def targets(self, out, floors):
         r = self.results
@@ -626,8 +852,9 @@ class Command(BaseCommand):
                 mine <= TARGETS["rss_mb"],
             )
         )
+        lines.extend(self.api_targets())
         out("")
-        out("Targets (DESIGN.md section 7)")
+        out("Targets (DESIGN.md section 7, issues 12 and 15)")
         out(f"  {'figure':50} {'measured':52} {'target':>10}  result")
         for name, measured, target, ok in lines:
             out(f"  {name:50} {measured:52} {target:>10}  {met(ok)}")
