@@ -38,6 +38,7 @@ class Runtime:
             dtype=settings.CHAT_MODEL_DTYPE,
             device=settings.CHAT_MODEL_DEVICE,
             threads=settings.CHAT_TORCH_THREADS,
+            weight_major=settings.CHAT_WEIGHT_MAJOR,
             max_new_tokens_cap=settings.CHAT_MAX_NEW_TOKENS_CAP,
         )
 

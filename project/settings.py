@@ -239,6 +239,11 @@ CHAT_MODEL_PATH = (
 CHAT_MODEL_DTYPE = env("CHAT_MODEL_DTYPE", "auto")
 CHAT_MODEL_DEVICE = env("CHAT_MODEL_DEVICE", "auto")
 CHAT_TORCH_THREADS = envint("CHAT_TORCH_THREADS", 0)
+# Decode-step matmuls as W @ x.T (chat/engine/weight_major.py): auto times both orders per weight
+# shape at load and keeps the faster; on and off force it.
+CHAT_WEIGHT_MAJOR = env("CHAT_WEIGHT_MAJOR", "auto")
+if CHAT_WEIGHT_MAJOR not in {"auto", "on", "off"}:
+    raise ImproperlyConfigured(f"CHAT_WEIGHT_MAJOR={CHAT_WEIGHT_MAJOR!r}: use auto, on or off")
 CHAT_MAX_NEW_TOKENS = envint("CHAT_MAX_NEW_TOKENS", 256)  # default per answer
 CHAT_MAX_NEW_TOKENS_CAP = envint("CHAT_MAX_NEW_TOKENS_CAP", 1024)  # no request may ask for more
 CHAT_MAX_PROMPT_CHARS = envint("CHAT_MAX_PROMPT_CHARS", 4000)

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, StopStringCriteria
 
+from . import weight_major
 from .batching import Row
 from .decoding import RunningBatch, sampling_processors
 from .eos import token_id
@@ -62,12 +63,16 @@ def pick_dtype(requested: str, device: str) -> torch.dtype:
 
 
 def bf16_pays_on_this_cpu(flags: set[str]) -> bool:
-    """Whether bf16 decodes clearly faster than fp32 here, by what was measured (dtypecheck).
+    """Whether bf16 beats fp32 here, by what `manage.py dtypecheck` measured (2 cores each).
 
-    AMX Xeon (amx_bf16), 2 cores: fp32 16.1 tok/s, bf16 15.4, and greedy bf16 answers missed
-    their end-of-turn token more often (5 of 20 short prompts, fp32 3): fp32.
-    AMD EPYC with avx512_bf16 and no AMX, 2 cores: see NOTES-issue-12 / README for the figures.
-    Elsewhere (no bf16 instructions) bf16 is emulated and slow: fp32.
+    The server mostly decodes batches, and an answer that misses its end-of-turn token runs on to
+    max_new_tokens, so the batch of 8 and the eos count weigh more than one stream's speed.
+    - AMX Xeon (amx_bf16): fp32 16.1 tok/s one stream, bf16 15.4; eos fp32 17/20, bf16 15/20: fp32.
+    - AMD EPYC, avx512_bf16, no AMX (issue 12): one stream fp32 12.2, bf16 19.5; 8 streams fp32 77,
+      bf16 89; eos fp32 19/20, bf16 17/20. bf16 is faster but ends fewer answers: fp32, until a
+      quiet rerun shows the speed worth it (BF16_ON_AVX512).
+    - AMD EPYC, AVX2 only (2026-12-03): one stream fp32 16.3, bf16 21.9; 8 streams fp32 72.1, bf16
+      37.0; eos fp32 19/20, bf16 17/20: fp32 (bf16 has no instructions here and halves a batch).
     """
     return BF16_ON_AVX512 and "avx512_bf16" in flags and "amx_bf16" not in flags
 
@@ -118,8 +123,33 @@ class LocalBackend:
         progress(f"Loading {folder.name} ({dtype}, {device}, {torch.get_num_threads()} threads)...")
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).to(device).eval()
+        backend = cls(model, tokenizer, config, model_id=folder.name, fingerprint=fingerprint)
+        if device == "cpu" and config.weight_major != "off":
+            progress(
+                "  " + weight_major.choose(model, backend.time_decode_step, config.weight_major)
+            )
         progress(f"  model ready in {time.perf_counter() - started:.1f} s")
-        return cls(model, tokenizer, config, model_id=folder.name, fingerprint=fingerprint)
+        return backend
+
+    def time_decode_step(self, rows: int = 4, steps: int = 3) -> float:
+        """Seconds of one decode step of `rows` short answers (best of `steps`), for tuning."""
+        batch = self.new_batch()
+        requests = [
+            self.request(
+                [{"role": "user", "content": f"Tell me a story, number {i}."}],
+                max_new_tokens=steps + 2,
+                min_new_tokens=steps + 2,
+            )
+            for i in range(rows)
+        ]
+        batch.add([self.row(request, lambda text: None) for request in requests])
+        batch.step()  # the first step after a prefill pays one-off allocations
+        best = float("inf")
+        for _ in range(steps):
+            started = time.perf_counter()
+            batch.step()
+            best = min(best, time.perf_counter() - started)
+        return best
 
     # -- prompts --------------------------------------------------------------
 

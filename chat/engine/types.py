@@ -139,6 +139,7 @@ class EngineConfig:
         device: "auto", "cpu", "cuda" or "mps".
         threads: torch intra-op threads; 0 leaves torch's default.
         max_new_tokens_cap: server-side ceiling on any request's max_new_tokens.
+        weight_major: "auto", "on" or "off": decode-step matmuls as W @ x.T (weight_major.py).
     """
 
     model_path: str | None = None
@@ -147,6 +148,7 @@ class EngineConfig:
     device: str = "auto"
     threads: int = 0
     max_new_tokens_cap: int = 1024
+    weight_major: str = "auto"
 
 
 @dataclass(eq=False)
