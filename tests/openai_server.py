@@ -43,6 +43,7 @@ class FakeOpenAIServer:
         leak_stop_strings: ignore `stop` and stream everything, as a server without stop support would.
         refuse_fields: request fields answered with a 422 naming them, as `transformers serve` does.
         models_status: the HTTP status `GET /v1/models` answers with instead of the list (500 there).
+        one_refusal_at_a_time: name only the first refused field, as OpenAI's API does.
     """
 
     def __init__(
@@ -54,6 +55,7 @@ class FakeOpenAIServer:
         leak_stop_strings: bool = False,
         refuse_fields: frozenset[str] = frozenset(),
         models_status: int = 200,
+        one_refusal_at_a_time: bool = False,
     ):
         self.backend = backend
         self.model = model
@@ -61,6 +63,7 @@ class FakeOpenAIServer:
         self.leak_stop_strings = leak_stop_strings
         self.refuse_fields = refuse_fields
         self.models_status = models_status
+        self.one_refusal_at_a_time = one_refusal_at_a_time
         self.refused: list[dict] = []  # bodies answered with a 422 for refuse_fields
         self.posts = 0  # every POST that reached the completions route
         self.fail_with: int | None = None  # answer every completion with this HTTP status
@@ -155,6 +158,8 @@ class _Handler(BaseHTTPRequestHandler):
         with self.fake._lock:
             self.fake.posts += 1
         unexpected = sorted(self.fake.refuse_fields & set(body))
+        if self.fake.one_refusal_at_a_time:
+            unexpected = unexpected[:1]
         if unexpected:
             self.fake.refused.append(body)
             # transformers serve's answer, word for word

@@ -99,6 +99,15 @@ def test_discovery_finds_what_a_server_like_transformers_serve_accepts_and_logs_
     assert [r.getMessage() for r in caplog.records] == ["upstream stop: honoured"]
 
 
+def test_discovery_asks_again_while_a_server_names_one_refused_field_at_a_time(serve, backend):
+    fake = serve(
+        refuse_fields=frozenset({"stop_token_ids", "min_tokens"}), one_refusal_at_a_time=True
+    )
+    caps = discover(remote_for(fake, backend), progress=lambda line: None)
+    assert caps.refused == {"stop_token_ids", "min_tokens"} and len(fake.refused) == 2
+    assert caps.stop == "honoured"  # discovery went on past the refusals
+
+
 def test_discovery_against_a_server_that_honours_stop(serve, backend):
     fake = serve()
     caps = discover(remote_for(fake, backend), progress=lambda line: None)

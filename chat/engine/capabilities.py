@@ -139,9 +139,19 @@ def discover(backend, progress=log.info) -> Capabilities:
         return backend.generate(request)
 
     try:
-        # Every optional field at once, harmless values: a refusal names what to drop.
+        # Every optional field at once, harmless values: a refusal names what to drop. A server
+        # that names one field per refusal (OpenAI does) is asked again until none is left.
         eos = tuple(backend.eos_token_ids[:1])
-        plain = ask(eos_token_ids=eos, min_new_tokens=1)
+        for _ in OPTIONAL_FIELDS:
+            refused = len(caps.refused)
+            try:
+                plain = ask(eos_token_ids=eos, min_new_tokens=1)
+                break
+            except EngineError:
+                if len(caps.refused) == refused:
+                    raise
+        else:
+            raise EngineError("the server refused every optional field one by one")
         first = next((c for c in plain.text if not c.isspace()), None)
         if first is not None and caps.stop == "unknown":
             # The same greedy answer with its first letter as a stop string: a server that
