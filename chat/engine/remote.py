@@ -7,8 +7,12 @@ with `stream: true`. What has no remote meaning is decided here:
 - `render(messages)` is a canonical JSON of the messages: that, not a local template,
   is what the server receives, so it is what the cache key must cover.
 - Token counts (prompt-length guard, history trimming, policy checks) use a local
-  tokenizer when one is configured (the served model's tokenizer folder); without one
-  the prompt is not counted here and the server's "context length" 400 becomes PromptTooLong.
+  tokenizer when one is configured (the served model's tokenizer folder, read by
+  file_tokenizer.py: no transformers, no torch); without one the prompt is not counted
+  here and the server's "context length" 400 becomes PromptTooLong.
+- What the server accepts is found, not assumed (capabilities.py): at start-up
+  (`from_config`), and from each refusal, whose named fields are dropped and the request
+  sent once more.
 - Batching is the server's business: each request streams on its own (concurrent.py).
 
 Cancellation closes the upstream socket at once (a watcher shuts it down, so a read
@@ -93,8 +97,8 @@ class OpenAIBackend:
 
     Args:
         config: the server's address, model and limits.
-        capabilities: what the server was found to accept (capabilities.py); a new, empty one by default.
         tokenizer: the served model's tokenizer for local counting (a FileTokenizer: no torch), or None.
+        capabilities: what the server was found to accept (capabilities.py); a new, empty one by default.
     """
 
     def __init__(
