@@ -41,6 +41,7 @@ class LiveServer:
             **env,
         }
         self.process: subprocess.Popen | None = None
+        self.ready_s: float | None = None
 
     def start(self, timeout: float = 180, *, wait_for_model: bool = True) -> LiveServer:
         """Migrate, start daphne, and return once /healthz says ready (or answers at all, without
@@ -65,12 +66,14 @@ class LiveServer:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + timeout
+        launched = time.monotonic()
+        deadline = launched + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"daphne exited with {self.process.returncode}:\n{self.log()}")
             status = self.health()[0]
             if status == 200 or (status and not wait_for_model):
+                self.ready_s = time.monotonic() - launched  # daphne started -> /healthz answered
                 return self
             time.sleep(0.25)
         raise RuntimeError(f"daphne not ready after {timeout} s:\n{self.log()}")

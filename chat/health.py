@@ -49,6 +49,8 @@ def health() -> tuple[bool, dict]:
     if settings.CHAT_BACKEND == "openai":
         report["upstream"] = settings.CHAT_REMOTE_URL
         report["upstream_status"] = runtime.backend.probe() if runtime.backend else runtime.state
+        if runtime.backend is not None:
+            report["upstream_capabilities"] = runtime.backend.capabilities.summary()
     # Without Redis the chat still answers, uncached: degraded, not down. Every process shares
     # one inference server, so its outage is reported but does not pull this one out of rotation.
     ready = model == "ready" and report["database"] == "ok"

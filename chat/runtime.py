@@ -144,9 +144,10 @@ class Runtime:
             folder = model_dir()
             if folder is None:
                 return None
-            from transformers import AutoTokenizer
+            # Its files alone: a web process in front of an inference server never imports torch.
+            from .engine.file_tokenizer import FileTokenizer
 
-            self._tokenizer = AutoTokenizer.from_pretrained(str(folder))
+            self._tokenizer = FileTokenizer(folder)
         return self._tokenizer
 
     def wait(self, timeout: float | None = None) -> bool:

@@ -154,6 +154,16 @@ def daphne_server(tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def peer(tmp_path_factory):
+    """The real engine: `transformers serve --continuous-batching` on loopback with the bundled
+    model folder (bench/peer.py), started once for the session and always stopped."""
+    from bench.peer import TransformersServe
+
+    with TransformersServe(log_path=tmp_path_factory.mktemp("peer") / "peer.log") as server:
+        yield server
+
+
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",

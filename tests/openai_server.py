@@ -41,6 +41,9 @@ class FakeOpenAIServer:
         model: the name it serves (requests for any other name get 404, as vLLM answers).
         api_key: when set, requests without `Authorization: Bearer <key>` get 401.
         leak_stop_strings: ignore `stop` and stream everything, as a server without stop support would.
+        refuse_fields: request fields answered with a 422 naming them, as `transformers serve` does.
+        models_status: the HTTP status `GET /v1/models` answers with instead of the list (500 there).
+        one_refusal_at_a_time: name only the first refused field, as OpenAI's API does.
     """
 
     def __init__(
@@ -50,11 +53,19 @@ class FakeOpenAIServer:
         model: str = "smollm2-test",
         api_key: str = "",
         leak_stop_strings: bool = False,
+        refuse_fields: frozenset[str] = frozenset(),
+        models_status: int = 200,
+        one_refusal_at_a_time: bool = False,
     ):
         self.backend = backend
         self.model = model
         self.api_key = api_key
         self.leak_stop_strings = leak_stop_strings
+        self.refuse_fields = refuse_fields
+        self.models_status = models_status
+        self.one_refusal_at_a_time = one_refusal_at_a_time
+        self.refused: list[dict] = []  # bodies answered with a 422 for refuse_fields
+        self.posts = 0  # every POST that reached the completions route
         self.fail_with: int | None = None  # answer every completion with this HTTP status
         self.stall_after_first_chunk = False  # then send nothing more until the client goes away
         self.garbage: bytes | None = None  # sent as the first event's data instead of JSON
@@ -131,6 +142,8 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._authorised():
             return
         if self.path.rstrip("/") == "/v1/models":
+            if self.fake.models_status != 200:
+                return self._error(self.fake.models_status, "Internal Server Error", "ServerError")
             return self._json(
                 200, {"object": "list", "data": [{"id": self.fake.model, "object": "model"}]}
             )
@@ -142,6 +155,17 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if self.path.rstrip("/") != "/v1/chat/completions":
             return self._error(404, f"no route {self.path}", "NotFoundError")
+        with self.fake._lock:
+            self.fake.posts += 1
+        unexpected = sorted(self.fake.refuse_fields & set(body))
+        if self.fake.one_refusal_at_a_time:
+            unexpected = unexpected[:1]
+        if unexpected:
+            self.fake.refused.append(body)
+            # transformers serve's answer, word for word
+            return self._json(
+                422, {"detail": f"Unexpected fields in the request: {set(unexpected)}"}
+            )
         if self.fake.fail_with:
             return self._error(
                 self.fake.fail_with, "the engine died (simulated)", "InternalServerError"

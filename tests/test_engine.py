@@ -4,7 +4,8 @@ import threading
 
 import pytest
 
-from chat.engine.stopping import CancelledCriteria, StopStringHoldback
+from chat.engine.holdback import StopStringHoldback
+from chat.engine.stopping import CancelledCriteria
 from chat.engine.types import PromptTooLong
 
 COUNT = [{"role": "user", "content": "Count from 1 to 10, separated by commas."}]

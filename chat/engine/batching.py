@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import LogitsProcessorList, StopStringCriteria, TextStreamer
 
-from .stopping import StopStringHoldback
+from .holdback import StopStringHoldback
 from .types import GenerationRequest, OnText
 
 

@@ -73,16 +73,10 @@ def eos_report(tokenizer, generation_config) -> EosReport:
 
 
 def load_eos_report(model_dir) -> EosReport:
-    """The report for a model folder, reading only its tokenizer and generation config."""
-    from transformers import AutoTokenizer, GenerationConfig
+    """The report for a model folder, reading only its tokenizer files and configs (no torch)."""
+    from types import SimpleNamespace
 
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    try:
-        generation_config = GenerationConfig.from_pretrained(str(model_dir))
-    except OSError:
-        from transformers import AutoConfig
+    from .file_tokenizer import FileTokenizer, generation_eos_ids
 
-        generation_config = GenerationConfig.from_model_config(
-            AutoConfig.from_pretrained(str(model_dir))
-        )
-    return eos_report(tokenizer, generation_config)
+    tokenizer = FileTokenizer(model_dir)
+    return eos_report(tokenizer, SimpleNamespace(eos_token_id=generation_eos_ids(model_dir)))

@@ -7,8 +7,12 @@ with `stream: true`. What has no remote meaning is decided here:
 - `render(messages)` is a canonical JSON of the messages: that, not a local template,
   is what the server receives, so it is what the cache key must cover.
 - Token counts (prompt-length guard, history trimming, policy checks) use a local
-  tokenizer when one is configured (the served model's tokenizer folder); without one
-  the prompt is not counted here and the server's "context length" 400 becomes PromptTooLong.
+  tokenizer when one is configured (the served model's tokenizer folder, read by
+  file_tokenizer.py: no transformers, no torch); without one the prompt is not counted
+  here and the server's "context length" 400 becomes PromptTooLong.
+- What the server accepts is found, not assumed (capabilities.py): at start-up
+  (`from_config`), and from each refusal, whose named fields are dropped and the request
+  sent once more.
 - Batching is the server's business: each request streams on its own (concurrent.py).
 
 Cancellation closes the upstream socket at once (a watcher shuts it down, so a read
@@ -26,11 +30,12 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .stopping import StopStringHoldback
+from .capabilities import Capabilities, discover
+from .holdback import StopStringHoldback
 from .template import (
     defuse_markers,
     encode_pieces,
@@ -50,6 +55,8 @@ from .types import (
 log = logging.getLogger(__name__)
 
 
+# Seconds each start-up question to the server may take (capabilities.discover).
+_DISCOVER_TIMEOUT = 10.0
 # How often a stream's cancel watcher looks whether the stream ended by itself; a cancel wakes it at once.
 _WATCH_SECONDS = 0.05
 # vLLM: "maximum context length is"; OpenAI: code context_length_exceeded; TGI: "must be <= N".
@@ -90,12 +97,16 @@ class OpenAIBackend:
 
     Args:
         config: the server's address, model and limits.
-        tokenizer: a Hugging Face tokenizer for local counting, or None.
+        tokenizer: the served model's tokenizer for local counting (a FileTokenizer: no torch), or None.
+        capabilities: what the server was found to accept (capabilities.py); a new, empty one by default.
     """
 
-    def __init__(self, config: RemoteConfig, tokenizer=None):
+    def __init__(
+        self, config: RemoteConfig, tokenizer=None, capabilities: Capabilities | None = None
+    ):
         self.config = config
         self.tokenizer = tokenizer
+        self.capabilities = capabilities or Capabilities()
         self.model_id = config.model
         # The weights live on the server; its URL and model name are what identify them here.
         self.fingerprint = hashlib.sha256(
@@ -116,14 +127,22 @@ class OpenAIBackend:
     def from_config(cls, config: RemoteConfig, progress: Progress = log.info) -> OpenAIBackend:
         tokenizer = None
         if config.tokenizer_path:
-            from transformers import AutoTokenizer
+            from .file_tokenizer import FileTokenizer
 
-            progress(f"Loading the tokenizer in {config.tokenizer_path} for token counts...")
-            tokenizer = AutoTokenizer.from_pretrained(str(config.tokenizer_path))
+            progress(f"Reading the tokenizer in {config.tokenizer_path} for token counts...")
+            tokenizer = FileTokenizer(config.tokenizer_path)
             if not config.context_length:
                 config = _with_context_from(config, Path(config.tokenizer_path))
         progress(f"Remote model {config.model} at {config.base_url}")
-        return cls(config, tokenizer)
+        backend = cls(config, tokenizer)
+        # Asked with a short timeout: a hung server must not hold the start-up for a minute.
+        probing = cls(
+            replace(config, timeout=min(config.timeout, _DISCOVER_TIMEOUT)),
+            tokenizer,
+            capabilities=backend.capabilities,
+        )
+        discover(probing, progress)
+        return backend
 
     # -- prompts --------------------------------------------------------------
 
@@ -172,22 +191,40 @@ class OpenAIBackend:
     # -- health ---------------------------------------------------------------
 
     def probe(self, timeout: float = 1.0) -> str:
+        """ "ok" when the server serves our model, else what is wrong.
+
+        `GET {base}/models` listing the model says so; a server whose model list fails
+        (`transformers serve` answers it with a 500) while its last completion was
+        answered is serving too.
+        """
+        status = self.models_status(timeout)
+        caps = self.capabilities
+        if status != "ok" and caps.models.startswith("HTTP") and caps.chat == "ok":
+            return "ok"
+        return status
+
+    def models_status(self, timeout: float = 1.0) -> str:
         """ "ok" when `GET {base}/models` answers and lists our model, else what is wrong."""
         connection = self._connection(timeout)
+        found = "unreachable"
         try:
             connection.request("GET", f"{self._path}/models", headers=self._headers())
             response = connection.getresponse()
             body = response.read(1 << 20)
             if response.status != 200:
+                found = f"HTTP {response.status}"
                 return f"unavailable: HTTP {response.status} from {self.config.base_url}/models"
             served = [m.get("id") for m in json.loads(body).get("data", [])]
             if self.config.model not in served:
+                found = "without our model"
                 return f"unavailable: {self.config.model!r} is not served (the server has {served})"
+            found = "ok"
             return "ok"
         except (OSError, http.client.HTTPException, ValueError, AttributeError) as exc:
             return f"unavailable: {exc or type(exc).__name__}"
         finally:
             connection.close()
+            self.capabilities.saw(models=found)
 
     # -- generation -----------------------------------------------------------
 
@@ -264,8 +301,6 @@ class OpenAIBackend:
 
 def _with_context_from(config: RemoteConfig, folder: Path) -> RemoteConfig:
     """The context length from the tokenizer folder's model config, when it has one."""
-    from dataclasses import replace
-
     try:
         model_config = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError):
@@ -291,48 +326,36 @@ class _Stream:
         self.upstream_finish: str | None = None
         self.stop_reason = None
         self.first_token_at: float | None = None
-        self._ended = threading.Event()
+        self.stop_sent = False
 
     def run(self) -> GenerationResult:
         started = time.perf_counter()
         backend = self.backend
         target = f"{backend.config.base_url.rstrip('/')}/chat/completions"
-        connection = backend._connection(backend.config.timeout)
+        caps = backend.capabilities
         try:
-            try:
-                connection.connect()
-                sock = connection.sock  # kept: getresponse() may hand the socket to the response
-                threading.Thread(
-                    target=self._watch_cancel, args=(sock,), name="remote-cancel", daemon=True
-                ).start()
-                body = json.dumps(backend._body(self.request, self.max_new)).encode()
-                connection.request(
-                    "POST",
-                    f"{backend._path}/chat/completions",
-                    body=body,
-                    headers={**backend._headers(), "Content-Type": "application/json"},
-                )
-                response = connection.getresponse()
-                if response.status != 200:
-                    raise _http_error(response, target)
-                self._read(response)
-            except TimeoutError:
-                if not self.request.cancel.is_set():
-                    raise EngineError(
-                        f"the inference server at {target} sent nothing for {backend.config.timeout:g} s"
-                    ) from None
-            except ConnectionRefusedError:
+            body = caps.body(backend._body(self.request, self.max_new))
+            # A refused optional field is dropped and the request sent once more without it.
+            without = self._attempt(body, target, may_retry=True)
+            if without is not None:
+                self._attempt(without, target, may_retry=False)
+        except TimeoutError:
+            if not self.request.cancel.is_set():
+                caps.saw(chat="silent")
                 raise EngineError(
-                    f"the inference server at {target} refused the connection (is it running?)"
+                    f"the inference server at {target} sent nothing for {backend.config.timeout:g} s"
                 ) from None
-            except (OSError, http.client.HTTPException) as exc:
-                if not self.request.cancel.is_set():
-                    raise EngineError(
-                        f"the connection to the inference server at {target} failed: {exc}"
-                    ) from None
-        finally:
-            self._ended.set()
-            connection.close()
+        except ConnectionRefusedError:
+            caps.saw(chat="unreachable")
+            raise EngineError(
+                f"the inference server at {target} refused the connection (is it running?)"
+            ) from None
+        except (OSError, http.client.HTTPException) as exc:
+            if not self.request.cancel.is_set():
+                caps.saw(chat="unreachable")
+                raise EngineError(
+                    f"the connection to the inference server at {target} failed: {exc}"
+                ) from None
         finished = time.perf_counter()
         tail = self.holdback.finish()
         if tail:
@@ -348,11 +371,46 @@ class _Stream:
             finished_at=finished,
         )
 
-    def _watch_cancel(self, sock: socket.socket) -> None:
+    def _attempt(self, body: dict, target: str, *, may_retry: bool) -> dict | None:
+        """Send `body` and read its stream; the body to send again when a field was refused."""
+        backend = self.backend
+        connection = backend._connection(backend.config.timeout)
+        ended = threading.Event()
+        try:
+            connection.connect()
+            sock = connection.sock  # kept: getresponse() may hand the socket to the response
+            threading.Thread(
+                target=self._watch_cancel, args=(sock, ended), name="remote-cancel", daemon=True
+            ).start()
+            connection.request(
+                "POST",
+                f"{backend._path}/chat/completions",
+                body=json.dumps(body).encode(),
+                headers={**backend._headers(), "Content-Type": "application/json"},
+            )
+            response = connection.getresponse()
+            if response.status != 200:
+                status, message, payload = _error_of(response)
+                if status >= 500:
+                    backend.capabilities.saw(chat=f"HTTP {status}")
+                if not _is_context_error(status, message, payload):
+                    refused = backend.capabilities.refused_in(status, message, body)
+                    if refused and may_retry:
+                        return {k: v for k, v in body.items() if k not in refused}
+                raise _http_error(status, message, payload, target)
+            backend.capabilities.saw(chat="ok")
+            self.stop_sent = "stop" in body
+            self._read(response)
+            return None
+        finally:
+            ended.set()
+            connection.close()
+
+    def _watch_cancel(self, sock: socket.socket, ended: threading.Event) -> None:
         """Shut the socket down the moment the request is cancelled, waking a read blocked on the next token."""
-        while not self._ended.is_set():
+        while not ended.is_set():
             if self.request.cancel.wait(_WATCH_SECONDS):
-                if not self._ended.is_set():
+                if not ended.is_set():
                     try:
                         sock.shutdown(socket.SHUT_RDWR)
                     except OSError:
@@ -377,6 +435,8 @@ class _Stream:
                 return
             self._event(payload)
             if self.holdback.stopped:
+                if self.stop_sent:  # it was asked to stop there, and streamed it anyway
+                    self.backend.capabilities.saw(stop="ignored")
                 return  # the server streamed one of our stop strings: nothing after it is wanted
         if (
             not self.request.cancel.is_set()
@@ -431,33 +491,39 @@ class _Stream:
 
 def _error_message(payload) -> str:
     if isinstance(payload, dict):
-        error = payload.get("error", payload)
+        error = payload.get("error", payload.get("detail", payload))  # FastAPI: "detail"
         if isinstance(error, dict):
             return str(error.get("message") or error)
         return str(error)
     return str(payload)
 
 
-def _http_error(response: http.client.HTTPResponse, target: str) -> EngineError:
-    """A readable error for a refused request; a context-length refusal is PromptTooLong."""
+def _error_of(response: http.client.HTTPResponse) -> tuple[int, str, object]:
+    """(status, readable message, parsed body) of a refused request."""
     raw = response.read(1 << 16).decode("utf-8", errors="replace")
     try:
         payload = json.loads(raw)
     except ValueError:
         payload = raw.strip()[:300]
-    message = _error_message(payload)
+    return response.status, _error_message(payload), payload
+
+
+def _is_context_error(status: int, message: str, payload) -> bool:
     error = payload.get("error") if isinstance(payload, dict) else None
     code = (
         error.get("code") if isinstance(error, dict) else None
     )  # OpenAI: "context_length_exceeded"
-    if response.status in (400, 413, 422) and (
-        code == "context_length_exceeded" or _CONTEXT_ERROR.search(message)
-    ):
-        return PromptTooLong(f"the prompt is too long for the model: {message}")
-    if response.status in (401, 403):
-        return EngineError(
-            f"the inference server refused our credentials (HTTP {response.status}): {message}"
-        )
-    return EngineError(
-        f"the inference server at {target} answered HTTP {response.status}: {message}"
+    return status in (400, 413, 422) and (
+        code == "context_length_exceeded" or bool(_CONTEXT_ERROR.search(message))
     )
+
+
+def _http_error(status: int, message: str, payload, target: str) -> EngineError:
+    """A readable error for a refused request; a context-length refusal is PromptTooLong."""
+    if _is_context_error(status, message, payload):
+        return PromptTooLong(f"the prompt is too long for the model: {message}")
+    if status in (401, 403):
+        return EngineError(
+            f"the inference server refused our credentials (HTTP {status}): {message}"
+        )
+    return EngineError(f"the inference server at {target} answered HTTP {status}: {message}")

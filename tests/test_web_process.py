@@ -1,0 +1,74 @@
+"""A web process on CHAT_BACKEND=openai never imports torch or transformers, start-up checks and
+a served turn included (its RSS and start-up time: bench/scripts/web_process.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bench.liveserver import ROOT
+
+from .conftest import LIVE_CACHE_URL
+from .openai_server import FakeOpenAIServer
+
+# Migrate (which runs the system checks, the eos check among them), load the app as daphne
+# does, serve one turn over the app's WebSocket route, and say what got imported.
+CHILD = """
+import asyncio, json, sys
+import django
+django.setup()
+from django.core.management import call_command
+call_command("migrate", verbosity=0)
+from channels.testing import WebsocketCommunicator
+from project.asgi import application
+from chat.runtime import runtime
+assert runtime.wait(120), runtime.detail
+
+async def turn():
+    ws = WebsocketCommunicator(
+        application, "/ws/chat/", headers=[(b"origin", b"http://localhost"), (b"host", b"localhost")]
+    )
+    assert (await ws.connect())[0]
+    await ws.send_to(text_data=json.dumps({"type": "prompt", "request_id": "t", "text": "Hi"}))
+    while True:
+        event = json.loads(await ws.receive_from(timeout=120))
+        if event["type"] in {"done", "error"}:
+            await ws.disconnect()
+            return event
+
+done = asyncio.run(turn())
+loaded = sorted({m.split(".")[0] for m in sys.modules} & {"torch", "transformers", "xgrammar"})
+print(json.dumps({"done": done, "loaded": loaded}))
+"""
+
+
+@pytest.fixture
+def fake(backend):
+    server = FakeOpenAIServer(backend).start()
+    yield server
+    server.stop()
+
+
+def test_a_web_process_on_the_openai_backend_serves_a_turn_without_torch(fake, tmp_path):
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "project.settings",
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'web.sqlite3'}",
+        "CHAT_CACHE_REDIS_URL": LIVE_CACHE_URL,
+        "CHAT_BACKEND": "openai",
+        "CHAT_REMOTE_URL": fake.url,
+        "CHAT_REMOTE_MODEL": fake.model,
+    }
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    report = json.loads(child.stdout.strip().splitlines()[-1])
+    assert report["done"]["type"] == "done" and report["done"]["text"], report
+    assert report["done"]["metrics"]["prompt_tokens"] > 0  # counted here, by the file tokenizer
+    assert report["loaded"] == []
+    assert fake.served and fake.served[-1].body["messages"][-1]["content"] == "Hi"
