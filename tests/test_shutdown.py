@@ -11,13 +11,18 @@ import urllib.request
 import openai
 import pytest
 import websockets
+from django.test import AsyncClient
 from websockets.exceptions import ConnectionClosed
 
 from bench.liveserver import LiveServer
+from chat import services
 from chat.protocol import CLOSE_SERVER_RESTARTING
+from chat.runtime import runtime as chat_runtime
 from tests.conftest import LIVE_CACHE_URL
-from tests.test_consumer import LONG, SHORT
+from tests.test_consumer import LONG, SHORT, wait_stored
 from tests.test_openai_api import MAKE_KEYS
+
+ws_db = pytest.mark.django_db(transaction=True)
 
 
 def start_server(tmp_path, drain_seconds: float) -> LiveServer:
@@ -161,3 +166,44 @@ def test_idle_sigterm_exits_cleanly(tmp_path):
     server.process.terminate()
     assert wait_exit(server) == 0
     assert "drained in" in server.log()
+
+
+# -- the same steps in process (channels' communicator), without a process to stop -------
+
+
+@pytest.fixture
+def draining(runtime, monkeypatch):
+    monkeypatch.setattr(chat_runtime, "draining", True)
+
+
+@ws_db
+async def test_while_draining_prompts_get_server_restarting_everywhere(client, draining):
+    """Socket: `error` server_restarting, the socket stays open; HTTP: 503 with Retry-After;
+    /healthz: 503 "draining"."""
+    request_id = await client.prompt(SHORT)
+    refused = await client.receive()
+    assert refused["type"] == "error" and refused["code"] == "server_restarting"
+    assert refused["request_id"] == request_id
+    await client.send({"type": "ping"})
+    assert (await client.receive())["type"] == "pong"
+
+    http = AsyncClient(enforce_csrf_checks=False)
+    response = await http.post("/api/chat/stream", {"text": SHORT}, content_type="application/json")
+    assert response.status_code == 503 and response.json()["code"] == "server_restarting"
+    assert response["Retry-After"] == "5"
+    health = await http.get("/healthz")
+    assert health.status_code == 503 and health.json()["status"] == "draining"
+
+
+@ws_db
+async def test_turns_drain_cancels_what_runs_past_the_drain_and_stores_it(client, monkeypatch):
+    """An answer still running when the drain ends is cancelled with reason server_restarting,
+    its `done` still reaches the client, and it is stored `cancelled`."""
+    request_id = await client.prompt(LONG)
+    accepted = (await client.receive_until("chunk", request_id))[0]
+    monkeypatch.setattr(chat_runtime, "draining", True)
+    assert await services.turns_drain(0.2) == (0, 1)
+    done = (await client.receive_until("done", request_id))[-1]
+    assert done["finish_reason"] == "cancelled" and done["reason"] == "server_restarting"
+    message = await wait_stored(accepted["message"])
+    assert message.status == "cancelled" and message.text == done["text"]
