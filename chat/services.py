@@ -358,7 +358,10 @@ async def turns_drain(seconds: float) -> tuple[int, int]:
     deadline = loop.time() + seconds
     while (running_turns.unfinished() or _starting) and loop.time() < deadline:
         await asyncio.sleep(0.05)
-    while _starting:  # a turn being stored when time ran out is cancelled once it runs
+    # A turn being stored when time ran out is cancelled once it runs (its store is retried for
+    # a few seconds at most; the cap only guards against waiting forever).
+    deadline = loop.time() + 30
+    while _starting and loop.time() < deadline:
         await asyncio.sleep(0.05)
     left = running_turns.unfinished()
     for turn in left:
