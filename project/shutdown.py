@@ -33,6 +33,10 @@ import time
 
 from django.conf import settings
 
+from chat import services
+from chat.consumers import sockets_close
+from chat.runtime import runtime
+
 log = logging.getLogger(__name__)
 
 
@@ -62,9 +66,6 @@ class RequestsInFlight:
 
 async def drain(requests: RequestsInFlight, seconds: float) -> None:
     """Steps 2-4 above; step 1 is already done."""
-    from chat import services
-    from chat.consumers import sockets_close
-
     started = time.perf_counter()
     finished, cancelled = await services.turns_drain(seconds)
     await requests.wait_idle(5.0)  # a stream writes its `done` and ends just after its turn
@@ -97,6 +98,8 @@ class Stopper:
         """Take over SIGTERM and SIGINT once the reactor runs (no-op outside daphne)."""
         if "twisted.internet.reactor" not in sys.modules:
             return  # not under daphne (tests' communicator, manage.py commands)
+        # Imported only here and below: importing it first would install Twisted's default
+        # reactor, and daphne could not install its asyncio one.
         from twisted.internet import reactor
 
         reactor.callWhenRunning(self._take_signals)
@@ -113,8 +116,6 @@ class Stopper:
 
     def _begin(self, name: str) -> None:
         from twisted.internet import reactor
-
-        from chat.runtime import runtime
 
         if self.task is not None:
             log.warning("%s again while draining: stopping now", name)
