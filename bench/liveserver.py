@@ -26,9 +26,13 @@ class LiveServer:
 
     Give `database_url` (and the same Redis in `env`) to several servers to run
     them as one site spread over processes; `env` sets any further variables.
+    With `serve`, it runs `python -m project.serve` (what `make run` runs: with REDIS_URL
+    unset, the checkout's embedded Redis) instead of daphne alone.
     """
 
-    def __init__(self, workdir: Path, *, database_url: str | None = None, **env: str):
+    def __init__(
+        self, workdir: Path, *, database_url: str | None = None, serve: bool = False, **env: str
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}/ws/chat/"
@@ -40,6 +44,7 @@ class LiveServer:
             "PORT": str(self.port),  # part of CHAT_INSTANCE: two servers on one database stay apart
             **env,
         }
+        self.serve = serve
         self.process: subprocess.Popen | None = None
         self.ready_s: float | None = None
 
@@ -50,17 +55,9 @@ class LiveServer:
             [sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=self.env, check=True
         )
         log = self.log_path.open("ab")
+        daphne = ["daphne", "-b", "127.0.0.1", "-p", str(self.port), "project.asgi:application"]
         self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "daphne",
-                "-b",
-                "127.0.0.1",
-                "-p",
-                str(self.port),
-                "project.asgi:application",
-            ],
+            [sys.executable, "-m", *(["project.serve"] if self.serve else daphne)],
             cwd=ROOT,
             env=self.env,
             stdout=log,
@@ -112,9 +109,12 @@ class LiveServer:
         return self.log_path.read_text(errors="replace")[-4000:]
 
     def stop(self) -> None:
+        """SIGTERM, as a service manager stops it: running answers get CHAT_DRAIN_SECONDS."""
         if self.process and self.process.poll() is None:
             self.process.terminate()
+            drain = float(self.env.get("CHAT_DRAIN_SECONDS") or 10)
             try:
-                self.process.wait(10)
+                self.process.wait(drain + 20)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+                self.process.wait()

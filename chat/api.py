@@ -56,6 +56,7 @@ STATUS_FOR_CODE = {
     "unknown_request": 404,
     "rate_limited": 429,
     "model_loading": 503,
+    "server_restarting": 503,
     "queue_full": 503,
     "cancel_unavailable": 503,
     "model_error": 500,
@@ -69,6 +70,8 @@ def _error_response(code: str, message: str, request_id: str | None = None) -> J
     )
     if code == "rate_limited":
         response["Retry-After"] = "60"
+    elif code == "server_restarting":
+        response["Retry-After"] = "5"
     return response
 
 

@@ -54,6 +54,10 @@ class RunningTurns:
         turn = self._turns.get(message_id)
         return turn if turn is not None and not turn.finished else None
 
+    def unfinished(self) -> list[Cancellable]:
+        """Every turn still generating here."""
+        return [turn for turn in self._turns.values() if not turn.finished]
+
     def cancel_heard(self, message_id: int, user_id: int | None, session_key: str) -> None:
         """A cancel published by any process: stop the turn if it runs here and is the same owner's."""
         turn = self.get(message_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
@@ -12,6 +13,8 @@ from django.db import DatabaseError
 
 from . import services
 from .protocol import (
+    CLOSE_SERVER_RESTARTING,
+    CLOSE_TRY_LATER,
     Cancel,
     Ping,
     Prompt,
@@ -22,9 +25,29 @@ from .protocol import (
     pong_event,
 )
 from .ratelimit import client_address
+from .runtime import runtime
 from .selectors import Owner
 
 log = logging.getLogger(__name__)
+
+# The sockets open in this process, so a stopping server can close each with a code the page knows.
+open_sockets: set[ChatConsumer] = set()
+
+
+async def sockets_close(timeout: float = 2.0) -> int:
+    """Close every open socket with CLOSE_SERVER_RESTARTING and wait (up to `timeout`) until the
+    clients have answered the close; how many were closed."""
+    sockets = list(open_sockets)
+    for consumer in sockets:
+        try:
+            await consumer.close(code=CLOSE_SERVER_RESTARTING)
+        except Exception:  # one broken socket must not keep the others open
+            log.exception("could not close a socket")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while open_sockets and loop.time() < deadline:
+        await asyncio.sleep(0.02)
+    return len(sockets)
 
 
 class ChatConsumer(AsyncWebsocketConsumer):
@@ -48,6 +71,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         try:
             await super().__call__(scope, receive, send)
         finally:
+            open_sockets.discard(self)
             self._stop_turns()
 
     async def connect(self):
@@ -61,12 +85,17 @@ class ChatConsumer(AsyncWebsocketConsumer):
             await self.send_event(
                 error_event("storage_failed", "the database is unavailable; reconnect in a moment")
             )
-            await self.close(code=4503)  # 4000-4999: the application's own; "try again later"
+            await self.close(code=CLOSE_TRY_LATER)
             return
         await self.accept()
+        if runtime.draining:  # a page reconnecting to a server that is stopping: try again
+            await self.close(code=CLOSE_SERVER_RESTARTING)
+            return
+        open_sockets.add(self)
 
     async def disconnect(self, code):
         """A closed tab stops its generation; the partial answer is still stored."""
+        open_sockets.discard(self)
         self._stop_turns()
 
     def _stop_turns(self) -> None:

@@ -53,8 +53,10 @@ def health() -> tuple[bool, dict]:
             report["upstream_capabilities"] = runtime.backend.capabilities.summary()
     # Without Redis the chat still answers, uncached: degraded, not down. Every process shares
     # one inference server, so its outage is reported but does not pull this one out of rotation.
-    ready = model == "ready" and report["database"] == "ok"
-    if not ready:
+    ready = model == "ready" and report["database"] == "ok" and not runtime.draining
+    if runtime.draining:  # stopping: the balancer sends new users elsewhere
+        report["status"] = "draining"
+    elif not ready:
         report["status"] = "loading" if runtime.state in {"idle", "loading"} else "unavailable"
     elif (
         report["redis"] != "ok"

@@ -73,6 +73,7 @@ _TURN_ERRORS = {
     "prompt_too_long": (400, "invalid_request_error", "messages", "context_length_exceeded"),
     "rate_limited": (429, "requests", None, "rate_limit_exceeded"),
     "model_loading": (503, "server_error", None, "model_loading"),
+    "server_restarting": (503, "server_error", None, "server_restarting"),
     "queue_full": (503, "server_error", None, "queue_full"),
     "storage_failed": (503, "server_error", None, "storage_failed"),
     "model_error": (500, "server_error", None, "model_error"),

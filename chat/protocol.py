@@ -300,6 +300,15 @@ def done_event(
     }
 
 
+# A prompt sent while the server drains before a restart (SIGTERM); the page sends it again later.
+SERVER_RESTARTING = "server_restarting"
+# The socket's close code when the server stops (4000-4999 are the application's own; 1012
+# "service restart" is reserved for the WebSocket library). The page reconnects and says so.
+CLOSE_SERVER_RESTARTING = 4012
+# The socket's close code when the database is unavailable: "try again later".
+CLOSE_TRY_LATER = 4503
+
+
 def error_event(code: str, message: str, request_id: str | None = None) -> dict:
     return {"type": "error", "request_id": request_id, "code": code, "message": message}
 
@@ -307,6 +316,15 @@ def error_event(code: str, message: str, request_id: str | None = None) -> dict:
 def cancel_ack_event(request_id: str | None, *, message: int, result: str) -> dict:
     """`result`: "cancelled" (stopped here), "sent" (another process was told), "finished"."""
     return {"type": "cancel_ack", "request_id": request_id, "message": message, "result": result}
+
+
+def server_restarting_event(request_id: str | None = None) -> dict:
+    """The `error` a prompt gets while the server drains."""
+    return error_event(
+        SERVER_RESTARTING,
+        "the server is restarting and takes no new prompts; send it again in a moment",
+        request_id,
+    )
 
 
 def pong_event() -> dict:

@@ -66,21 +66,35 @@ class RedisGuard:
         try:
             value = fn(self.client())
         except (redis.RedisError, OSError) as exc:
-            self.errors += 1
-            self.last_error = f"{type(exc).__name__}: {exc}"
-            if self.available:
-                log.warning("%s unavailable (%s); %s", self.feature, self.last_error, self.fallback)
-            self.available = False
-            self._retry_at = time.monotonic() + self.backoff_seconds
-            self.on_error(operation)
+            self._failed(operation, exc)
             return False, None
+        self._answered()
+        return True, value
+
+    def _failed(self, operation: str, exc: Exception) -> None:
+        self.errors += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        if self.available:
+            log.warning("%s unavailable (%s); %s", self.feature, self.last_error, self.fallback)
+        self.available = False
+        self._retry_at = time.monotonic() + self.backoff_seconds
+        self.on_error(operation)
+
+    def _answered(self) -> None:
         if not self.available:
             log.info("%s is back", self.feature)
             self.available = True
-        return True, value
 
     def status(self, degraded: str) -> str:
-        """ "ok", or what is wrong and `degraded`, what the feature does meanwhile."""
-        if self.available:
-            return "ok"
-        return f"unavailable ({self.errors} errors, last: {self.last_error}); {degraded}"
+        """ "ok", or what is wrong and `degraded`, what the feature does meanwhile.
+
+        Asks Redis now (a PING), also during a back-off: /healthz says how Redis is, not how it
+        was at the last call; an answer ends the back-off at once.
+        """
+        try:
+            self.client().ping()
+        except (redis.RedisError, OSError) as exc:
+            self._failed("ping", exc)
+            return f"unavailable ({self.errors} errors, last: {self.last_error}); {degraded}"
+        self._answered()
+        return "ok"

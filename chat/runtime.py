@@ -12,12 +12,15 @@ import time
 from django.conf import settings
 
 from .engine.types import Backend, EngineConfig, Scheduler
+from .protocol import SERVER_RESTARTING
 
 log = logging.getLogger(__name__)
 
 
 class NotReady(RuntimeError):
-    code = "model_loading"
+    def __init__(self, message: str, code: str = "model_loading"):
+        super().__init__(message)
+        self.code = code
 
 
 class Runtime:
@@ -27,6 +30,8 @@ class Runtime:
         self.backend: Backend | None = None
         self.scheduler: Scheduler | None = None
         self.load_seconds: float | None = None
+        # Set once the process is stopping (SIGTERM): it takes no new prompts, /healthz says 503.
+        self.draining = False
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self._tokenizer = None
@@ -156,6 +161,11 @@ class Runtime:
 
     def require(self) -> tuple[Backend, Scheduler]:
         """(backend, scheduler), or NotReady with a message a user can read."""
+        if self.draining:
+            raise NotReady(
+                "the server is restarting and takes no new prompts; send it again in a moment",
+                code=SERVER_RESTARTING,
+            )
         if self.state == "ready":
             return self.backend, self.scheduler
         if self.state == "failed":

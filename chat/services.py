@@ -39,6 +39,7 @@ from .prompting import fit_prompt, request_for, turn_cache_key
 from .protocol import (
     INVALID,
     MODERATED,
+    SERVER_RESTARTING,
     accepted_event,
     buffering_event,
     chunk_event,
@@ -47,6 +48,7 @@ from .protocol import (
     metrics,
     queued_event,
     retract_event,
+    server_restarting_event,
 )
 from .ratelimit import address_limiter, prompt_limiter
 from .runtime import NotReady, runtime
@@ -195,10 +197,13 @@ class Turn:
     finished: bool = False
     _run: _TurnRun | None = field(default=None, repr=False)
 
-    def cancel(self) -> None:
-        """Stop generating within one decode step; the partial answer is still stored."""
+    def cancel(self, reason: str = "") -> None:
+        """Stop generating within one decode step; the partial answer is still stored.
+
+        `reason` goes with the `done` (finish_reason "cancelled") when it is not the user's Stop.
+        """
         if self._run is not None:
-            self._run.stop()
+            self._run.stop(reason)
 
     @property
     def cancel_requested(self) -> bool:
@@ -222,7 +227,10 @@ class Turn:
 
 def turn_rate_check(*, owner: Owner, address: str | None = None) -> None:
     """Count one prompt against the owner's per-minute limit, and a visitor's address's;
-    TurnError `rate_limited` when over either (then neither is counted)."""
+    TurnError `rate_limited` when over either (then neither is counted), and
+    `server_restarting` while the process drains (then nothing is counted)."""
+    if runtime.draining:
+        raise TurnError(SERVER_RESTARTING, server_restarting_event()["message"])
     limits = [(prompt_limiter, owner.rate_key)]
     if owner.user_id is None and address is not None:
         limits.append((address_limiter, f"address:{address}"))
@@ -259,6 +267,17 @@ async def turn_start(
         backend, scheduler = runtime.require()
     except NotReady as exc:
         raise TurnError(exc.code, str(exc)) from None
+    starting = object()  # request ids are the client's: two sockets may use the same one
+    _starting.add(starting)
+    try:
+        return await _turn_start(owner, prompt, send, given, backend, scheduler)
+    finally:
+        _starting.discard(starting)
+
+
+async def _turn_start(
+    owner: Owner, prompt, send: Send, given: _Given, backend: Backend, scheduler: Scheduler
+) -> Turn:
     accepted_at = time.perf_counter()
     scheduler.expect()  # users arriving together are batched together
     submitted = False
@@ -324,6 +343,36 @@ async def turn_start(
 
 running_turns = RunningTurns()
 cancel_bus = CancelBus(running_turns.cancel_heard)
+# Prompts accepted and not yet running (being stored, or looked up in the cache).
+_starting: set[object] = set()
+
+
+async def turns_drain(seconds: float) -> tuple[int, int]:
+    """The process is stopping: let running answers finish for up to `seconds`, then cancel the
+    rest and wait until every one is stored. Returns (finished, cancelled).
+
+    Call it after `runtime.draining` is set, so no new turn starts meanwhile.
+    """
+    loop = asyncio.get_running_loop()
+    running = len(running_turns.unfinished()) + len(_starting)
+    deadline = loop.time() + seconds
+    while (running_turns.unfinished() or _starting) and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    # A turn being stored when time ran out is cancelled once it runs (its store is retried for
+    # a few seconds at most; the cap only guards against waiting forever).
+    deadline = loop.time() + 30
+    while _starting and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    left = running_turns.unfinished()
+    for turn in left:
+        turn.cancel(SERVER_RESTARTING)
+    tasks = [turn.task for turn in left if turn.task is not None]
+    if tasks:
+        # Cancelled within one decode step; the store retries a few seconds if the database is slow.
+        await asyncio.wait(tasks, timeout=30)
+    if left:
+        log.warning("drain: cancelled %d unfinished answer(s), stored as cancelled", len(left))
+    return running - len(left), len(left)
 
 
 async def turn_cancel(*, owner: Owner, message_id: int) -> str:
@@ -407,6 +456,7 @@ class _TurnRun:
         self.first_visible_at: float | None = None
         self.held_at: float | None = None
         self.retracted: str | None = None
+        self.cancel_reason = ""
         self.retries = 0
         self.new_tokens = 0
 
@@ -421,7 +471,8 @@ class _TurnRun:
         self.request = request
         return position
 
-    def stop(self) -> None:
+    def stop(self, reason: str = "") -> None:
+        self.cancel_reason = self.cancel_reason or reason
         self.request.cancel.set()  # also stops a re-ask that is about to be queued
         if self._ticket is not None:
             self._scheduler.cancel(self._ticket)
@@ -507,7 +558,13 @@ class _TurnRun:
             if self.retracted is not None:
                 return await self._withdraw(result, gate.text, self.retracted)
             if result.finish_reason == "cancelled":
-                return await self._finish(result, "cancelled", text=gate.shown, raw=gate.text)
+                return await self._finish(
+                    result,
+                    "cancelled",
+                    text=gate.shown,
+                    raw=gate.text,
+                    reason=self.cancel_reason,
+                )
             actions, outcome = gate.finish()
             await self._apply(actions)
             if outcome.status == "ok":

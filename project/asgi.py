@@ -15,10 +15,14 @@ from django.conf import settings  # noqa: E402
 from chat.origin import SameOriginValidator  # noqa: E402
 from chat.routing import websocket_urlpatterns  # noqa: E402
 from chat.runtime import runtime  # noqa: E402
+from project.shutdown import RequestsInFlight, Stopper  # noqa: E402
+
+# Counted, so a SIGTERM lets the open responses (server-sent streams) end before the stop.
+http_requests = RequestsInFlight(django_asgi_app)
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": http_requests,
         # Scheme, host and port of the page must be this site's (or in CSRF_TRUSTED_ORIGINS).
         "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
@@ -26,3 +30,5 @@ application = ProtocolTypeRouter(
 
 if settings.CHAT_LOAD_MODEL:
     runtime.start()
+
+Stopper(http_requests).install()

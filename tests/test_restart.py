@@ -14,14 +14,18 @@ LONG = "Write a very long story about a dragon who learns to bake bread."
 
 @pytest.fixture
 def own_server(tmp_path):
-    """A daphne of this test's own: restarting the shared one would disturb other tests."""
-    server = LiveServer(tmp_path, CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL).start()
+    """A daphne of this test's own: restarting the shared one would disturb other tests.
+    A running answer gets 1 s of drain on SIGTERM (project/shutdown.py), then it is cancelled."""
+    server = LiveServer(
+        tmp_path, CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL, CHAT_DRAIN_SECONDS="1"
+    ).start()
     yield server
     server.stop()
 
 
 def test_a_restarted_server_keeps_history_and_the_page_reconnects_by_itself(page, own_server):
-    """Chat, stop daphne mid-answer, start it again on the same port and database: the page says it is
+    """Chat, stop daphne (SIGTERM) mid-answer, start it again on the same port and database: the
+    answer ends cancelled after the drain, the page says the server restarted and it is
     reconnecting and disables Send, then is connected again; a new prompt in the same conversation is
     answered; after a reload the history holds every turn, and the answer cut by the restart is marked
     ended (never "still being written")."""
@@ -41,8 +45,9 @@ def test_a_restarted_server_keeps_history_and_the_page_reconnects_by_itself(page
     expect(cut.locator(".text")).not_to_be_empty(timeout=30_000)
     server.stop()
     expect(page.locator("#connection")).to_have_attribute("data-state", "closed")
-    expect(page.locator("#connection-label")).to_have_text("reconnecting…")
-    expect(cut).to_have_attribute("data-state", "lost")
+    expect(page.locator("#connection-label")).to_have_text("the server restarted, reconnecting…")
+    expect(cut).to_have_attribute("data-state", "cancelled")
+    expect(cut.locator(".badge")).to_have_text("Stopped: the server restarted")
     page.fill("#prompt", "Are you there?")
     expect(page.locator("#send")).to_be_disabled()
 

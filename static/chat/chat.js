@@ -429,7 +429,9 @@
         if (answer.retracted) setStatus(answer, withdrawnText(answer.retractReason), 'withdrawn');
         if (msg.json != null) showJson(answer, msg.json);
       }
-      show(answer.parts.badge, [info.badge, msg.cached ? 'cached' : ''].filter(Boolean).join(' · '));
+      // Cancelled by a stopping server, not by the user: say so.
+      const badge = msg.reason === 'server_restarting' ? 'Stopped: the server restarted' : info.badge;
+      show(answer.parts.badge, [badge, msg.cached ? 'cached' : ''].filter(Boolean).join(' · '));
       if (answer.tFirst == null) answer.tFirst = now;
       const m = msg.metrics || {};
       show(answer.parts.metrics, formatMetrics({
@@ -473,9 +475,14 @@
 
   // ---- connection --------------------------------------------------------
 
-  function setConnection(open) {
+  // The server closes the socket with this code when it stops for a restart (chat/protocol.py).
+  const CLOSE_SERVER_RESTARTING = 4012;
+
+  function setConnection(open, restarting = false) {
     els.connection.dataset.state = open ? 'open' : 'closed';
-    els.connectionLabel.textContent = open ? 'connected' : 'reconnecting…';
+    els.connectionLabel.textContent = open
+      ? 'connected'
+      : restarting ? 'the server restarted, reconnecting…' : 'reconnecting…';
   }
 
   function connect() {
@@ -499,10 +506,10 @@
       }, PING_MS);
     });
     ws.addEventListener('message', (event) => handleEvent(event.data));
-    ws.addEventListener('close', () => {
+    ws.addEventListener('close', (event) => {
       if (state.ws !== ws) return;
       clearInterval(state.pingTimer);
-      setConnection(false);
+      setConnection(false, event.code === CLOSE_SERVER_RESTARTING);
       state.ready = false; // nothing can be sent until the socket is back and the server is ready
       markRunningLost();
       updateControls();
