@@ -5,6 +5,7 @@ the bundled model once, runs the system checks (the eos check warns here) and se
 """
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -33,6 +34,19 @@ def main(argv: list[str]) -> None:
         embedded.release()
 
 
+def prepare_bundled_model(settings) -> None:
+    """Convert the bundled model once, in this process unless it must stay torch-free."""
+    if settings.CHAT_BACKEND != "openai":
+        from chat.engine.loading import ensure_default_model
+
+        ensure_default_model(settings.DATA_DIR, progress=lambda line: print(line, flush=True))
+    elif not settings.CHAT_REMOTE_TOKENIZER:
+        # In front of an inference server the bundled folder only serves as the tokenizer for
+        # token counts. Converting it needs torch, which this process must not hold: a child
+        # process does it (later starts find the folder and return at once).
+        subprocess.run([sys.executable, "-m", "chat.engine.prepare"], check=True)
+
+
 def serve(argv: list[str]) -> None:
     import django
     from django.conf import settings
@@ -43,9 +57,7 @@ def serve(argv: list[str]) -> None:
     if not settings.DEBUG:
         call_command("collectstatic", interactive=False, verbosity=0)
     if not settings.CHAT_MODEL_PATH:
-        from chat.engine.loading import ensure_default_model
-
-        ensure_default_model(settings.DATA_DIR, progress=lambda line: print(line, flush=True))
+        prepare_bundled_model(settings)
     call_command("check")
 
     from daphne.cli import CommandLineInterface

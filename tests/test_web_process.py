@@ -72,3 +72,21 @@ def test_a_web_process_on_the_openai_backend_serves_a_turn_without_torch(fake, t
     assert report["done"]["metrics"]["prompt_tokens"] > 0  # counted here, by the file tokenizer
     assert report["loaded"] == []
     assert fake.served and fake.served[-1].body["messages"][-1]["content"] == "Hi"
+
+
+def test_make_run_in_front_of_a_server_prepares_the_tokenizer_folder_in_a_child_process():
+    """`python -m project.serve` converts the bundled model (the tokenizer for token counts) in
+    a child process on CHAT_BACKEND=openai, so the serving process stays torch-free."""
+    script = (
+        "import sys, types\n"
+        "from project.serve import prepare_bundled_model\n"
+        "prepare_bundled_model(types.SimpleNamespace("
+        "CHAT_BACKEND='openai', CHAT_REMOTE_TOKENIZER='', DATA_DIR='var'))\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers'}))\n"
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert "Model ready at" in child.stdout  # the child ran chat.engine.prepare
+    assert child.stdout.strip().splitlines()[-1] == "[]"
