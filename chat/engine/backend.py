@@ -221,7 +221,12 @@ class LocalBackend:
 
     def new_batch(self) -> RunningBatch:
         """An empty running batch on this model (the scheduler keeps one for its lifetime)."""
-        return RunningBatch(self.model, self.pad_id, self.stop_string_criteria)
+        return RunningBatch(
+            self.model,
+            self.pad_id,
+            self.stop_string_criteria,
+            prefill_chunk=self.config.prefill_chunk,
+        )
 
     def row(self, request: GenerationRequest, on_text: OnText) -> Row:
         """A request made ready to join a batch; raises PromptTooLong if it cannot fit."""

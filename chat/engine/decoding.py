@@ -42,18 +42,25 @@ class RunningBatch:
     """
 
     def __init__(
-        self, model, pad_id: int, stop_criteria: Callable[[tuple[str, ...]], StopStringCriteria]
+        self,
+        model,
+        pad_id: int,
+        stop_criteria: Callable[[tuple[str, ...]], StopStringCriteria],
+        *,
+        prefill_chunk: int = 0,
     ):
         self.model = model
         self.pad_id = pad_id
         self.stop_criteria = stop_criteria
+        self.prefill_chunk = prefill_chunk  # 0: every prefill in one forward pass
         self.rows: list[Row] = []
         self.cache: DynamicCache | None = None
         self.mask: torch.Tensor | None = None  # [rows, width], 0 on padding
+        self.pending: list[_Prefill] = []  # newcomers prefilled a chunk per step, oldest first
         self.forward_calls = 0  # prefills and decode steps; tests count what a row costs
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self.rows) + sum(len(prefill.rows) for prefill in self.pending)
 
     @property
     def width(self) -> int:
@@ -69,10 +76,33 @@ class RunningBatch:
         for row in rows:
             row.prepare(self.stop_criteria)
         ids, mask = left_pad([r.request.input_ids for r in rows], self.pad_id, self.model.device)
-        cache = DynamicCache()
-        logits = self._forward(ids, mask, cache)
-        self._merge(rows, cache, mask)
-        return self._choose(rows, logits)
+        prefill = _Prefill(list(rows), ids, mask)
+        if self.prefill_chunk and (self.rows or self.pending) and ids.shape[1] > self.prefill_chunk:
+            # Rows are decoding: a long prompt is prefilled a chunk per step (in step()), so
+            # they wait for one chunk at a time, not for the whole prompt.
+            self.pending.append(prefill)
+            return []
+        return self._join(prefill, self._forward(ids, mask, prefill.cache))
+
+    def _join(self, prefill: _Prefill, logits: torch.Tensor) -> list[Row]:
+        """Prefilled rows join the batch and pick their first tokens; returns rows already done."""
+        self._merge(prefill.rows, prefill.cache, prefill.mask)
+        return self._choose(prefill.rows, logits)
+
+    def _advance_prefill(self) -> list[Row]:
+        """Feed the oldest pending prefill its next chunk; when it is complete, its rows join."""
+        if not self.pending:
+            return []
+        prefill = self.pending[0]
+        end = min(prefill.done + self.prefill_chunk, prefill.ids.shape[1])
+        logits = self._forward(
+            prefill.ids[:, prefill.done : end], prefill.mask[:, :end], prefill.cache
+        )
+        prefill.done = end
+        if end < prefill.ids.shape[1]:
+            return []
+        self.pending.pop(0)
+        return self._join(prefill, logits)
 
     def _merge(self, rows: list[Row], cache: DynamicCache, mask: torch.Tensor) -> None:
         if self.cache is None:
@@ -93,17 +123,28 @@ class RunningBatch:
         for row in gone:
             row.end("cancelled")
         self._keep([row for row in self.rows if row.reason is None])
+        for prefill in list(self.pending):
+            cancelled = [row for row in prefill.rows if row.request.cancel.is_set()]
+            for row in cancelled:
+                row.end("cancelled")
+            if cancelled:
+                prefill.keep([row for row in prefill.rows if row.reason is None])
+                if not prefill.rows:
+                    self.pending.remove(prefill)
+            gone.extend(cancelled)
         return gone
 
     @torch.inference_mode()
     def step(self) -> list[Row]:
-        """One decode step for every row; returns the rows that ended on it (already dropped)."""
+        """One prefill chunk of a pending newcomer, then one decode step for every row; returns
+        the rows that ended (already dropped)."""
+        joined = self._advance_prefill()
         if not self.rows:
-            return []
+            return joined
         last = torch.tensor([[row.new_ids[-1]] for row in self.rows], device=self.model.device)
         self.mask = torch.cat([self.mask, self.mask.new_ones((len(self.rows), 1))], dim=1)
         logits = self._forward(last, self.mask, self.cache)
-        return self._choose(self.rows, logits)
+        return joined + self._choose(self.rows, logits)
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
         # Each row counts its own positions: padding on the left must not shift them.
@@ -153,6 +194,25 @@ class RunningBatch:
                 layer.keys = layer.keys[..., start:, :]
                 layer.values = layer.values[..., start:, :]
         self.rows = rows
+
+
+class _Prefill:
+    """Newcomers prefilled together (left-padded), possibly over several steps."""
+
+    def __init__(self, rows: list[Row], ids: torch.Tensor, mask: torch.Tensor):
+        self.rows, self.ids, self.mask = rows, ids, mask
+        self.cache = DynamicCache()
+        self.done = 0  # prompt columns already in the cache
+
+    def keep(self, rows: list[Row]) -> None:
+        """Select `rows` (a subset, in order), e.g. when some were cancelled mid-prefill."""
+        index = {id(row): i for i, row in enumerate(self.rows)}
+        indices = torch.tensor(
+            [index[id(row)] for row in rows], dtype=torch.long, device=self.ids.device
+        )
+        if rows and self.done:
+            self.cache.batch_select_indices(indices)
+        self.ids, self.mask, self.rows = self.ids[indices], self.mask[indices], rows
 
 
 def _pad_left(tensor: torch.Tensor, width: int) -> torch.Tensor:

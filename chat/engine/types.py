@@ -140,6 +140,8 @@ class EngineConfig:
         threads: torch intra-op threads; 0 leaves torch's default.
         max_new_tokens_cap: server-side ceiling on any request's max_new_tokens.
         weight_major: "auto", "on" or "off": decode-step matmuls as W @ x.T (weight_major.py).
+        prefill_chunk: while rows decode, a newcomer's prompt is prefilled this many tokens per
+            step; 0 prefills it whole.
     """
 
     model_path: str | None = None
@@ -149,6 +151,7 @@ class EngineConfig:
     threads: int = 0
     max_new_tokens_cap: int = 1024
     weight_major: str = "auto"
+    prefill_chunk: int = 128
 
 
 @dataclass(eq=False)
