@@ -408,6 +408,18 @@ async def ask_together(server, prompts: list[str], timeout: float) -> tuple[list
 # -- daphne ---------------------------------------------------------------------------
 
 
+def api_key(server) -> str:
+    """A user `bench` and an API key for it in a LiveServer's database (the last line that
+    `manage.py apikey create` prints)."""
+    server.manage(
+        "shell",
+        "-c",
+        "from django.contrib.auth import get_user_model as U; "
+        "U().objects.get_or_create(username='bench')",
+    )
+    return server.manage("apikey", "create", "--user", "bench").strip().splitlines()[-1]
+
+
 @dataclass
 class ServerRun:
     """A daphne started for the benchmark: how long it took to get ready and how big it got."""

@@ -28,7 +28,6 @@ class Target:
     base_url: str
     model: str
     key: str | None = None
-    pid: int | None = None
     usage: bool = True  # asks for stream_options.include_usage (exact token counts)
     # Forgets cached answers (the product's completion cache), so a repeated prompt is generated.
     reset: Callable[[], object] | None = None

@@ -35,7 +35,6 @@ def main() -> None:
     django.setup()
     from bench import benchmarking as bm
     from bench import openai_client as oc
-    from bench.management.commands.benchmark import Command
     from bench.peer import TransformersServe
 
     prompt = "Write a long, detailed story about a lighthouse keeper."
@@ -46,7 +45,7 @@ def main() -> None:
             "CHAT_REMOTE_MODEL": peer.model,
         }
         with bm.daphne(Path(tmp), "web tier", premigrate=True, **env) as run:
-            key = Command().api_key(run.server)
+            key = bm.api_key(run.server)
             web = oc.Target("web", "remote", run.server.url + "/v1", "smollm2", key=key)
             direct = oc.Target("peer", "peer", peer.base_url, peer.model)
             oc.stream_chat(web, "Hi", 4)

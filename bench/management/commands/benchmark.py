@@ -354,16 +354,6 @@ class Command(BaseCommand):
             "note": self.note,
         }
 
-    def api_key(self, server) -> str:
-        """A user and an API key in the server's database (the last line `apikey create` prints)."""
-        server.manage(
-            "shell",
-            "-c",
-            "from django.contrib.auth import get_user_model as U; "
-            "U().objects.get_or_create(username='bench')",
-        )
-        return server.manage("apikey", "create", "--user", "bench").strip().splitlines()[-1]
-
     def api_product(self, label: str, kind: str, env: dict):
         from bench import openai_client as oc
 
@@ -377,8 +367,7 @@ class Command(BaseCommand):
                 kind,
                 run.server.url + "/v1",
                 "smollm2",
-                key=self.api_key(run.server),
-                pid=run.server.process.pid,
+                key=bm.api_key(run.server),
                 reset=bm.flush_cache_db,  # the newcomer's repeat must be generated, not a cache hit
             )
             rows = oc.measure(target, **self.api_sizes())
@@ -399,9 +388,7 @@ class Command(BaseCommand):
         peer = TransformersServe(log_path=self.workdir / "peer.log")
         self.note("  starting transformers serve --continuous-batching (fp32, same model folder)")
         with peer:
-            target = oc.Target(
-                "peer: transformers serve", "peer", peer.base_url, peer.model, pid=peer.pid
-            )
+            target = oc.Target("peer: transformers serve", "peer", peer.base_url, peer.model)
             rows = oc.measure(target, **self.api_sizes())
             rows.ready_s = peer.ready_s
             rows.peak_rss_mb = bm.process_peak_rss_mb(peer.pid)
