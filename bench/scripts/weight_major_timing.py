@@ -2,37 +2,17 @@
 
     PYTHONPATH=. .venv/bin/python bench/scripts/weight_major_timing.py [--steps 16] [--rows 1,2,4,8]
 
-CHAT_WEIGHT_MAJOR=auto makes the same comparison at load with one 4-row step
-(chat/engine/weight_major.py); this prints it per batch size, best of --steps each.
+CHAT_WEIGHT_MAJOR=auto makes the same comparison at load with one 4-row step, timed by the same
+`LocalBackend.time_decode_step` (chat/engine/weight_major.py); this prints it per batch size, best
+of --steps each.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import time
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings_bench")
-
-
-def step_seconds(backend, rows: int, steps: int) -> float:
-    batch = backend.new_batch()
-    requests = [
-        backend.request(
-            [{"role": "user", "content": f"Tell me a story, number {i}."}],
-            max_new_tokens=steps + 4,
-            min_new_tokens=steps + 4,
-        )
-        for i in range(rows)
-    ]
-    batch.add([backend.row(request, lambda text: None) for request in requests])
-    batch.step()
-    best = float("inf")
-    for _ in range(steps):
-        started = time.perf_counter()
-        batch.step()
-        best = min(best, time.perf_counter() - started)
-    return best
 
 
 def main() -> None:
@@ -60,9 +40,9 @@ def main() -> None:
     print(f"  {'rows':>4} {'plain':>9} {'weight-major':>13} {'speed-up':>9} {'tok/s':>13}")
     for rows in [int(r) for r in args.rows.split(",")]:
         weight_major.unwrap_all(backend.model)
-        plain = step_seconds(backend, rows, args.steps)
+        plain = backend.time_decode_step(rows, args.steps)
         weight_major.wrap(backend.model)
-        major = step_seconds(backend, rows, args.steps)
+        major = backend.time_decode_step(rows, args.steps)
         print(
             f"  {rows:>4} {plain * 1000:>6.1f} ms {major * 1000:>10.1f} ms {plain / major:>8.2f}x "
             f"{rows / plain:>6.1f} -> {rows / major:.1f}"
