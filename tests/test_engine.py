@@ -162,7 +162,24 @@ def test_a_batch_applies_every_stopping_rule_per_row(backend):
     assert results[4].text and results[4].new_tokens <= 60
 
 
-def test_requests_queued_while_the_model_is_busy_join_the_running_batch(backend):
+@pytest.fixture
+def joins(backend):
+    """How many rows each add() to the real backend's running batches prefilled together."""
+    counts = []
+    original = backend.new_batch
+
+    def recording():
+        batch = original()
+        add = batch.add
+        batch.add = lambda rows: (rows and counts.append(len(rows)), add(rows))[1]
+        return batch
+
+    backend.new_batch = recording
+    yield counts
+    del backend.new_batch
+
+
+def test_requests_queued_while_the_model_is_busy_join_the_running_batch(backend, joins):
     """Requests submitted mid-answer start at once (position 0), joined into the running batch,
     each still streamed and ended on its own."""
     import threading as _threading
@@ -170,16 +187,6 @@ def test_requests_queued_while_the_model_is_busy_join_the_running_batch(backend)
     from chat.engine.scheduler import ContinuousScheduler
     from chat.engine.types import Finished, Started, TextChunk
 
-    joins = []
-    original = backend.new_batch
-
-    def recording():
-        batch = original()
-        add = batch.add
-        batch.add = lambda rows: (rows and joins.append(len(rows)), add(rows))[1]
-        return batch
-
-    backend.new_batch = recording
     scheduler = ContinuousScheduler(backend, max_batch=4)
     events = {name: [] for name in "abcd"}
     done = {name: _threading.Event() for name in "abcd"}
@@ -207,7 +214,6 @@ def test_requests_queued_while_the_model_is_busy_join_the_running_batch(backend)
         assert all(done[n].wait(120) for n in "abcd")
     finally:
         scheduler.close()
-        del backend.new_batch
     assert positions == [0, 0, 0]
     assert joins[0] == 1 and sum(joins) == 4 and len(joins) <= 4
     for name in "bcd":
@@ -219,7 +225,7 @@ def test_requests_queued_while_the_model_is_busy_join_the_running_batch(backend)
     assert events["a"][-1].result.new_tokens == 30
 
 
-def test_requests_announced_together_start_in_one_batch(backend):
+def test_requests_announced_together_start_in_one_batch(backend, joins):
     """An idle worker holds the first step for requests still being prepared, then prefills them together."""
     import threading as _threading
     import time as _time
@@ -227,16 +233,6 @@ def test_requests_announced_together_start_in_one_batch(backend):
     from chat.engine.scheduler import ContinuousScheduler
     from chat.engine.types import Finished
 
-    joins = []
-    original = backend.new_batch
-
-    def recording():
-        batch = original()
-        add = batch.add
-        batch.add = lambda rows: (rows and joins.append(len(rows)), add(rows))[1]
-        return batch
-
-    backend.new_batch = recording
     scheduler = ContinuousScheduler(backend, max_batch=4)
     finished = _threading.Semaphore(0)
     sink = lambda event: isinstance(event, Finished) and finished.release()  # noqa: E731
@@ -249,5 +245,4 @@ def test_requests_announced_together_start_in_one_batch(backend):
         assert finished.acquire(timeout=60) and finished.acquire(timeout=60)
     finally:
         scheduler.close()
-        del backend.new_batch
     assert joins == [2]
