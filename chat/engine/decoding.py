@@ -182,8 +182,7 @@ class RunningBatch:
         if not rows:
             self.rows, self.cache, self.mask = [], None, None
             return
-        position = {id(row): index for index, row in enumerate(self.rows)}
-        indices = torch.tensor([position[id(row)] for row in rows], device=self.mask.device)
+        indices = _indices(self.rows, rows, self.mask.device)
         self.cache.batch_select_indices(indices)
         self.mask = self.mask[indices]
         used = self.mask.any(dim=0).nonzero()
@@ -206,13 +205,16 @@ class _Prefill:
 
     def keep(self, rows: list[Row]) -> None:
         """Select `rows` (a subset, in order), e.g. when some were cancelled mid-prefill."""
-        index = {id(row): i for i, row in enumerate(self.rows)}
-        indices = torch.tensor(
-            [index[id(row)] for row in rows], dtype=torch.long, device=self.ids.device
-        )
+        indices = _indices(self.rows, rows, self.ids.device)
         if rows and self.done:
             self.cache.batch_select_indices(indices)
         self.ids, self.mask, self.rows = self.ids[indices], self.mask[indices], rows
+
+
+def _indices(rows: list[Row], kept: list[Row], device) -> torch.Tensor:
+    """The positions in `rows` of `kept` (a subset, in order), for selecting cache rows."""
+    position = {id(row): index for index, row in enumerate(rows)}
+    return torch.tensor([position[id(row)] for row in kept], dtype=torch.long, device=device)
 
 
 def _pad_left(tensor: torch.Tensor, width: int) -> torch.Tensor:
