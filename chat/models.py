@@ -149,6 +149,23 @@ class OutputPolicy(models.Model):
     )
     temperature = models.FloatField(default=0.0, help_text="0 is greedy (deterministic, cacheable)")
     top_p = models.FloatField(default=1.0)
+    # Against loops, over the answer so far (chat/engine/penalties.py); deterministic, so a
+    # greedy answer stays cacheable. Defaults measured with `manage.py answerquality`.
+    repetition_penalty = models.FloatField(
+        default=1.0,
+        help_text="above 1 makes tokens already in the answer less likely (1 is off; 1.1-1.3 usual)",
+    )
+    no_repeat_ngram_size = models.PositiveSmallIntegerField(
+        default=0, help_text="never repeat a run of this many tokens of the answer (0 is off)"
+    )
+    frequency_penalty = models.FloatField(
+        default=0.0,
+        help_text="OpenAI's: lowers a token's logit by this much per time it was generated (-2 to 2)",
+    )
+    presence_penalty = models.FloatField(
+        default=0.0,
+        help_text="OpenAI's: lowers a token's logit by this much once it was generated (-2 to 2)",
+    )
     cache_enabled = models.BooleanField(default=True)
     cache_ttl_seconds = models.PositiveIntegerField(default=86400)
     require_review = models.BooleanField(
@@ -199,6 +216,10 @@ class OutputPolicy(models.Model):
             "extra_eos_tokens",
             "temperature",
             "top_p",
+            "repetition_penalty",
+            "no_repeat_ngram_size",
+            "frequency_penalty",
+            "presence_penalty",
             "cache_enabled",
             "cache_ttl_seconds",
             "require_review",

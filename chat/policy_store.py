@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from django.conf import settings
 
 from .engine.eos import token_id
+from .engine.types import PENALTY_LIMITS, penalty_errors
 from .models import OutputPolicy
 from .policy import BlocklistHook, HookConfigError, ModerationHook, load_hook, schema_errors
 
@@ -44,6 +45,10 @@ class ResolvedPolicy:
     extra_eos_tokens: tuple[str, ...] = ()
     temperature: float = 0.0
     top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
     cache_enabled: bool = False
     cache_ttl_seconds: int = 0
     require_review: bool = False
@@ -63,6 +68,8 @@ class PolicyOverride:
         stop_strings: added to the policy's own.
         max_new_tokens: capped by CHAT_MAX_NEW_TOKENS_CAP.
         temperature, top_p: replace the policy's.
+        penalties: repetition_penalty, frequency_penalty, presence_penalty by name; replace the
+            policy's.
     """
 
     system_prompt: str | None = None
@@ -72,6 +79,7 @@ class PolicyOverride:
     max_new_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    penalties: dict[str, float] = field(default_factory=dict)
 
     def apply(self, policy: ResolvedPolicy) -> ResolvedPolicy:
         changes: dict = {}
@@ -94,6 +102,11 @@ class PolicyOverride:
             changes["temperature"] = self.temperature
         if self.top_p is not None:
             changes["top_p"] = self.top_p
+        changes.update(
+            (name, value)
+            for name, value in self.penalties.items()
+            if getattr(policy, name) != value
+        )
         if not changes:
             return policy
         recorded = {k: list(v) if isinstance(v, tuple) else v for k, v in changes.items()}
@@ -155,6 +168,10 @@ def resolve(policy) -> ResolvedPolicy:
             extra_eos_tokens=tuple(policy.extra_eos_tokens or ()),
             temperature=policy.temperature,
             top_p=policy.top_p,
+            repetition_penalty=policy.repetition_penalty,
+            no_repeat_ngram_size=policy.no_repeat_ngram_size,
+            frequency_penalty=policy.frequency_penalty,
+            presence_penalty=policy.presence_penalty,
             cache_enabled=policy.cache_enabled,
             cache_ttl_seconds=policy.cache_ttl_seconds,
             require_review=policy.require_review,
@@ -221,6 +238,10 @@ def policy_errors(policy, *, tokenizer=None) -> dict[str, list[str]]:
         errors["temperature"] = ["must be between 0 and 2"]
     if not 0 < policy.top_p <= 1:
         errors["top_p"] = ["must be greater than 0 and at most 1"]
+    for name, problem in penalty_errors(
+        **{name: getattr(policy, name) for name in PENALTY_LIMITS}
+    ).items():
+        errors[name] = [problem]
     if policy.failure_action == "fallback" and not policy.fallback_text.strip():
         errors["fallback_text"] = ["the fallback action needs a fallback text"]
 

@@ -8,8 +8,9 @@ at once (`batch_select_indices`), so it costs nothing afterwards; columns that o
 padding of departed rows are trimmed off the left.
 
 Per row: its own eos ids, stop strings (transformers' StopStringCriteria on the ids, the
-holdback on the text), max/min_new_tokens, temperature/top_p (transformers' warpers) and a
-schema's xgrammar logits processor, so constrained rows run beside prose rows.
+holdback on the text), max/min_new_tokens, the penalties against loops (penalties.py),
+temperature/top_p (transformers' warpers) and a schema's xgrammar logits processor, so
+constrained rows run beside prose rows.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from transformers import (
 )
 
 from .batching import Row, left_pad
+from .penalties import penalty_processors
 from .types import Backend, GenerationRequest, GenerationResult, OnText
 
 
@@ -243,11 +245,21 @@ class MinNewTokens(LogitsProcessor):
 
 
 def sampling_processors(row: Row, constrained) -> LogitsProcessorList:
-    """transformers' processors for one row: min_new_tokens, the schema's grammar, temperature/top_p."""
+    """transformers' processors for one row: min_new_tokens, penalties, the schema's grammar,
+    temperature/top_p (the grammar after the penalties, so it has the last word on what is legal)."""
     request = row.request
     processors = LogitsProcessorList()
     if request.min_new_tokens:
         processors.append(MinNewTokens(row))
+    processors.extend(
+        penalty_processors(
+            prompt_length=len(request.input_ids),
+            repetition_penalty=request.repetition_penalty,
+            no_repeat_ngram_size=request.no_repeat_ngram_size,
+            frequency_penalty=request.frequency_penalty,
+            presence_penalty=request.presence_penalty,
+        )
+    )
     if constrained is not None:
         processors.append(constrained)
     if request.temperature > 0:

@@ -43,6 +43,32 @@ class QueueFull(EngineError):
     code = "queue_full"
 
 
+# Accepted ranges of the penalties against loops, (low, high) inclusive, as OpenAI and vLLM
+# accept them; the admin and the OpenAI-compatible API both check against these.
+PENALTY_LIMITS = {
+    "repetition_penalty": (0.5, 2.0),
+    "no_repeat_ngram_size": (0, 20),
+    "frequency_penalty": (-2.0, 2.0),
+    "presence_penalty": (-2.0, 2.0),
+}
+
+
+def penalty_errors(**values: float) -> dict[str, str]:
+    """What is wrong with each given penalty, by name; empty when all are in range."""
+    errors = {}
+    for name, value in values.items():
+        low, high = PENALTY_LIMITS[name]
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not low <= value <= high
+        ):
+            errors[name] = f"must be a number from {low} to {high}"
+        elif name == "no_repeat_ngram_size" and (value == 1 or value != int(value)):
+            errors[name] = "must be 0 (off) or a whole number from 2 to 20"
+    return errors
+
+
 @dataclass
 class GenerationRequest:
     """One answer to generate.
@@ -54,6 +80,9 @@ class GenerationRequest:
         eos_token_ids: extra end-of-sequence ids, on top of the model's own.
         temperature: 0 means greedy decoding.
         top_p: nucleus sampling when temperature > 0.
+        repetition_penalty: divides the logits of tokens already in the answer (1 is off).
+        no_repeat_ngram_size: never repeat an n-gram of the answer this long (0 is off).
+        frequency_penalty, presence_penalty: OpenAI's, over the answer so far (0 is off).
         json_schema: constrain decoding so the output is JSON valid for this schema.
         min_new_tokens: suppress eos until this many tokens (benchmarks use it for fixed lengths).
         cancel: set it from any thread to stop after at most one more decode step.
@@ -66,6 +95,10 @@ class GenerationRequest:
     eos_token_ids: tuple[int, ...] = ()
     temperature: float = 0.0
     top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
     json_schema: dict | None = None
     min_new_tokens: int = 0
     cancel: threading.Event = field(default_factory=threading.Event)
