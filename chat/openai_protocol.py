@@ -12,6 +12,7 @@ import json
 import math
 from dataclasses import dataclass
 
+from .engine.types import penalty_errors
 from .policy import schema_errors
 from .policy_store import PolicyOverride
 
@@ -33,6 +34,9 @@ FINISH_REASON = {
     "cancelled": "stop",
     "moderated": "content_filter",
     "invalid": "stop",
+    # Cut short at a loop: the answer is its good part. Deltas already streamed cannot be
+    # unsent; `native_finish_reason: "cut"` and the non-streamed content say where it ends.
+    "cut": "stop",
 }
 
 
@@ -124,6 +128,18 @@ def _number(body: dict, name: str, low: float, high: float, *, low_open: bool = 
         bracket = "(" if low_open else "["
         raise bad_request(f"{name} must be a number in {bracket}{low}, {high}]", name)
     return float(value)
+
+
+def _penalties(body: dict) -> dict[str, float]:
+    """OpenAI's frequency/presence penalties and vLLM's repetition_penalty, when given."""
+    given = {name: body[name] for name in _PENALTY_FIELDS if body.get(name) is not None}
+    for name, problem in penalty_errors(**given).items():
+        raise bad_request(f"{name} {problem}", name)
+    return {name: float(value) for name, value in given.items()}
+
+
+# no_repeat_ngram_size stays a policy setting: no OpenAI-style client sends it.
+_PENALTY_FIELDS = ("frequency_penalty", "presence_penalty", "repetition_penalty")
 
 
 def _content(message: dict, index: int) -> str:
@@ -333,6 +349,7 @@ def parse_chat_request(body: bytes, *, model_name: str, max_prompt_chars: int) -
         max_new_tokens=_max_tokens(data),
         temperature=_number(data, "temperature", 0, 2),
         top_p=_number(data, "top_p", 0, 1, low_open=True),
+        penalties=_penalties(data),
     )
     return ChatRequest(
         model=model,

@@ -5,22 +5,33 @@ No database and no I/O: a turn's inputs in, the model's input out.
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from .cache import cache_key
-from .engine.types import Backend, GenerationRequest
+from .engine.types import PENALTY_LIMITS, Backend, GenerationRequest
 from .policy_store import ResolvedPolicy
 
 
 def fit_prompt(
-    backend: Backend, policy: ResolvedPolicy, history: list[dict], text: str
+    backend: Backend,
+    policy: ResolvedPolicy,
+    history: list[dict],
+    text: str,
+    *,
+    answer_so_far: str = "",
 ) -> tuple[list[dict], str, list[int]]:
     """(messages, rendered prompt, input ids); drops the oldest turns when the context is full,
-    never the new prompt. Raises PromptTooLong when even the prompt alone does not fit."""
+    never the new prompt. Raises PromptTooLong when even the prompt alone does not fit.
+
+    With `answer_so_far` the chat ends on that unfinished answer, for the model to go on with.
+    """
     max_new_tokens = policy.max_new_tokens
     head = [{"role": "system", "content": policy.system_prompt}] if policy.system_prompt else []
     for user, assistant in policy.examples:
         head += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
+    tail = [{"role": "assistant", "content": answer_so_far}] if answer_so_far else []
     while True:
-        messages = head + history + [{"role": "user", "content": text}]
+        messages = head + history + [{"role": "user", "content": text}] + tail
         rendered = backend.render(messages)
         input_ids = backend.encode(messages)
         if len(input_ids) + max_new_tokens <= backend.context_length or not history:
@@ -47,10 +58,19 @@ def request_for(
         eos_token_ids=eos_ids,
         temperature=policy.temperature,
         top_p=policy.top_p,
+        repetition_penalty=policy.repetition_penalty,
+        no_repeat_ngram_size=policy.no_repeat_ngram_size,
+        frequency_penalty=policy.frequency_penalty,
+        presence_penalty=policy.presence_penalty,
         json_schema=policy.schema if policy.constrained else None,
         label=label,
         messages=messages,
     )
+
+
+_NEUTRAL_PENALTIES = {
+    f.name: f.default for f in fields(GenerationRequest) if f.name in PENALTY_LIMITS
+}
 
 
 def turn_cache_key(
@@ -65,6 +85,12 @@ def turn_cache_key(
         "top_p": request.top_p,
         "json_schema": request.json_schema,
     }
+    # Only when set, so the keys of answers made without penalties stay as they were.
+    params.update(
+        (name, getattr(request, name))
+        for name, neutral in _NEUTRAL_PENALTIES.items()
+        if getattr(request, name) != neutral
+    )
     if policy.overrides:  # only then, so the keys of every unchanged policy stay as they were
         params["overrides"] = policy.overrides
     return cache_key(

@@ -32,6 +32,11 @@ OPTIONAL_FIELDS = (
     "response_format",
     "stream_options",
     "top_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "continue_final_message",
+    "add_generation_prompt",
 )
 # A schema no model answers "Say hello." with unless the server enforces it.
 PROBE_SCHEMA = {

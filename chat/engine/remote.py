@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 from .capabilities import Capabilities, discover
 from .holdback import StopStringHoldback
 from .template import (
+    continues_answer,
     defuse_markers,
     encode_pieces,
     encode_text,
@@ -277,6 +278,17 @@ class OpenAIBackend:
             )  # vLLM's extension; asked for only by policy
         if request.min_new_tokens:
             body["min_tokens"] = request.min_new_tokens  # vLLM's extension
+        if continues_answer(request.messages or []):
+            # vLLM's and SGLang's way to go on writing the last assistant message.
+            body["continue_final_message"] = True
+            body["add_generation_prompt"] = False
+        if request.frequency_penalty:
+            body["frequency_penalty"] = request.frequency_penalty
+        if request.presence_penalty:
+            body["presence_penalty"] = request.presence_penalty
+        if request.repetition_penalty != 1.0:
+            # vLLM's and SGLang's extension. no_repeat_ngram_size has no OpenAI-style field.
+            body["repetition_penalty"] = request.repetition_penalty
         if request.json_schema is not None:
             body["response_format"] = {
                 "type": "json_schema",

@@ -21,14 +21,28 @@ import re
 import secrets
 
 
+def continues_answer(messages: list[dict]) -> bool:
+    """A chat that ends on an assistant message asks for the rest of that answer."""
+    return bool(messages) and messages[-1].get("role") == "assistant"
+
+
 def render_pieces(tokenizer, messages: list[dict]) -> list[tuple[str, bool]]:
-    """The rendered chat (with the generation prompt) as (text, is_content) pieces, in order."""
+    """The rendered chat as (text, is_content) pieces, in order: with the generation prompt,
+    or, when it ends on an assistant message, open at that message's end so the model goes on
+    writing it (what transformers' `continue_final_message` does)."""
     nonce = secrets.token_hex(8)
     masked = [
         {**m, "content": f"\x00{nonce}:{i}\x00"} if isinstance(m.get("content"), str) else m
         for i, m in enumerate(messages)
     ]
-    template = tokenizer.apply_chat_template(masked, tokenize=False, add_generation_prompt=True)
+    if continues_answer(messages):
+        template = tokenizer.apply_chat_template(
+            masked, tokenize=False, add_generation_prompt=False
+        )
+        last = f"\x00{nonce}:{len(messages) - 1}\x00"
+        template = template[: template.rindex(last) + len(last)]
+    else:
+        template = tokenizer.apply_chat_template(masked, tokenize=False, add_generation_prompt=True)
     parts = re.split(f"\x00{nonce}:(\\d+)\x00", template)
     pieces = []
     for n, part in enumerate(parts):
