@@ -35,6 +35,8 @@ class Prompt:
     policy: str | None
     # The conversation's last answer that this prompt replaces (Regenerate, Edit and resend).
     replace: int | None = None
+    # The answer, cut off at the token limit, whose rest this request writes (text is empty).
+    continues: int | None = None
 
 
 @dataclass(frozen=True)
@@ -100,11 +102,14 @@ def parse_frame(text: str | None, *, max_prompt_chars: int) -> Prompt | Cancel |
         return Ping()
     if kind == "cancel":
         return _cancel(frame)
+    if kind == "continue":
+        return parse_continue(frame, request_id=_request_id(frame))
     if kind != "prompt":
         # ascii(): a lone surrogate would make the error itself unsendable; a long type is cut.
         shown = ascii(kind[:40]) if isinstance(kind, str) else f"of JSON type {type(kind).__name__}"
         raise ProtocolError(
-            "unknown_type", f"unknown frame type {shown}; expected prompt, cancel or ping"
+            "unknown_type",
+            f"unknown frame type {shown}; expected prompt, continue, cancel or ping",
         )
     return parse_prompt(frame, request_id=_request_id(frame), max_prompt_chars=max_prompt_chars)
 
@@ -173,14 +178,26 @@ def parse_prompt(frame: dict, *, request_id: str, max_prompt_chars: int) -> Prom
     )
 
 
+def parse_continue(frame: dict, *, request_id: str) -> Prompt:
+    """A `continue` frame: {"type": "continue", "request_id": ..., "message": <answer id>}."""
+    answer = message_id(frame.get("message"), request_id)
+    return Prompt(request_id=request_id, text="", conversation=None, policy=None, continues=answer)
+
+
 def parse_http_prompt(body: bytes, *, max_prompt_chars: int) -> Prompt:
-    """The JSON body of `POST /api/chat[/stream]`: a `prompt` frame whose type and request_id may be left out."""
+    """The JSON body of `POST /api/chat[/stream]`: a `prompt` (or `continue`) frame whose type
+    and request_id may be left out."""
     frame = _json_object(body)
-    if frame.get("type", "prompt") != "prompt":
-        raise ProtocolError("unknown_type", "the body must be a prompt (type may be omitted)")
+    kind = frame.get("type", "prompt")
+    if kind not in ("prompt", "continue"):
+        raise ProtocolError(
+            "unknown_type", "the body must be a prompt or a continue (type may be omitted)"
+        )
     request_id = (
         _request_id(frame) if frame.get("request_id") is not None else f"http-{uuid.uuid4().hex}"
     )
+    if kind == "continue":
+        return parse_continue(frame, request_id=request_id)
     return parse_prompt(frame, request_id=request_id, max_prompt_chars=max_prompt_chars)
 
 
@@ -194,7 +211,8 @@ def parse_http_cancel(body: bytes) -> int:
 # Why a turn ended: the engine's reasons, plus the policy's verdicts on a finished generation.
 MODERATED = "moderated"  # a moderation hook vetoed the answer; anything shown was retracted
 INVALID = "invalid"  # a structured answer failed its schema after every re-ask
-FINISH_REASONS = (*ENGINE_FINISH_REASONS, MODERATED, INVALID)
+CUT = "cut"  # a hook cut the answer short at a loop or an invented turn; its good part stands
+FINISH_REASONS = (*ENGINE_FINISH_REASONS, MODERATED, INVALID, CUT)
 
 METRIC_KEYS = (
     "queue_ms",
@@ -269,6 +287,11 @@ def buffering_event(request_id: str, reason: str) -> dict:
 
 def retract_event(request_id: str, reason: str) -> dict:
     return {"type": "retract", "request_id": request_id, "reason": reason}
+
+
+def cut_event(request_id: str, *, text: str, reason: str) -> dict:
+    """What was shown is replaced by `text`, its good part; generation stops (finish_reason "cut")."""
+    return {"type": "cut", "request_id": request_id, "text": text, "reason": reason}
 
 
 def done_event(

@@ -37,12 +37,18 @@ def conversations_for(owner: Owner):
     return Conversation.objects.filter(user__isnull=True, session_key=owner.session_key)
 
 
-def answer_history(conversation: Conversation | None) -> list[dict]:
-    """The latest finished turns of `conversation` as chat messages, oldest first, for the model."""
+def answer_history(conversation: Conversation | None, *, before: int | None = None) -> list[dict]:
+    """The latest finished turns of `conversation` (those before message `before`, if given) as
+    chat messages, oldest first, for the model."""
     if conversation is None:
         return []
     rows = (
-        conversation.messages.filter(status=Message.Status.DONE, superseded=False)
+        conversation.messages.all()
+        if before is None
+        else conversation.messages.filter(pk__lt=before)
+    )
+    rows = (
+        rows.filter(status=Message.Status.DONE, superseded=False)
         .exclude(text="")
         .exclude(finish_reason__in=_NOT_CONTEXT)
         .order_by("-created_at", "-id")[: settings.CHAT_HISTORY_TURNS]

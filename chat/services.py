@@ -34,15 +34,17 @@ from .engine.types import (
     Ticket,
 )
 from .models import Conversation, Message
-from .policy import Emit, Hold, Retract, gate_for, reask_message
+from .policy import Cut, Emit, Hold, Retract, gate_for, reask_message
 from .prompting import fit_prompt, request_for, turn_cache_key
 from .protocol import (
+    CUT,
     INVALID,
     MODERATED,
     SERVER_RESTARTING,
     accepted_event,
     buffering_event,
     chunk_event,
+    cut_event,
     done_event,
     error_event,
     metrics,
@@ -83,6 +85,10 @@ class _Prepared:
     rendered: str
     request: GenerationRequest
     cache_key: str | None
+    asked: str  # the user's prompt this answer is to
+    # A continuation: the answer's text and tokens so far, which the new text is appended to.
+    answer_so_far: str = ""
+    tokens_so_far: int = 0
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,8 @@ def _check_prompt_tokens(backend: Backend, text: str) -> None:
 
 
 def _prepare(owner: Owner, prompt, backend: Backend, given: _Given) -> _Prepared:
+    if prompt.continues is not None:
+        return _prepare_continue(owner, prompt, backend)
     _check_prompt_tokens(backend, prompt.text)
     try:
         policy = policy_store.policy_for(prompt.policy)
@@ -157,7 +165,78 @@ def _prepare(owner: Owner, prompt, backend: Backend, given: _Given) -> _Prepared
         # A new answer, not the same greedy one again: sample, and neither serve nor store a cached one.
         temperature = max(request.temperature, REGENERATE_TEMPERATURE)
         request, key = replace(request, temperature=temperature), None
-    return _Prepared(conversation, assistant, policy, messages, rendered, request, key)
+    return _Prepared(conversation, assistant, policy, messages, rendered, request, key, prompt.text)
+
+
+def _prepare_continue(owner: Owner, prompt, backend: Backend) -> _Prepared:
+    """The rest of an answer cut off at the token limit, written into the same message.
+
+    When it ends well, the whole answer is cached under its prompt's own key, so a repeat of
+    that prompt gets all of it.
+    """
+    with transaction.atomic():
+        answer = (
+            Message.objects.select_for_update()
+            .select_related("conversation", "policy")
+            .filter(
+                pk=prompt.continues,
+                role=Message.Role.ASSISTANT,
+                conversation__in=conversations_for(owner),
+            )
+            .first()
+        )
+        if answer is None:
+            raise TurnError("unknown_request", f"you have no answer {prompt.continues}")
+        conversation = answer.conversation
+        last = conversation.messages.filter(superseded=False).last()
+        if (
+            last.pk != answer.pk
+            or answer.status != Message.Status.DONE
+            or answer.finish_reason != "length"
+        ):
+            raise TurnError(
+                "bad_message",
+                "only the conversation's last answer can be continued, and only when it was "
+                "cut off at the token limit",
+            )
+        asked = conversation.messages.filter(
+            role=Message.Role.USER, superseded=False, pk__lt=answer.pk
+        ).last()
+        policy = (
+            policy_store.resolve(answer.policy)
+            if answer.policy is not None
+            else policy_store.policy_for(None)
+        )
+        history = answer_history(conversation, before=asked.pk)
+        try:
+            messages, rendered, input_ids = fit_prompt(
+                backend, policy, history, asked.text, answer_so_far=answer.text
+            )
+        except EngineError as exc:
+            raise TurnError(exc.code, str(exc)) from None
+        answer.status = Message.Status.STREAMING
+        answer.request_id = prompt.request_id
+        answer.instance = settings.CHAT_INSTANCE
+        answer.save(update_fields=["status", "request_id", "instance", "updated_at"])
+    request = request_for(backend, policy, input_ids, prompt.request_id, messages)
+    key = None
+    if policy.cache_enabled and answer.policy_version == policy.version:
+        _, asked_rendered, asked_ids = fit_prompt(backend, policy, history, asked.text)
+        asked_request = request_for(backend, policy, asked_ids, prompt.request_id, messages)
+        key = turn_cache_key(backend, policy, asked_rendered, asked_request)
+    tokens = (answer.metrics or {}).get("new_tokens") or 0
+    return _Prepared(
+        conversation,
+        answer,
+        policy,
+        messages,
+        rendered,
+        request,
+        key,
+        asked.text,
+        answer.text,
+        tokens,
+    )
 
 
 def _supersede(conversation: Conversation, prompt) -> str:
@@ -440,7 +519,8 @@ class _TurnRun:
             send=send,
             _run=self,
         )
-        self.prompt_text = prompt.text
+        self.prompt_text = prepared.asked
+        self.answer_so_far = prepared.answer_so_far
         self.policy = prepared.policy
         self.messages = prepared.messages
         self.rendered = prepared.rendered
@@ -458,7 +538,7 @@ class _TurnRun:
         self.retracted: str | None = None
         self.cancel_reason = ""
         self.retries = 0
-        self.new_tokens = 0
+        self.new_tokens = prepared.tokens_so_far
 
     def submit(self, request: GenerationRequest, *, expected: bool = False) -> int:
         """Queue `request` (the first attempt or a re-ask); its queue position."""
@@ -549,20 +629,22 @@ class _TurnRun:
     async def _run(self) -> None:
         policy = self.policy
         while True:
-            gate = gate_for(policy.mode, hooks=policy.hooks, schema=policy.schema)
+            gate = gate_for(
+                policy.mode, hooks=policy.hooks, schema=policy.schema, shown=self.answer_so_far
+            )
             outcome_event = await self._generate(gate)
             if isinstance(outcome_event, Failed):
                 return await self._fail(outcome_event, gate.shown)
             result = outcome_event.result
             self.new_tokens += result.new_tokens
             if self.retracted is not None:
-                return await self._withdraw(result, gate.text, self.retracted)
-            if result.finish_reason == "cancelled":
+                return await self._withdraw(result, gate.raw, self.retracted)
+            if result.finish_reason == "cancelled" and gate.cut is None:
                 return await self._finish(
                     result,
                     "cancelled",
                     text=gate.shown,
-                    raw=gate.text,
+                    raw=gate.raw,
                     reason=self.cancel_reason,
                 )
             actions, outcome = gate.finish()
@@ -571,14 +653,15 @@ class _TurnRun:
                 # What was shown plus what was held back: the whole text in every mode.
                 return await self._finish(
                     result,
-                    result.finish_reason,
+                    CUT if gate.cut else result.finish_reason,
                     text=gate.shown + outcome.held_text,
-                    raw=gate.text,
+                    raw=gate.raw,
                     outcome="ok",
+                    reason=gate.cut or "",
                     json_value=outcome.json,
                 )
             if outcome.status == "moderated":
-                return await self._withdraw(result, gate.text, outcome.reason)
+                return await self._withdraw(result, gate.raw, outcome.reason)
             prometheus.VALIDATION_FAILURES.inc()
             # invalid: nothing was shown in buffer mode, so the model may try again
             if (
@@ -593,7 +676,7 @@ class _TurnRun:
                 result,
                 INVALID,
                 text=text,
-                raw=gate.text,
+                raw=gate.raw,
                 outcome="invalid",
                 reason=outcome.reason,
             )
@@ -628,6 +711,10 @@ class _TurnRun:
             elif isinstance(action, Hold):
                 self.held_at = self.held_at or time.perf_counter()
                 await turn.emit(buffering_event(turn.request_id, action.reason))
+            elif isinstance(action, Cut):
+                # Not the user's cancel: the answer stands, cut short where it began to ramble.
+                self._scheduler.cancel(self._ticket)
+                await turn.emit(cut_event(turn.request_id, text=action.text, reason=action.reason))
             elif isinstance(action, Retract):
                 self.retracted = action.reason
                 # Not the user's cancel: the answer is withdrawn.

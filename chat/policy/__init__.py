@@ -1,7 +1,8 @@
 """Output policy for chat answers: what the user sees during generation, and whether it stands.
 
 A gate (`gate_for`) is fed the generated chunks of one answer and replies with actions:
-`Emit` text now, `Hold` the rest back, or `Retract` everything (and stop generating).
+`Emit` text now, `Hold` the rest back, `Cut` it short at a loop keeping the good part, or
+`Retract` everything (both stop generating).
 `finish()` gives the `Outcome`: "ok", "invalid" (JSON parse/schema failure; re-ask with
 `reask_message`) or "moderated" (a `ModerationHook` vetoed it). Pure stdlib + jsonschema,
 so it is testable without Django or a model.
@@ -13,6 +14,7 @@ from .gate import (
     Action,
     AutoGate,
     BufferGate,
+    Cut,
     Emit,
     Gate,
     Hold,
@@ -43,6 +45,7 @@ __all__ = [
     "AutoGate",
     "BlocklistHook",
     "BufferGate",
+    "Cut",
     "Emit",
     "ExtractionError",
     "Gate",

@@ -14,6 +14,7 @@ __all__ = [
     "Emit",
     "Hold",
     "Retract",
+    "Cut",
     "Action",
     "Outcome",
     "Gate",
@@ -49,7 +50,16 @@ class Retract:
     reason: str
 
 
-Action = Emit | Hold | Retract
+@dataclass(frozen=True)
+class Cut:
+    """Keep only `text` of what was shown (the rest was a loop or an invented turn); the caller
+    must stop generating. The answer stands, cut short."""
+
+    text: str
+    reason: str
+
+
+Action = Emit | Hold | Retract | Cut
 
 
 @dataclass
@@ -69,15 +79,20 @@ class Gate:
 
     hold_reason = "validating structured answer"
 
-    def __init__(self, hooks: Iterable[ModerationHook], *, window_chars: int = 64) -> None:
+    def __init__(
+        self, hooks: Iterable[ModerationHook], *, window_chars: int = 64, shown: str = ""
+    ) -> None:
+        """`shown`: the answer so far, already shown and judged (a continued answer)."""
         if isinstance(window_chars, bool) or not isinstance(window_chars, int) or window_chars < 1:
             raise ValueError(f"window_chars must be a positive integer, not {window_chars!r}")
         self._hooks = tuple(hooks)
         self._window_chars = window_chars
-        self._text = ""
-        self._shown: list[str] = []
-        self._checked = 0  # length of text at the last windowed check
+        self._text = shown
+        self._shown: list[str] = [shown] if shown else []
+        self._checked = len(shown)  # length of text at the last windowed check
         self._outcome: Outcome | None = None
+        self._cut: Verdict | None = None
+        self._uncut = ""  # the text as generated, before a cut
 
     @property
     def text(self) -> str:
@@ -90,13 +105,23 @@ class Gate:
         return "".join(self._shown)
 
     @property
+    def raw(self) -> str:
+        """Everything generated, a part cut off included (stored for review)."""
+        return self._uncut or self._text
+
+    @property
+    def cut(self) -> str | None:
+        """Why the answer was cut short (then its text is the good part), or None."""
+        return None if self._cut is None else self._cut.reason
+
+    @property
     def retracted(self) -> bool:
         """True once the gate has said Retract; further chunks are ignored."""
         return self._outcome is not None and self._outcome.status == "moderated"
 
     def feed(self, chunk: str) -> list[Action]:
         """Take the next chunk (any size, any boundary) and say what to do now."""
-        if self._outcome is not None or not chunk:
+        if self._outcome is not None or self._cut is not None or not chunk:
             return []
         self._text += chunk
         if len(self._text) - self._checked >= self._window_chars:
@@ -104,7 +129,7 @@ class Gate:
             self._checked = len(self._text)
             verdict = moderate(self._hooks, self._text, final=False)
             if not verdict.allowed:
-                return self._retract(verdict)
+                return self._veto(verdict)
         return self._after_feed(chunk)
 
     def finish(self) -> tuple[list[Action], Outcome]:
@@ -113,11 +138,15 @@ class Gate:
             return [], self._outcome
         # Moderation first: a vetoed answer must not be re-asked as merely "invalid", and
         # windowed vetoes then agree with the final one whatever the chunking was.
+        actions: list[Action] = []
         verdict = moderate(self._hooks, self._text, final=True)
-        if not verdict.allowed:
-            return self._retract(verdict), self._outcome
-        actions, self._outcome = self._judge()
-        return actions, self._outcome
+        while not verdict.allowed:  # a cut shortens the text, so this ends
+            actions += self._veto(verdict)
+            if self._outcome is not None:
+                return actions, self._outcome
+            verdict = moderate(self._hooks, self._text, final=True)
+        judged, self._outcome = self._judge()
+        return actions + judged, self._outcome
 
     def _after_feed(self, chunk: str) -> list[Action]:
         """Mode-specific reaction to a chunk that passed moderation."""
@@ -133,6 +162,20 @@ class Gate:
             return []
         self._shown.append(text)
         return [Emit(text)]
+
+    def _veto(self, verdict: Verdict) -> list[Action]:
+        """Cut the answer where the verdict allows it, else withdraw it whole."""
+        if verdict.cut_at is None:
+            return self._retract(verdict)
+        self._cut = verdict
+        self._uncut = self._uncut or self._text
+        self._text = self._text[: verdict.cut_at]
+        self._shown = [self.shown[: verdict.cut_at]]  # what was shown is a prefix of the text
+        self._after_cut()
+        return [Cut(self.shown, verdict.reason)]
+
+    def _after_cut(self) -> None:
+        """Mode-specific bookkeeping once the text was cut shorter."""
 
     def _retract(self, verdict: Verdict) -> list[Action]:
         """Stop for good: fix the outcome so later feeds and finish() change nothing."""
@@ -177,9 +220,11 @@ class _StructuredGate(Gate):
         schema: object | None = None,
         *,
         window_chars: int = 64,
+        shown: str = "",
     ) -> None:
-        super().__init__(hooks, window_chars=window_chars)
+        super().__init__(hooks, window_chars=window_chars, shown=shown)
         self._schema = schema
+        self._emitted = len(shown)  # text[:_emitted] has been shown (AutoGate)
 
 
 class BufferGate(_StructuredGate):
@@ -201,11 +246,15 @@ class BufferGate(_StructuredGate):
 class AutoGate(_StructuredGate):
     """Streams prose; from a JSON fence or a leading { / [ on, holds and validates the rest."""
 
-    _emitted = 0  # text[:_emitted] has been shown
     _hold_at: int | None = None
 
     def _after_feed(self, chunk: str) -> list[Action]:
         return self._advance(final=False)
+
+    def _after_cut(self) -> None:
+        self._emitted = min(self._emitted, len(self._text))
+        if self._hold_at is not None and self._hold_at >= len(self._text):
+            self._hold_at = None
 
     def _judge(self) -> tuple[list[Action], Outcome]:
         # At the end a possible fence start that never completed is just prose: flush it.
@@ -236,12 +285,14 @@ def gate_for(
     hooks: Iterable[ModerationHook],
     schema: object | None = None,
     window_chars: int = 64,
+    shown: str = "",
 ) -> Gate:
-    """The gate for a policy mode; stream ignores the schema (the caller picks buffer for it)."""
+    """The gate for a policy mode; stream ignores the schema (the caller picks buffer for it).
+    `shown` is the answer so far when the gate judges the rest of a continued answer."""
     if mode == "stream":
-        return StreamGate(hooks, window_chars=window_chars)
+        return StreamGate(hooks, window_chars=window_chars, shown=shown)
     if mode == "buffer":
-        return BufferGate(hooks, schema, window_chars=window_chars)
+        return BufferGate(hooks, schema, window_chars=window_chars, shown=shown)
     if mode == "auto":
-        return AutoGate(hooks, schema, window_chars=window_chars)
+        return AutoGate(hooks, schema, window_chars=window_chars, shown=shown)
     raise ValueError(f"unknown output mode {mode!r} (expected one of {', '.join(MODES)})")

@@ -29,11 +29,17 @@ _WORD = re.compile(r"\w")
 
 @dataclass(frozen=True)
 class Verdict:
-    """A hook's decision, with a reason staff can read and categories to count."""
+    """A hook's decision, with a reason staff can read and categories to count.
+
+    `cut_at` says the answer is good up to that character and only what follows is vetoed
+    (a loop, an invented next turn): the gate keeps text[:cut_at] and stops generating. None
+    vetoes the whole answer, which is withdrawn.
+    """
 
     allowed: bool
     reason: str = ""
     categories: tuple[str, ...] = ()
+    cut_at: int | None = None
 
 
 ALLOWED = Verdict(True)
@@ -97,7 +103,11 @@ class BlocklistHook(ModerationHook):
 
 
 class RepetitionHook(ModerationHook):
-    """Vetoes a rambling model: too long, repeating itself, or writing the user's next turn."""
+    """Cuts a rambling model short: too long, repeating itself, or writing the user's next turn.
+
+    Its verdicts keep the answer's good part (`Verdict.cut_at`): one copy of a loop, the text
+    before an invented turn, the first max_chars characters.
+    """
 
     def __init__(
         self,
@@ -117,21 +127,26 @@ class RepetitionHook(ModerationHook):
         # A leading newline lets "\nUser:" also catch a turn at the very start.
         padded = "\n" + text
         for marker in self.turn_markers:
-            if marker in padded:
+            at = padded.find(marker)
+            if at >= 0:
                 reason = f"the model wrote another turn ({marker.strip()!r})"
-                return Verdict(False, reason, ("runaway",))
-        repeated = self._repeated(text, final=final)
+                return Verdict(False, reason, ("runaway",), cut_at=_clean_cut(text, max(at - 1, 0)))
+        repeated, first, second = self._repeated(text, final=final)
         if repeated:
-            return Verdict(False, f"repeated text: {repeated[:60]!r}", ("repetition",))
+            reason = f"repeated text: {repeated[:60]!r}"
+            cut = _clean_cut(text, second, floor=first)
+            return Verdict(False, reason, ("repetition",), cut_at=cut)
         if len(text) > self.max_chars:
-            return Verdict(False, f"answer longer than {self.max_chars} characters", ("length",))
+            reason = f"answer longer than {self.max_chars} characters"
+            return Verdict(False, reason, ("length",), cut_at=_clean_cut(text, self.max_chars))
         return ALLOWED
 
-    def _repeated(self, text: str, *, final: bool) -> str:
-        """A span occurring more than max_repeats times, back to back or as lines/sentences."""
-        looping = self._loop(text)
-        if looping:
-            return looping
+    def _repeated(self, text: str, *, final: bool) -> tuple[str, int, int]:
+        """A span occurring more than max_repeats times, back to back or as lines/sentences,
+        and where its first and second copies start (the text before the second is kept)."""
+        span, first, second = self._loop(text)
+        if span:
+            return span, first, second
         segments = re.split(r"(?<=[.!?])\s+|\n+", text)
         if not final:
             # The last segment may still be growing; counting it could veto too early.
@@ -143,11 +158,13 @@ class RepetitionHook(ModerationHook):
         )
         for segment, count in counts.most_common(1):
             if count > self.max_repeats:
-                return segment
-        return ""
+                first = text.find(segment)
+                return segment, first, text.find(segment, first + len(segment))
+        return "", 0, 0
 
-    def _loop(self, text: str) -> str:
-        """A span of min_span.._MAX_PERIOD chars repeated back to back over max_repeats times."""
+    def _loop(self, text: str) -> tuple[str, int, int]:
+        """A span of min_span.._MAX_PERIOD chars repeated back to back over max_repeats times,
+        and where its first and second copies start."""
         # Such a loop repeats its first min_span characters at a fixed stride, so only
         # positions of recurring min_span-grams are candidates: linear on ordinary prose.
         width, copies = self.min_span, self.max_repeats + 1
@@ -170,8 +187,25 @@ class RepetitionHook(ModerationHook):
                     # Period p holds over k+1 copies iff the text equals itself shifted by p.
                     end = first + period * copies
                     if end <= len(text) and text[first : end - period] == text[other:end]:
-                        return text[first:other]
-        return ""
+                        return text[first:other], first, other
+        return "", 0, 0
+
+
+def _clean_cut(text: str, at: int, *, floor: int = 0) -> int:
+    """Where to cut `text` in floor..at so that no word or sentence is left half-shown: after
+    the last sentence end or line break there, else at the last space, else at `at`."""
+    head = text[:at]
+    ends = [head.rfind(mark, floor) for mark in (". ", "! ", "? ", "\n")]
+    ends = [end + 1 for end in ends if end >= 0]
+    if head.endswith((".", "!", "?")):
+        ends.append(len(head))
+    best = max(ends, default=0)
+    if best > floor:
+        return len(head[:best].rstrip())
+    if not (head[-1:].isalnum() and text[at : at + 1].isalnum()):
+        return len(head.rstrip())  # `at` is already between words
+    space = head.rfind(" ", floor)
+    return len(head[:space].rstrip()) if space > floor else len(head.rstrip())
 
 
 HOOKS: dict[str, str] = {

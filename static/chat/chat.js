@@ -25,6 +25,7 @@
     cancelled: { state: 'cancelled', badge: 'Stopped' },
     invalid: { state: 'invalid', badge: 'Invalid answer' },
     moderated: { state: 'retracted', badge: 'Withdrawn' },
+    cut: { state: 'done', badge: 'Cut short where it began to repeat itself' },
   };
   const BACKOFF_MIN_MS = 500;
   const BACKOFF_MAX_MS = 8000;
@@ -156,7 +157,9 @@
     for (const key of ['badge', 'queue', 'status', 'json', 'valid', 'error', 'metrics']) parts[key].hidden = true;
     const regenerate = actionButton('regenerate', 'Regenerate', 'A new answer to the same prompt');
     regenerate.hidden = true;
-    parts.actions.append(actionButton('copy-answer', 'Copy', 'Copy the answer as Markdown'), regenerate);
+    const more = actionButton('continue-answer', 'Continue', 'Write the rest of this answer');
+    more.hidden = true;
+    parts.actions.append(actionButton('copy-answer', 'Copy', 'Copy the answer as Markdown'), more, regenerate);
     meta.append(el('span', 'role', 'Assistant'), parts.badge);
     root.append(meta, parts.queue, parts.status, parts.text, parts.valid, parts.json, parts.error,
       parts.metrics, parts.actions);
@@ -223,6 +226,7 @@
     setState(answer, value);
     answer.root.dataset.messageId = m.id;
     answer.messageId = m.id;
+    answer.finishReason = m.status === 'done' ? m.finish_reason : m.status;
     if (m.superseded) markSuperseded(answer.root);
     if (value === 'retracted') setText(answer, withdrawnText(''), { plain: true, now: true });
     else setText(answer, m.text || '', { now: true });
@@ -303,14 +307,35 @@
       .find((node) => node.chatAnswer?.messageId === messageId) || null;
   }
 
-  // Regenerate and Edit apply to the conversation's last answer only, once it has ended.
+  // The rest of an answer cut off at the token limit, written into the same message.
+  function continueAnswer(answer) {
+    if (state.running || !socketOpen()) return;
+    state.answers.delete(answer.requestId);
+    answer.requestId = newRequestId();
+    answer.live = true;
+    answer.root.setAttribute('aria-busy', 'true');
+    answer.root.dataset.requestId = answer.requestId;
+    answer.parts.badge.hidden = true;
+    setState(answer, 'queued');
+    state.answers.set(answer.requestId, answer);
+    state.running = answer;
+    answer.t0 = performance.now();
+    answer.tFirst = null;
+    answer.started = false;
+    state.ws.send(JSON.stringify({ type: 'continue', request_id: answer.requestId, message: answer.messageId }));
+    updateLastActions();
+    updateControls();
+  }
+
+  // Regenerate, Continue and Edit apply to the conversation's last answer only, once it has ended.
   function updateLastActions() {
-    for (const button of els.messages.querySelectorAll('.regenerate, .edit-prompt')) button.hidden = true;
+    for (const button of els.messages.querySelectorAll('.regenerate, .edit-prompt, .continue-answer')) button.hidden = true;
     if (state.running) return;
     const answers = els.messages.querySelectorAll('.message.assistant:not(.superseded)');
     const last = answers[answers.length - 1];
     if (!last || last.chatAnswer?.messageId == null) return;
     last.querySelector('.regenerate').hidden = false;
+    last.querySelector('.continue-answer').hidden = last.chatAnswer.finishReason !== 'length';
     const asked = last.previousElementSibling;
     if (asked?.classList.contains('user')) asked.querySelector('.edit-prompt').hidden = false;
   }
@@ -413,8 +438,14 @@
     setText(answer, withdrawnText(answer.retractReason), { plain: true, now: true });
   }
 
+  // A loop or an invented turn: what was shown is replaced by its good part.
+  function onCut(answer, msg) {
+    if (typeof msg.text === 'string') keepScrolled(() => setText(answer, msg.text, { now: true }));
+  }
+
   function onDone(answer, msg) {
     const now = performance.now();
+    answer.finishReason = msg.finish_reason;
     const info = FINISH[msg.finish_reason] || FINISH.eos;
     let value = info.state;
     if (answer.retracted && value === 'done') value = 'retracted';
@@ -460,7 +491,7 @@
 
   const HANDLERS = {
     accepted: onAccepted, queued: onQueued, chunk: onChunk,
-    buffering: onBuffering, retract: onRetract, done: onDone,
+    buffering: onBuffering, retract: onRetract, cut: onCut, done: onDone,
   };
 
   function handleEvent(raw) {
@@ -773,6 +804,7 @@
     const answer = action?.closest('.message.assistant')?.chatAnswer;
     if (!answer) return;
     if (action.classList.contains('copy-answer')) copyText(action, answer.text);
+    if (action.classList.contains('continue-answer')) continueAnswer(answer);
     if (action.classList.contains('regenerate')) {
       const asked = answer.root.previousElementSibling;
       if (asked?.chatPrompt != null) sendPrompt(asked.chatPrompt, answer.messageId);
