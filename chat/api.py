@@ -1,4 +1,4 @@
-"""The chat over plain HTTP, for clients without WebSockets (DESIGN.md section 4).
+"""The chat over plain HTTP, for clients without WebSockets (docs/protocol.md).
 
 - `POST /api/chat/stream` answers `text/event-stream`: one `data: <json>` line per
   protocol event (accepted, queued, chunk, buffering, retract, done, error).

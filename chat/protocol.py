@@ -1,4 +1,4 @@
-"""The wire protocol (DESIGN.md section 4): parse client frames, build server events.
+"""The wire protocol (docs/protocol.md): parse client frames, build server events.
 
 A contract: fields and event types may be added, never renamed or removed. Every server event
 is built by one function below, whatever carries it (the socket, SSE, the JSON API), so two

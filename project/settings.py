@@ -1,6 +1,6 @@
 """Settings, all from environment variables, with defaults that make a bare checkout run.
 
-Every variable is listed in README.md. A malformed value fails at start-up, not later.
+Every variable is listed in docs/configuration.md. A malformed value fails at start-up, not later.
 """
 
 import os

@@ -1,4 +1,4 @@
-"""Screenshots of the page for README.md, desktop (1280x800) and phone (390x844), real model.
+"""Screenshots of the page for README.md and docs/using.md, desktop (1280x800) and phone (390x844), real model.
 
 They go to var/screenshots/ (SCREENSHOT_DIR); `DOCS_SCREENSHOTS=1` writes them to docs/ instead.
 """

@@ -62,7 +62,7 @@ PRODUCTION_ENV = {
 
 
 def test_the_documented_production_settings_pass_check_deploy():
-    """README's production settings give a clean `manage.py check --deploy`."""
+    """The production settings in docs/configuration.md give a clean `manage.py check --deploy`."""
     import os
     import subprocess
     import sys

@@ -1,4 +1,4 @@
-"""Hostile input (issue 16) over the real socket and HTTP, in process: crashing frames, lone surrogates,
+"""Hostile input (docs/security.md) over the real socket and HTTP, in process: crashing frames, lone surrogates,
 cookie dropping, foreign origins, oversized bodies, and the Content-Security-Policy header."""
 
 import json

@@ -1,4 +1,4 @@
-"""Hostile input (issue 16) against a live daphne, as an attacker reproduced it: real sockets, real HTTP.
+"""Hostile input (docs/security.md) against a live daphne, as an attacker reproduced it: real sockets, real HTTP.
 
 The servers run without a model (CHAT_LOAD_MODEL=0): every case here is refused before generation,
 and a prompt that passes the rate limit is answered `model_loading`, cheaply.
@@ -30,7 +30,7 @@ def dev_server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def production_server(tmp_path_factory):
-    """Production settings behind a TLS proxy, as README's example."""
+    """Production settings behind a TLS proxy, as docs/configuration.md's example."""
     workdir = tmp_path_factory.mktemp("hostile-prod")
     server = LiveServer(
         workdir,

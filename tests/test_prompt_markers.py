@@ -1,4 +1,4 @@
-"""Control tokens typed into a chat stay text: nobody can forge a turn (issue 16), with the real tokenizer."""
+"""Control tokens typed into a chat stay text: nobody can forge a turn (docs/security.md), with the real tokenizer."""
 
 import pytest
 from asgiref.sync import sync_to_async

@@ -2,7 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python bench/scripts/compile_trial.py [--tokens 64]
 
-Issue 12 asked to try it and keep it only if it wins here, start-up included. Prints, for eager
+It is kept only if it wins here, start-up included (docs/engine.md). Prints, for eager
 (DynamicCache) and for compiled (StaticCache, torch.compile of the forward): the first call's
 seconds (what a server start would pay) and steady tok/s, greedy, forced length.
 """

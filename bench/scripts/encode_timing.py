@@ -1,4 +1,4 @@
-"""Time the prompt encoding: the rendered chat tokenized whole (before issue 16) vs the safe encoding.
+"""Time the prompt encoding: the rendered chat tokenized whole (the old way) vs the safe encoding.
 
     PYTHONPATH=. .venv/bin/python bench/scripts/encode_timing.py [--turns 10] [--rounds 200]
 

@@ -68,7 +68,7 @@ def bf16_pays_on_this_cpu(flags: set[str]) -> bool:
     The server mostly decodes batches, and an answer that misses its end-of-turn token runs on to
     max_new_tokens, so the batch of 8 and the eos count weigh more than one stream's speed.
     - AMX Xeon (amx_bf16): fp32 16.1 tok/s one stream, bf16 15.4; eos fp32 17/20, bf16 15/20: fp32.
-    - AMD EPYC, avx512_bf16, no AMX (issue 12): one stream fp32 12.2, bf16 19.5; 8 streams fp32 77,
+    - AMD EPYC, avx512_bf16, no AMX (earlier): one stream fp32 12.2, bf16 19.5; 8 streams fp32 77,
       bf16 89; eos fp32 19/20, bf16 17/20. bf16 is faster but ends fewer answers: fp32, until a
       quiet rerun shows the speed worth it (BF16_ON_AVX512).
     - AMD EPYC, AVX2 only (2026-12-03): one stream fp32 16.3, bf16 21.9; 8 streams fp32 72.1, bf16

@@ -1,7 +1,7 @@
 """Schema-constrained decoding: only tokens that keep the output valid JSON for the schema.
 
 Uses xgrammar's transformers logits processor. A small model rarely writes clean JSON
-unaided (see the README's pass rates), so a policy may ask for this.
+unaided (`manage.py jsonpassrate` measures it; docs/engine.md), so a policy may ask for this.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The two policies the README describes: `chat` (default, streamed) and `json` (buffered, with a schema)."""
+"""The two policies docs/policies.md describes: `chat` (default, streamed) and `json` (buffered, with a schema)."""
 
 from django.db import migrations
 

@@ -1,4 +1,4 @@
-"""`manage.py benchmark`: DESIGN.md section 7's numbers, side by side in one run, against the targets.
+"""`manage.py benchmark`: the numbers of docs/benchmarks.md, side by side in one run, against the targets.
 
 In one process: bare model.generate (the floor), the engine streaming the same answer, a real
 WebSocket client against a real daphne on 127.0.0.1 (first chunk, done, cache hits), concurrent
@@ -666,7 +666,7 @@ class Command(BaseCommand):
                 out(f"  errors ({r.target.label}): {'; '.join(errors)[:300]}")
 
     def api_targets(self) -> list:
-        """Issue 12's and 15's ratios between the product and the peer, from one run."""
+        """The targets' ratios between the product and the peer, from one run (docs/benchmarks.md)."""
         rows = {r.target.kind: r for r in self.results.get("api") or []}
         local, peer, remote = rows.get("local"), rows.get("peer"), rows.get("remote")
         lines = []
