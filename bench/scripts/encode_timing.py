@@ -41,7 +41,7 @@ def main() -> None:
         return encode_pieces(tokenizer, render_pieces(tokenizer, messages))
 
     assert whole() == safe(), "the safe encoding changed the ids of a chat without markers"
-    for name, encode in (("rendered string, whole", whole), ("safe (issue 16)", safe)):
+    for name, encode in (("rendered string, whole", whole), ("safe (markers kept as text)", safe)):
         encode()
         started = time.perf_counter()
         for _ in range(args.rounds):

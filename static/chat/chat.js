@@ -40,7 +40,7 @@
     answers: new Map(), // request_id -> answer
     counter: 0,
   };
-  // Chunks received vs Markdown renders done, for the page's tests and the README figure.
+  // Chunks received vs Markdown renders done, for the page's tests and the figure in docs/using.md.
   const renderStats = { chunks: 0, renders: 0 };
   window.__chatRenderStats = renderStats;
 

@@ -41,9 +41,7 @@ def met(ok) -> str:
 
 
 class Command(BaseCommand):
-    help = (
-        "Benchmark the chat end to end on 127.0.0.1 and compare with DESIGN.md section 7's targets."
-    )
+    help = "Benchmark the chat end to end on 127.0.0.1 and compare with the targets in docs/benchmarks.md."
 
     def add_arguments(self, parser):
         parser.add_argument(
@@ -841,7 +839,7 @@ class Command(BaseCommand):
         )
         lines.extend(self.api_targets())
         out("")
-        out("Targets (DESIGN.md section 7, issues 12 and 15)")
+        out("Targets (docs/benchmarks.md)")
         out(f"  {'figure':50} {'measured':52} {'target':>10}  result")
         for name, measured, target, ok in lines:
             out(f"  {name:50} {measured:52} {target:>10}  {met(ok)}")
