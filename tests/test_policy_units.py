@@ -252,11 +252,11 @@ def test_repetition_detects_back_to_back_loop_without_punctuation():
 
 
 def test_repetition_length_and_settings():
-    """Text over max_chars is vetoed as "length"; settings are validated."""
+    """Text over max_chars is cut there, between words, as "length"; settings are validated."""
     hook = RepetitionHook(max_chars=50)
     assert hook.check("word " * 10, final=True).allowed  # exactly max_chars is fine
     verdict = hook.check("word " * 11, final=True)
-    assert verdict == Verdict(False, "answer longer than 50 characters", ("length",))
+    assert verdict == Verdict(False, "answer longer than 50 characters", ("length",), cut_at=49)
     with pytest.raises(TypeError):
         RepetitionHook(max_repeats=0)
 
