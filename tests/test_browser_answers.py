@@ -62,3 +62,56 @@ def test_escape_stops_the_running_answer(page, daphne_server):
     expect(answer.locator(".text")).not_to_be_empty(timeout=30_000)
     page.keyboard.press("Escape")
     expect(answer).to_have_attribute("data-state", "cancelled", timeout=10_000)
+
+
+def test_continue_writes_the_rest_of_a_cut_off_answer_into_the_same_bubble(page, daphne_server):
+    """An answer cut off at the token limit offers Continue; the rest streams into the same
+    answer, which stays one answer after a reload."""
+    daphne_server.manage(
+        "shell",
+        "-c",
+        "from chat.models import OutputPolicy as P; P.objects.get_or_create(slug='tiny', "
+        "defaults=dict(name='Tiny', mode='stream', max_new_tokens=4))",
+    )
+    open_chat(page, daphne_server)
+    page.select_option("#policy", "tiny")
+    page.fill("#prompt", "Write a long story about a fox in a forest.")
+    page.keyboard.press("Enter")
+    answers = page.locator(".message.assistant")
+    expect(answers.last).to_have_attribute("data-state", "done", timeout=60_000)
+    expect(answers.last.locator(".badge")).to_have_text("Cut off (token limit)")
+    first = answers.last.locator(".text").inner_text()
+    more = answers.last.locator("button.continue-answer")
+    expect(more).to_be_visible()
+
+    more.click()
+    expect(answers).to_have_count(1)
+    expect(answers.last).to_have_attribute("data-state", "done", timeout=60_000)
+    longer = answers.last.locator(".text").inner_text()
+    assert longer.startswith(first.rstrip()) and len(longer) > len(first)
+
+    page.reload()
+    expect(page.locator(".message.assistant")).to_have_count(1, timeout=10_000)
+    expect(page.locator(".message.assistant .text")).to_have_text(longer)
+
+
+def test_a_cut_answer_shows_its_good_part_and_says_why(page, daphne_server):
+    """A hook that cuts the answer: the page replaces what streamed with the kept part and
+    labels it, instead of withdrawing the answer."""
+    daphne_server.manage(
+        "shell",
+        "-c",
+        "from chat.models import OutputPolicy as P; P.objects.get_or_create(slug='brief', "
+        "defaults=dict(name='Brief', mode='stream', max_new_tokens=64, moderation_hooks="
+        "[{'hook': 'repetition', 'settings': {'max_chars': 60}}]))",
+    )
+    open_chat(page, daphne_server)
+    page.select_option("#policy", "brief")
+    page.fill("#prompt", "Write a long story about a fox in a forest.")
+    page.keyboard.press("Enter")
+    answer = page.locator(".message.assistant").last
+    expect(answer).to_have_attribute("data-state", "done", timeout=60_000)
+    expect(answer.locator(".badge")).to_contain_text("Cut short")
+    text = answer.locator(".text").inner_text()
+    assert 0 < len(text) <= 60
+    expect(answer).not_to_have_class("withdrawn")

@@ -64,6 +64,13 @@ def done(**fields) -> dict:
         (done(text="", finish_reason="moderated"), "Some text", "", None, "content_filter"),
         (done(text='```{"a": 1}```', json={"a": 1}), "", '{"a": 1}', '{"a": 1}', "stop"),
         (done(text="Sorry.", finish_reason="invalid"), "", "Sorry.", "Sorry.", "stop"),
+        (
+            done(text="Red, Blue,", finish_reason="cut"),
+            "Red, Blue, Red, Blue",
+            "Red, Blue,",
+            "",
+            "stop",
+        ),
     ],
 )
 def test_finish_reasons_and_content_map_to_openais(event, shown, content, delta, finish):

@@ -25,7 +25,7 @@
     cancelled: { state: 'cancelled', badge: 'Stopped' },
     invalid: { state: 'invalid', badge: 'Invalid answer' },
     moderated: { state: 'retracted', badge: 'Withdrawn' },
-    cut: { state: 'done', badge: 'Cut short where it began to repeat itself' },
+    cut: { state: 'done', badge: 'Cut short' }, // at a loop or an invented turn: `reason` says which
   };
   const BACKOFF_MIN_MS = 500;
   const BACKOFF_MAX_MS = 8000;
@@ -463,6 +463,7 @@
       // Cancelled by a stopping server, not by the user: say so.
       const badge = msg.reason === 'server_restarting' ? 'Stopped: the server restarted' : info.badge;
       show(answer.parts.badge, [badge, msg.cached ? 'cached' : ''].filter(Boolean).join(' · '));
+      answer.parts.badge.title = msg.finish_reason === 'cut' ? `Cut short: ${msg.reason || ''}` : '';
       if (answer.tFirst == null) answer.tFirst = now;
       const m = msg.metrics || {};
       show(answer.parts.metrics, formatMetrics({
