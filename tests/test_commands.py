@@ -1,7 +1,9 @@
 """The terminal commands, on the real model."""
 
 import io
+import json
 
+import pytest
 from django.core.management import call_command
 
 from chat.engine.eos import eos_report
@@ -87,3 +89,42 @@ def test_production_refuses_to_start_without_a_secret_key():
         [sys.executable, "manage.py", "check"], env=env, capture_output=True, text=True
     )
     assert done.returncode != 0 and "SECRET_KEY must be set when DEBUG is off" in done.stderr
+
+
+@pytest.mark.django_db
+def test_answerquality_runs_prompts_through_the_default_policy_and_counts_endings(
+    tmp_path, example_policies
+):
+    """Each answer is counted under exactly one ending; the trial settings are the ones used."""
+    report = tmp_path / "quality.json"
+    out = io.StringIO()
+    call_command(
+        "answerquality",
+        "--limit",
+        "3",
+        "--max-new-tokens",
+        "8",
+        "--repetition-penalty",
+        "1.1",
+        "--json",
+        str(report),
+        stdout=out,
+        stderr=io.StringIO(),
+    )
+    data = json.loads(report.read_text())
+    figures, answers = data["summary"]["figures"], data["answers"]
+    endings = ("eos", "stop_string", "length", "cut", "withdrawn", "invalid")
+    assert figures["answers"] == len(answers) == 3
+    assert sum(figures[ending] for ending in endings) == 3
+    assert all(a["ending"] in endings and 0 < a["new_tokens"] <= 8 for a in answers)
+    assert data["summary"]["settings"]["repetition_penalty"] == 1.1
+    assert data["summary"]["settings"]["policy"].startswith("chat ")
+    assert "ended on their own or cut at a loop" in out.getvalue()
+
+
+def test_repeated_ngram_rate_measures_loops_not_length():
+    from bench.management.commands.answerquality import repeated_ngram_rate
+
+    assert repeated_ngram_rate("one two three four five six seven") == 0.0
+    assert repeated_ngram_rate("a b c d " * 10) > 0.8
+    assert repeated_ngram_rate("too short") == 0.0
