@@ -55,6 +55,7 @@ class Command(BaseCommand):
         parser.add_argument("--no-repeat-ngram-size", type=int)
         parser.add_argument("--frequency-penalty", type=float)
         parser.add_argument("--presence-penalty", type=float)
+        parser.add_argument("--system-prompt", help="in place of the policy's")
         parser.add_argument("--json", help="also write every answer and the summary here")
 
     def handle(self, *args, **opts):
@@ -67,6 +68,7 @@ class Command(BaseCommand):
                 "no_repeat_ngram_size",
                 "frequency_penalty",
                 "presence_penalty",
+                "system_prompt",
             )
             if opts[name] is not None
         }
