@@ -287,3 +287,29 @@ async def test_cancel_endpoint_refuses_other_visitors_and_unknown_answers(visito
     status, error, _ = await visitor.post("/api/chat/cancel", {"message": "one"})
     assert status == 400 and error["code"] == "bad_message"
     assert (await chat.receive_until("done", request_id))[-1]["finish_reason"] == "eos"
+
+
+async def test_an_answer_cut_off_over_http_is_continued_over_http(visitor, make_policy):
+    """`{"type": "continue", "message": id}` as the body: the rest goes into the same message;
+    an answer that is no longer the last one is a 400 `bad_message`."""
+    await sync_to_async(make_policy)(slug="tiny", max_new_tokens=4)
+    status, first, _ = await visitor.post(
+        "/api/chat", {"text": "Write a long story about a fox in a forest.", "policy": "tiny"}
+    )
+    assert status == 200 and first["finish_reason"] == "length", first
+    reader = await visitor.open(
+        "/api/chat/stream", {"type": "continue", "message": first["message"]}
+    )
+    events = [event async for event in reader.events()]
+    done = events[-1]
+    assert events[0]["message"] == done["message"] == first["message"]
+    assert done["text"] == first["text"] + chunks_text(events)
+    assert len(done["text"]) > len(first["text"])
+    conversation = events[0]["conversation"]
+    await visitor.post(
+        "/api/chat", {"text": "Thanks!", "conversation": conversation, "policy": "tiny"}
+    )
+    status, error, _ = await visitor.post(
+        "/api/chat", {"type": "continue", "message": first["message"]}
+    )
+    assert status == 400 and error["code"] == "bad_message"  # no longer the last answer
