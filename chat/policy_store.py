@@ -114,7 +114,9 @@ class PolicyOverride:
 
 
 def builtin_policy() -> ResolvedPolicy:
-    """Used when no policy is stored at all: plain streamed prose with the server defaults."""
+    """Used when no policy is stored at all: plain streamed prose with the server defaults and
+    a new policy's penalties against loops."""
+    penalties = {name: OutputPolicy._meta.get_field(name).default for name in PENALTY_LIMITS}
     return ResolvedPolicy(
         id=None,
         slug="builtin",
@@ -122,6 +124,7 @@ def builtin_policy() -> ResolvedPolicy:
         mode="stream",
         system_prompt=settings.CHAT_SYSTEM_PROMPT,
         max_new_tokens=settings.CHAT_MAX_NEW_TOKENS,
+        **penalties,
     )
 
 
