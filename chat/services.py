@@ -82,7 +82,7 @@ class _Prepared:
     assistant: Message
     policy: policy_store.ResolvedPolicy
     messages: list[dict]  # the chat as rendered for the model, for re-asks
-    rendered: str
+    rendered: str  # the prompt's model input, for the cache's review record
     request: GenerationRequest
     cache_key: str | None
     asked: str  # the user's prompt this answer is to
@@ -202,6 +202,8 @@ def _prepare_continue(owner: Owner, prompt, backend: Backend) -> _Prepared:
         asked = conversation.messages.filter(
             role=Message.Role.USER, superseded=False, pk__lt=answer.pk
         ).last()
+        if asked is None:
+            raise TurnError("bad_message", "that answer has no prompt to continue from")
         policy = (
             policy_store.resolve(answer.policy)
             if answer.policy is not None
@@ -209,7 +211,7 @@ def _prepare_continue(owner: Owner, prompt, backend: Backend) -> _Prepared:
         )
         history = answer_history(conversation, before=asked.pk)
         try:
-            messages, rendered, input_ids = fit_prompt(
+            messages, _rendered, input_ids = fit_prompt(
                 backend, policy, history, asked.text, answer_so_far=answer.text
             )
         except EngineError as exc:
@@ -219,23 +221,23 @@ def _prepare_continue(owner: Owner, prompt, backend: Backend) -> _Prepared:
         answer.instance = settings.CHAT_INSTANCE
         answer.save(update_fields=["status", "request_id", "instance", "updated_at"])
     request = request_for(backend, policy, input_ids, prompt.request_id, messages)
+    # The cache entry (and its review record) is the prompt's, as if answered whole at once.
+    asked_messages, asked_rendered, asked_ids = fit_prompt(backend, policy, history, asked.text)
     key = None
     if policy.cache_enabled and answer.policy_version == policy.version:
-        _, asked_rendered, asked_ids = fit_prompt(backend, policy, history, asked.text)
-        asked_request = request_for(backend, policy, asked_ids, prompt.request_id, messages)
+        asked_request = request_for(backend, policy, asked_ids, prompt.request_id, asked_messages)
         key = turn_cache_key(backend, policy, asked_rendered, asked_request)
-    tokens = (answer.metrics or {}).get("new_tokens") or 0
     return _Prepared(
-        conversation,
-        answer,
-        policy,
-        messages,
-        rendered,
-        request,
-        key,
-        asked.text,
-        answer.text,
-        tokens,
+        conversation=conversation,
+        assistant=answer,
+        policy=policy,
+        messages=messages,
+        rendered=asked_rendered,
+        request=request,
+        cache_key=key,
+        asked=asked.text,
+        answer_so_far=answer.text,
+        tokens_so_far=(answer.metrics or {}).get("new_tokens") or 0,
     )
 
 
