@@ -20,6 +20,11 @@ from .policy import BlocklistHook, HookConfigError, ModerationHook, load_hook, s
 log = logging.getLogger(__name__)
 
 
+# Measured with `manage.py answerquality` (docs/decoding.md): it ends loops on everyday prose
+# without cutting answers short. Structured policies keep 1.0 (a JSON answer repeats its quotes).
+PROSE_REPETITION_PENALTY = 1.1
+
+
 class UnknownPolicy(LookupError):
     code = "unknown_policy"
 
@@ -115,8 +120,7 @@ class PolicyOverride:
 
 def builtin_policy() -> ResolvedPolicy:
     """Used when no policy is stored at all: plain streamed prose with the server defaults and
-    a new policy's penalties against loops."""
-    penalties = {name: OutputPolicy._meta.get_field(name).default for name in PENALTY_LIMITS}
+    the shipped `chat` policy's penalty against loops."""
     return ResolvedPolicy(
         id=None,
         slug="builtin",
@@ -124,7 +128,7 @@ def builtin_policy() -> ResolvedPolicy:
         mode="stream",
         system_prompt=settings.CHAT_SYSTEM_PROMPT,
         max_new_tokens=settings.CHAT_MAX_NEW_TOKENS,
-        **penalties,
+        repetition_penalty=PROSE_REPETITION_PENALTY,
     )
 
 

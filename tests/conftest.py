@@ -202,7 +202,8 @@ def page(browser):
 
 @pytest.fixture
 def example_policies(django_db_blocker):
-    """The `chat` and `json` policies the migrations install (transactional tests flush them)."""
+    """The `chat` and `json` policies as the migrations install them (transactional tests flush
+    them)."""
     import importlib
 
     from django.apps import apps
@@ -210,6 +211,7 @@ def example_policies(django_db_blocker):
     from chat.models import OutputPolicy
 
     importlib.import_module("chat.migrations.0003_example_policies").create(apps, None)
+    importlib.import_module("chat.migrations.0009_chat_policy_decoding").forward(apps, None)
     return {p.slug: p for p in OutputPolicy.objects.all()}
 
 

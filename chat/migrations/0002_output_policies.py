@@ -6,100 +6,242 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('chat', '0001_initial'),
+        ("chat", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='message',
-            name='held_ms',
-            field=models.FloatField(blank=True, help_text='how long the answer was held back', null=True),
+            model_name="message",
+            name="held_ms",
+            field=models.FloatField(
+                blank=True, help_text="how long the answer was held back", null=True
+            ),
         ),
         migrations.AddField(
-            model_name='message',
-            name='json_value',
+            model_name="message",
+            name="json_value",
             field=models.JSONField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='message',
-            name='outcome',
-            field=models.CharField(blank=True, help_text='ok, invalid or moderated', max_length=16),
+            model_name="message",
+            name="outcome",
+            field=models.CharField(blank=True, help_text="ok, invalid or moderated", max_length=16),
         ),
         migrations.AddField(
-            model_name='message',
-            name='outcome_reason',
+            model_name="message",
+            name="outcome_reason",
             field=models.TextField(blank=True),
         ),
         migrations.AddField(
-            model_name='message',
-            name='policy_version',
+            model_name="message",
+            name="policy_version",
             field=models.PositiveIntegerField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='message',
-            name='raw_text',
-            field=models.TextField(blank=True, help_text='what the model generated, before the policy'),
+            model_name="message",
+            name="raw_text",
+            field=models.TextField(
+                blank=True, help_text="what the model generated, before the policy"
+            ),
         ),
         migrations.AddField(
-            model_name='message',
-            name='retries',
+            model_name="message",
+            name="retries",
             field=models.PositiveSmallIntegerField(default=0),
         ),
         migrations.CreateModel(
-            name='OutputPolicy',
+            name="OutputPolicy",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100)),
-                ('slug', models.SlugField(help_text='what a prompt frame names in its `policy` field', unique=True)),
-                ('is_default', models.BooleanField(default=False, help_text='used when a prompt names no policy; one policy at most')),
-                ('mode', models.CharField(choices=[('stream', 'stream: show text as it is generated'), ('buffer', 'buffer: hold the whole answer until it validates'), ('auto', 'auto: stream prose, hold back structured (JSON) parts')], default='stream', max_length=10)),
-                ('json_schema', models.JSONField(blank=True, help_text='a JSON Schema the answer must satisfy; a stream policy with a schema buffers', null=True)),
-                ('moderation_hooks', models.JSONField(blank=True, default=list, help_text='a list of {"hook": "blocklist" | "repetition" | "dotted.path.Hook", "settings": {...}}')),
-                ('constrained', models.BooleanField(default=False, help_text='constrain decoding to the JSON Schema (xgrammar), so the model cannot write invalid JSON')),
-                ('examples', models.JSONField(blank=True, default=list, help_text='few-shot turns shown to the model before the chat: [{"user": "...", "assistant": "..."}]')),
-                ('blocklist_terms', models.TextField(blank=True, help_text='one term per line; an answer containing one is withdrawn')),
-                ('failure_action', models.CharField(choices=[('reject', 'reject: tell the user the answer was invalid'), ('fallback', 'fallback: show the fallback text instead')], default='reject', max_length=10)),
-                ('fallback_text', models.TextField(blank=True, help_text='shown instead of an answer that stays invalid')),
-                ('max_retries', models.PositiveSmallIntegerField(default=2, help_text='re-asks after an invalid structured answer')),
-                ('system_prompt', models.TextField(blank=True)),
-                ('max_new_tokens', models.PositiveIntegerField(default=256, help_text='capped by CHAT_MAX_NEW_TOKENS_CAP')),
-                ('stop_strings', models.JSONField(blank=True, default=list, help_text='e.g. ["\\nUser:"]; never shown to the user')),
-                ('extra_eos_tokens', models.JSONField(blank=True, default=list, help_text='tokens that also end the answer, e.g. ["<|endoftext|>"]')),
-                ('temperature', models.FloatField(default=0.0, help_text='0 is greedy (deterministic, cacheable)')),
-                ('top_p', models.FloatField(default=1.0)),
-                ('cache_enabled', models.BooleanField(default=True)),
-                ('cache_ttl_seconds', models.PositiveIntegerField(default=86400)),
-                ('version', models.PositiveIntegerField(default=1, editable=False)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=100)),
+                (
+                    "slug",
+                    models.SlugField(
+                        help_text="what a prompt frame names in its `policy` field", unique=True
+                    ),
+                ),
+                (
+                    "is_default",
+                    models.BooleanField(
+                        default=False,
+                        help_text="used when a prompt names no policy; one policy at most",
+                    ),
+                ),
+                (
+                    "mode",
+                    models.CharField(
+                        choices=[
+                            ("stream", "stream: show text as it is generated"),
+                            ("buffer", "buffer: hold the whole answer until it validates"),
+                            ("auto", "auto: stream prose, hold back structured (JSON) parts"),
+                        ],
+                        default="stream",
+                        max_length=10,
+                    ),
+                ),
+                (
+                    "json_schema",
+                    models.JSONField(
+                        blank=True,
+                        help_text="a JSON Schema the answer must satisfy; a stream policy with a schema buffers",
+                        null=True,
+                    ),
+                ),
+                (
+                    "moderation_hooks",
+                    models.JSONField(
+                        blank=True,
+                        default=list,
+                        help_text='a list of {"hook": "blocklist" | "repetition" | "dotted.path.Hook", "settings": {...}}',
+                    ),
+                ),
+                (
+                    "constrained",
+                    models.BooleanField(
+                        default=False,
+                        help_text="constrain decoding to the JSON Schema (xgrammar), so the model cannot write invalid JSON",
+                    ),
+                ),
+                (
+                    "examples",
+                    models.JSONField(
+                        blank=True,
+                        default=list,
+                        help_text='few-shot turns shown to the model before the chat: [{"user": "...", "assistant": "..."}]',
+                    ),
+                ),
+                (
+                    "blocklist_terms",
+                    models.TextField(
+                        blank=True,
+                        help_text="one term per line; an answer containing one is withdrawn",
+                    ),
+                ),
+                (
+                    "failure_action",
+                    models.CharField(
+                        choices=[
+                            ("reject", "reject: tell the user the answer was invalid"),
+                            ("fallback", "fallback: show the fallback text instead"),
+                        ],
+                        default="reject",
+                        max_length=10,
+                    ),
+                ),
+                (
+                    "fallback_text",
+                    models.TextField(
+                        blank=True, help_text="shown instead of an answer that stays invalid"
+                    ),
+                ),
+                (
+                    "max_retries",
+                    models.PositiveSmallIntegerField(
+                        default=2, help_text="re-asks after an invalid structured answer"
+                    ),
+                ),
+                ("system_prompt", models.TextField(blank=True)),
+                (
+                    "max_new_tokens",
+                    models.PositiveIntegerField(
+                        default=256, help_text="capped by CHAT_MAX_NEW_TOKENS_CAP"
+                    ),
+                ),
+                (
+                    "stop_strings",
+                    models.JSONField(
+                        blank=True,
+                        default=list,
+                        help_text='e.g. ["\\nUser:"]; never shown to the user',
+                    ),
+                ),
+                (
+                    "extra_eos_tokens",
+                    models.JSONField(
+                        blank=True,
+                        default=list,
+                        help_text='tokens that also end the answer, e.g. ["<|endoftext|>"]',
+                    ),
+                ),
+                (
+                    "temperature",
+                    models.FloatField(
+                        default=0.0, help_text="0 is greedy (deterministic, cacheable)"
+                    ),
+                ),
+                ("top_p", models.FloatField(default=1.0)),
+                ("cache_enabled", models.BooleanField(default=True)),
+                ("cache_ttl_seconds", models.PositiveIntegerField(default=86400)),
+                ("version", models.PositiveIntegerField(default=1, editable=False)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
             ],
             options={
-                'verbose_name_plural': 'output policies',
-                'ordering': ['name'],
-                'constraints': [models.UniqueConstraint(condition=models.Q(('is_default', True)), fields=('is_default',), name='one_default_policy')],
+                "verbose_name_plural": "output policies",
+                "ordering": ["name"],
+                "constraints": [
+                    models.UniqueConstraint(
+                        condition=models.Q(("is_default", True)),
+                        fields=("is_default",),
+                        name="one_default_policy",
+                    )
+                ],
             },
         ),
         migrations.AddField(
-            model_name='message',
-            name='policy',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, to='chat.outputpolicy'),
+            model_name="message",
+            name="policy",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                to="chat.outputpolicy",
+            ),
         ),
         migrations.CreateModel(
-            name='PolicyRevision',
+            name="PolicyRevision",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('version', models.PositiveIntegerField()),
-                ('changed_at', models.DateTimeField(auto_now_add=True)),
-                ('changes', models.JSONField(default=dict, help_text='field -> [old, new]')),
-                ('snapshot', models.JSONField(default=dict)),
-                ('changed_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, to=settings.AUTH_USER_MODEL)),
-                ('policy', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='revisions', to='chat.outputpolicy')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("version", models.PositiveIntegerField()),
+                ("changed_at", models.DateTimeField(auto_now_add=True)),
+                ("changes", models.JSONField(default=dict, help_text="field -> [old, new]")),
+                ("snapshot", models.JSONField(default=dict)),
+                (
+                    "changed_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "policy",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="revisions",
+                        to="chat.outputpolicy",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-changed_at', '-id'],
-                'constraints': [models.UniqueConstraint(fields=('policy', 'version'), name='one_revision_per_version')],
+                "ordering": ["-changed_at", "-id"],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("policy", "version"), name="one_revision_per_version"
+                    )
+                ],
             },
         ),
     ]

@@ -44,7 +44,12 @@ def create(apps, schema_editor):
     for fields in (CHAT, JSON):
         policy, created = OutputPolicy.objects.get_or_create(slug=fields["slug"], defaults=fields)
         if created:
-            PolicyRevision.objects.create(policy=policy, version=1, changes={"created": [None, "by migration"]}, snapshot=fields)
+            PolicyRevision.objects.create(
+                policy=policy,
+                version=1,
+                changes={"created": [None, "by migration"]},
+                snapshot=fields,
+            )
 
 
 def remove(apps, schema_editor):

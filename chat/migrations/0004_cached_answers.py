@@ -6,44 +6,88 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('chat', '0003_example_policies'),
+        ("chat", "0003_example_policies"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='outputpolicy',
-            name='require_review',
-            field=models.BooleanField(default=False, help_text='serve a cached answer only after an admin approved it'),
+            model_name="outputpolicy",
+            name="require_review",
+            field=models.BooleanField(
+                default=False, help_text="serve a cached answer only after an admin approved it"
+            ),
         ),
         migrations.CreateModel(
-            name='CachedAnswer',
+            name="CachedAnswer",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('key', models.CharField(max_length=64, unique=True)),
-                ('prompt', models.TextField(help_text="the user's prompt that produced it")),
-                ('rendered_prompt', models.TextField(help_text='the exact model input, whole conversation included')),
-                ('answer', models.TextField()),
-                ('json_value', models.JSONField(blank=True, null=True)),
-                ('finish_reason', models.CharField(max_length=16)),
-                ('metrics', models.JSONField(blank=True, null=True)),
-                ('policy_slug', models.CharField(max_length=50)),
-                ('policy_version', models.PositiveIntegerField()),
-                ('model_id', models.CharField(max_length=200)),
-                ('status', models.CharField(choices=[('pending', 'pending review'), ('approved', 'Approved'), ('rejected', 'rejected (never cached again until reset)'), ('evicted', 'evicted from the cache')], default='pending', max_length=10)),
-                ('hits', models.PositiveIntegerField(default=0)),
-                ('first_served_at', models.DateTimeField(blank=True, null=True)),
-                ('last_served_at', models.DateTimeField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('policy', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, to='chat.outputpolicy')),
-                ('reviewed_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("key", models.CharField(max_length=64, unique=True)),
+                ("prompt", models.TextField(help_text="the user's prompt that produced it")),
+                (
+                    "rendered_prompt",
+                    models.TextField(
+                        help_text="the exact model input, whole conversation included"
+                    ),
+                ),
+                ("answer", models.TextField()),
+                ("json_value", models.JSONField(blank=True, null=True)),
+                ("finish_reason", models.CharField(max_length=16)),
+                ("metrics", models.JSONField(blank=True, null=True)),
+                ("policy_slug", models.CharField(max_length=50)),
+                ("policy_version", models.PositiveIntegerField()),
+                ("model_id", models.CharField(max_length=200)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("pending", "pending review"),
+                            ("approved", "Approved"),
+                            ("rejected", "rejected (never cached again until reset)"),
+                            ("evicted", "evicted from the cache"),
+                        ],
+                        default="pending",
+                        max_length=10,
+                    ),
+                ),
+                ("hits", models.PositiveIntegerField(default=0)),
+                ("first_served_at", models.DateTimeField(blank=True, null=True)),
+                ("last_served_at", models.DateTimeField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "policy",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        to="chat.outputpolicy",
+                    ),
+                ),
+                (
+                    "reviewed_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-updated_at'],
-                'permissions': [('review_cachedanswer', 'Can review cached answers (approve, reject, evict, edit)')],
+                "ordering": ["-updated_at"],
+                "permissions": [
+                    (
+                        "review_cachedanswer",
+                        "Can review cached answers (approve, reject, evict, edit)",
+                    )
+                ],
             },
         ),
     ]

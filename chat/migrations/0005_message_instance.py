@@ -4,15 +4,18 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('chat', '0004_cached_answers'),
+        ("chat", "0004_cached_answers"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='message',
-            name='instance',
-            field=models.CharField(blank=True, help_text='the server process (CHAT_INSTANCE) that generated the answer', max_length=200),
+            model_name="message",
+            name="instance",
+            field=models.CharField(
+                blank=True,
+                help_text="the server process (CHAT_INSTANCE) that generated the answer",
+                max_length=200,
+            ),
         ),
     ]

@@ -4,15 +4,17 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('chat', '0005_message_instance'),
+        ("chat", "0005_message_instance"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='message',
-            name='superseded',
-            field=models.BooleanField(default=False, help_text='replaced by a regenerated answer or an edited prompt: kept and shown as an earlier version, never sent to the model again'),
+            model_name="message",
+            name="superseded",
+            field=models.BooleanField(
+                default=False,
+                help_text="replaced by a regenerated answer or an edited prompt: kept and shown as an earlier version, never sent to the model again",
+            ),
         ),
     ]

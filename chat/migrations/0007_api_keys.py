@@ -6,33 +6,60 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('chat', '0006_message_superseded'),
+        ("chat", "0006_message_superseded"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ApiKey',
+            name="ApiKey",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(blank=True, help_text='what the key is for', max_length=100)),
-                ('prefix', models.CharField(editable=False, help_text="the key's first characters, to recognise it", max_length=16)),
-                ('key_hash', models.CharField(editable=False, max_length=64, unique=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('last_used_at', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('revoked_at', models.DateTimeField(blank=True, null=True)),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='api_keys', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(blank=True, help_text="what the key is for", max_length=100),
+                ),
+                (
+                    "prefix",
+                    models.CharField(
+                        editable=False,
+                        help_text="the key's first characters, to recognise it",
+                        max_length=16,
+                    ),
+                ),
+                ("key_hash", models.CharField(editable=False, max_length=64, unique=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("last_used_at", models.DateTimeField(blank=True, editable=False, null=True)),
+                ("revoked_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "user",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="api_keys",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'API key',
-                'ordering': ['-created_at', '-id'],
+                "verbose_name": "API key",
+                "ordering": ["-created_at", "-id"],
             },
         ),
         migrations.AddField(
-            model_name='conversation',
-            name='api_key',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='conversations', to='chat.apikey'),
+            model_name="conversation",
+            name="api_key",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="conversations",
+                to="chat.apikey",
+            ),
         ),
     ]

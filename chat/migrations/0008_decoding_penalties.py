@@ -4,30 +4,41 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('chat', '0007_api_keys'),
+        ("chat", "0007_api_keys"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='outputpolicy',
-            name='frequency_penalty',
-            field=models.FloatField(default=0.0, help_text="OpenAI's: lowers a token's logit by this much per time it was generated (-2 to 2)"),
+            model_name="outputpolicy",
+            name="frequency_penalty",
+            field=models.FloatField(
+                default=0.0,
+                help_text="OpenAI's: lowers a token's logit by this much per time it was generated (-2 to 2)",
+            ),
         ),
         migrations.AddField(
-            model_name='outputpolicy',
-            name='no_repeat_ngram_size',
-            field=models.PositiveSmallIntegerField(default=0, help_text='never repeat a run of this many tokens of the answer (0 is off)'),
+            model_name="outputpolicy",
+            name="no_repeat_ngram_size",
+            field=models.PositiveSmallIntegerField(
+                default=0,
+                help_text="never repeat a run of this many tokens of the answer (0 is off)",
+            ),
         ),
         migrations.AddField(
-            model_name='outputpolicy',
-            name='presence_penalty',
-            field=models.FloatField(default=0.0, help_text="OpenAI's: lowers a token's logit by this much once it was generated (-2 to 2)"),
+            model_name="outputpolicy",
+            name="presence_penalty",
+            field=models.FloatField(
+                default=0.0,
+                help_text="OpenAI's: lowers a token's logit by this much once it was generated (-2 to 2)",
+            ),
         ),
         migrations.AddField(
-            model_name='outputpolicy',
-            name='repetition_penalty',
-            field=models.FloatField(default=1.0, help_text='above 1 makes tokens already in the answer less likely (1 is off; 1.1-1.3 usual)'),
+            model_name="outputpolicy",
+            name="repetition_penalty",
+            field=models.FloatField(
+                default=1.0,
+                help_text="above 1 makes tokens already in the answer less likely (1 is off; 1.1-1.3 usual)",
+            ),
         ),
     ]
