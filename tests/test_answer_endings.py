@@ -251,3 +251,16 @@ async def test_the_real_models_answer_is_cut_where_a_hook_says_and_kept(chat, ma
     assert done["metrics"]["new_tokens"] < 64  # stopped early, not run to the limit
     stored = await Message.objects.aget(pk=done["message"])
     assert stored.text == done["text"] and stored.outcome == "ok"
+
+
+def test_a_short_loop_keeps_one_copy_completed_to_its_pause():
+    """A loop shorter than the hook's min_span is found as several copies; one is kept, and a
+    copy that starts mid-item is completed to its punctuation or line end."""
+    hook = RepetitionHook(max_repeats=2)
+    shanks = "I have roasted lamb, including lamb shanks, " + "lamb shanks, " * 12
+    assert (
+        shanks[: hook.check(shanks, final=True).cut_at]
+        == "I have roasted lamb, including lamb shanks,"
+    )
+    eggs = "How to:\n\nBoil an egg:\n\n" + "Boil an egg:\n\n" * 20
+    assert eggs[: hook.check(eggs, final=True).cut_at] == "How to:\n\nBoil an egg:"

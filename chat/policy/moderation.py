@@ -134,7 +134,7 @@ class RepetitionHook(ModerationHook):
         repeated, first, second = self._repeated(text, final=final)
         if repeated:
             reason = f"repeated text: {repeated[:60]!r}"
-            cut = _clean_cut(text, second, floor=first)
+            cut = _loop_cut(text, first, second)
             return Verdict(False, reason, ("repetition",), cut_at=cut)
         if len(text) > self.max_chars:
             reason = f"answer longer than {self.max_chars} characters"
@@ -187,8 +187,36 @@ class RepetitionHook(ModerationHook):
                     # Period p holds over k+1 copies iff the text equals itself shifted by p.
                     end = first + period * copies
                     if end <= len(text) and text[first : end - period] == text[other:end]:
-                        return text[first:other], first, other
+                        unit = _shortest_unit(text[first:other])
+                        return unit, first, first + len(unit)
         return "", 0, 0
+
+
+def _shortest_unit(span: str) -> str:
+    """The shortest piece `span` is made of ("ab" for "ababab"): a loop shorter than min_span
+    is found as several copies, and the answer keeps only one."""
+    for size in range(1, len(span) // 2 + 1):
+        if len(span) % size == 0 and span[:size] * (len(span) // size) == span:
+            return span[:size]
+    return span
+
+
+_PAUSES = ".!?,;:"
+
+
+def _loop_cut(text: str, first: int, second: int) -> int:
+    """Where to cut a loop whose copies start at `first` and `second`: after the text before it
+    and one copy, ended where that copy's sentence, line or list item ends."""
+    head = text[:second].rstrip()
+    if head.endswith(tuple(_PAUSES)) or "\n" in text[len(head) : second]:
+        return len(head)
+    # The copy may start mid-sentence; its end is then where the next copy's first pause is.
+    for index in range(second, min(len(text), 2 * second - first)):
+        if text[index] in _PAUSES:
+            return index + 1
+        if text[index] == "\n":
+            return len(text[:index].rstrip())
+    return _clean_cut(text, second, floor=first)
 
 
 def _clean_cut(text: str, at: int, *, floor: int = 0) -> int:
