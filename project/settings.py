@@ -249,7 +249,7 @@ if CHAT_PREFILL_CHUNK < 0:
     raise ImproperlyConfigured("CHAT_PREFILL_CHUNK must be 0 (off) or a number of tokens")
 if CHAT_WEIGHT_MAJOR not in {"auto", "on", "off"}:
     raise ImproperlyConfigured(f"CHAT_WEIGHT_MAJOR={CHAT_WEIGHT_MAJOR!r}: use auto, on or off")
-CHAT_MAX_NEW_TOKENS = envint("CHAT_MAX_NEW_TOKENS", 512)  # default per answer (docs/decoding.md)
+CHAT_MAX_NEW_TOKENS = envint("CHAT_MAX_NEW_TOKENS", 768)  # default per answer (docs/decoding.md)
 CHAT_MAX_NEW_TOKENS_CAP = envint("CHAT_MAX_NEW_TOKENS_CAP", 1024)  # no request may ask for more
 CHAT_MAX_PROMPT_CHARS = envint("CHAT_MAX_PROMPT_CHARS", 4000)
 CHAT_MAX_PROMPT_TOKENS = envint(
