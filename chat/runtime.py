@@ -44,6 +44,7 @@ class Runtime:
             device=settings.CHAT_MODEL_DEVICE,
             threads=settings.CHAT_TORCH_THREADS,
             weight_major=settings.CHAT_WEIGHT_MAJOR,
+            quant=settings.CHAT_MODEL_QUANT,
             prefill_chunk=settings.CHAT_PREFILL_CHUNK,
             max_new_tokens_cap=settings.CHAT_MAX_NEW_TOKENS_CAP,
         )

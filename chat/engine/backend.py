@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, StopStringCriteria
 
-from . import weight_major
+from . import quantized, weight_major
 from .batching import Row
 from .decoding import RunningBatch, sampling_processors
 from .eos import token_id
@@ -112,8 +112,12 @@ class LocalBackend:
         *,
         fingerprint: str,
         progress: Progress = log.info,
+        gguf: str | Path | None = None,
     ) -> LocalBackend:
-        """Load the model and tokenizer in `folder`; `fingerprint` identifies its weights."""
+        """Load the model and tokenizer in `folder`; `fingerprint` identifies its weights.
+
+        `gguf`: the GGUF file the folder was converted from, whose 4-bit blocks int4 mode reads.
+        """
         folder = Path(folder)
         if config.threads:
             torch.set_num_threads(config.threads)
@@ -124,10 +128,13 @@ class LocalBackend:
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).to(device).eval()
         backend = cls(model, tokenizer, config, model_id=folder.name, fingerprint=fingerprint)
-        if device == "cpu" and config.weight_major != "off":
+        if device == "cpu" and config.weight_major != "off" and config.quant in ("auto", "none"):
             progress(
                 "  " + weight_major.choose(model, backend.time_decode_step, config.weight_major)
             )
+        progress(
+            "  " + quantized.choose(model, config.quant, backend.time_quant_steps, gguf_path=gguf)
+        )
         progress(f"  model ready in {time.perf_counter() - started:.1f} s")
         return backend
 
@@ -150,6 +157,11 @@ class LocalBackend:
             batch.step()
             best = min(best, time.perf_counter() - started)
         return best
+
+    def time_quant_steps(self) -> float:
+        """Seconds of a 1-row and a 4-row decode step together: what CHAT_MODEL_QUANT=auto
+        compares (one stream and a small batch weigh alike)."""
+        return self.time_decode_step(1, 3) + self.time_decode_step(4, 3)
 
     # -- prompts --------------------------------------------------------------
 

@@ -138,4 +138,12 @@ def load_backend(config: EngineConfig | None = None, progress: Progress = log.in
     config = config or EngineConfig()
     model_dir = resolve_model_dir(config, progress)
     fingerprint = weights_fingerprint(model_dir, config.data_dir)
-    return LocalBackend.from_folder(model_dir, config, fingerprint=fingerprint, progress=progress)
+    gguf = None
+    if not config.model_path and config.quant in ("auto", "int4"):
+        try:
+            gguf = bundled_gguf_path()  # the blocks the converted copy came from
+        except ModelNotFound:
+            gguf = None
+    return LocalBackend.from_folder(
+        model_dir, config, fingerprint=fingerprint, progress=progress, gguf=gguf
+    )

@@ -175,6 +175,7 @@ class EngineConfig:
         weight_major: "auto", "on" or "off": decode-step matmuls as W @ x.T (weight_major.py).
         prefill_chunk: while rows decode, a newcomer's prompt is prefilled this many tokens per
             step; 0 prefills it whole.
+        quant: "auto", "none", "int8" or "int4": weight-only quantized linears (quantized.py).
     """
 
     model_path: str | None = None
@@ -185,6 +186,7 @@ class EngineConfig:
     max_new_tokens_cap: int = 1024
     weight_major: str = "auto"
     prefill_chunk: int = 128
+    quant: str = "auto"
 
 
 @dataclass(eq=False)

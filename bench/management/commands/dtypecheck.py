@@ -4,17 +4,19 @@ For each dtype: decode tok/s of one stream and of a batch of 8 (forced length, g
 how many of 20 short prompts end on the model's end-of-turn token within 160 new tokens
 (greedy, batched as the server batches). CHAT_MODEL_DTYPE=auto picks by the rule in
 chat/engine/backend.py `pick_dtype`; this command is how its figures were measured.
+
+--quants none,int8,int4 repeats it per weight mode (CHAT_MODEL_QUANT); with --simulate the
+int8/int4 weights run in float matmuls (bench/quant_modes.py), so only the eos count means
+anything for them and the speed columns are left out.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 from django.core.management.base import BaseCommand
 
 import chat.engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads, as the server does)
-from chat.runtime import runtime
 
 PROMPTS = [
     "Say hello in five words.",
@@ -49,24 +51,36 @@ class Command(BaseCommand):
             "--tokens", type=int, default=48, help="forced tokens for the speed runs"
         )
         parser.add_argument("--max-new-tokens", type=int, default=160)
+        parser.add_argument("--quants", default="none", help="weight modes, e.g. none,int8,int4")
+        parser.add_argument("--simulate", action="store_true")
 
     def handle(self, *args, **opts):
         from chat.engine.backend import cpu_flags
-        from chat.engine.loading import load_backend
 
         self.stdout.write(
             f"CPU flags that matter: {sorted(cpu_flags() & {'amx_bf16', 'avx512_bf16'})}"
         )
+        from bench.quant_modes import load_mode
+
         for dtype in opts["dtypes"].split(","):
-            config = replace(runtime.engine_config(), dtype=dtype)
-            backend = load_backend(config, progress=lambda line: self.stderr.write(line))
-            one = self.speed(backend, 1, opts["tokens"])
-            eight = self.speed(backend, 8, opts["tokens"])
-            ended = self.eos_count(backend, opts["max_new_tokens"])
-            self.stdout.write(
-                f"{dtype:9} 1 stream {one:5.1f} tok/s   8 streams {eight:5.1f} tok/s   "
-                f"ended on eos: {ended}/{len(PROMPTS)} (greedy, <= {opts['max_new_tokens']} tokens)"
-            )
+            for quant in opts["quants"].split(","):
+                backend, label = load_mode(
+                    quant,
+                    simulate=opts["simulate"],
+                    dtype=dtype,
+                    progress=lambda line: self.stderr.write(line),
+                )
+                if opts["simulate"] and quant != "none":
+                    speeds = "(speed: simulated, not measured)          "
+                else:
+                    one = self.speed(backend, 1, opts["tokens"])
+                    eight = self.speed(backend, 8, opts["tokens"])
+                    speeds = f"1 stream {one:5.1f} tok/s   8 streams {eight:5.1f} tok/s"
+                ended = self.eos_count(backend, opts["max_new_tokens"])
+                self.stdout.write(
+                    f"{dtype:9} {label:16} {speeds}   ended on eos: {ended}/{len(PROMPTS)} "
+                    f"(greedy, <= {opts['max_new_tokens']} tokens)"
+                )
 
     @staticmethod
     def speed(backend, rows: int, tokens: int) -> float:

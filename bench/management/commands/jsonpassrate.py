@@ -49,9 +49,21 @@ class Command(BaseCommand):
         parser.add_argument("--prompts", type=int, default=20)
         parser.add_argument("--max-new-tokens", type=int, default=96)
         parser.add_argument("--temperature", type=float, default=0.0)
+        parser.add_argument(
+            "--quant", default="", help="none, int8 or int4 (default: as CHAT_MODEL_QUANT loads)"
+        )
+        parser.add_argument("--simulate", action="store_true", help="int8/int4 in float matmuls")
 
-    def handle(self, *args, prompts, max_new_tokens, temperature, **options):
-        backend = load(self)
+    def handle(self, *args, prompts, max_new_tokens, temperature, quant, simulate, **options):
+        if quant:
+            from bench.quant_modes import load_mode
+
+            backend, label = load_mode(
+                quant, simulate=simulate, progress=lambda line: self.stderr.write(line)
+            )
+            self.stdout.write(f"weights: {label}")
+        else:
+            backend = load(self)
         ways = [
             ("instruction only", [], None),
             ("instruction + one example (json policy)", EXAMPLE, None),

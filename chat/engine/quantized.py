@@ -1,0 +1,426 @@
+"""Weight-only quantized linears: every projection and the LM head read 4 or 8 bits a weight.
+
+A decode step of a small model on a CPU reads every weight once per step, so its speed is set by
+how many bytes the weights take. fp32 SmolLM2-135M is about 540 MB a token; int8 weights are a
+quarter of that, int4 an eighth. Activations, norms, attention and the KV cache stay in the
+model's dtype; only the matmuls read packed weights, through torch's own CPU kernels:
+
+- int8: `aten._weight_int8pack_mm`, one symmetric int8 scale per output row.
+- int4: `aten._weight_int4pack_mm_for_cpu`, asymmetric 4-bit in groups of 32 along the input,
+  `w = (q - 8) * scale + zero`. That is exactly GGUF's Q4_1 block (`w = d * q + m`, 32 weights a
+  block), so the bundled model's projections are loaded from the GGUF file's own blocks, bit for
+  bit what llama.cpp reads, rather than re-quantized from a dequantized copy.
+
+The LM head (tied to the embeddings in SmolLM2, Q8_0 in the GGUF) is int8 per row in both modes;
+the embedding lookup keeps the model's own table. `auto` (backend.py) times a decode step per
+candidate at load and keeps the fastest whose quality was measured acceptable
+(docs/engine.md, bench/scripts/quant_trial.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .weight_major import WeightMajorLinear
+
+log = logging.getLogger(__name__)
+
+MODES = ("auto", "none", "int8", "int4")
+GROUP = 32  # int4 group size along the input: GGUF's Q4_1/Q8_0 block
+GGML_Q4_1 = 3
+Q4_1_BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles
+# A GGUF block dequantized must match the loaded weight this closely (the converted model is the
+# same blocks rounded to bf16: relative error <= 2**-8), or the file is not this model's.
+GGUF_MATCH_TOLERANCE = 1e-2
+
+
+def kernels_available() -> bool:
+    """Whether this torch build has the CPU kernels (torch >= 2.5 or so)."""
+    return hasattr(torch.ops.aten, "_weight_int8pack_mm") and hasattr(
+        torch.ops.aten, "_weight_int4pack_mm_for_cpu"
+    )
+
+
+def int8_parts(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q int8 [out, in], scale [out]) with w ~ q * scale: symmetric, one scale per row."""
+    w = weight.detach().float()
+    scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)
+    q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+    return q, scales
+
+
+def int4_parts(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q [out, in] 0..15, scale, low [out, in / GROUP]) with w ~ q * scale + low per group."""
+    w = weight.detach().float()
+    out_features, in_features = w.shape
+    groups = w.reshape(out_features, in_features // GROUP, GROUP)
+    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+    scale = ((high - low) / 15).clamp(min=1e-12)
+    q = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15)
+    return q.reshape(out_features, in_features), scale, low
+
+
+def int4_weight(q: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    """The float32 weight [out, in] that 4-bit parts stand for."""
+    out_features, in_features = q.shape
+    groups = q.reshape(out_features, -1, GROUP).float() * scale[..., None] + low[..., None]
+    return groups.reshape(out_features, in_features)
+
+
+class QuantLinear(nn.Module):
+    """A bias-free linear whose weight is int8 per row or int4 in groups of GROUP (see module doc).
+
+    `compute_dtype` is the activation dtype the kernel runs in; input and output keep the caller's.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        in_features: int,
+        out_features: int,
+        weight: torch.Tensor,
+        scales: torch.Tensor,
+        compute_dtype: torch.dtype = torch.float32,
+    ):
+        super().__init__()
+        self.kind = kind
+        self.in_features = in_features
+        self.out_features = out_features
+        self.compute_dtype = compute_dtype
+        self.register_buffer("qweight", weight)
+        self.register_buffer("scales", scales.to(compute_dtype))
+
+    @classmethod
+    def int8(cls, weight: torch.Tensor, compute_dtype=torch.float32) -> QuantLinear:
+        """Symmetric int8, one scale per output row."""
+        q, scales = int8_parts(weight)
+        return cls("int8", q.shape[1], q.shape[0], q, scales, compute_dtype)
+
+    @classmethod
+    def int4(cls, weight: torch.Tensor, compute_dtype=torch.float32) -> QuantLinear:
+        """Asymmetric 4-bit per group of GROUP inputs (min/max), the way Q4_1 quantizes."""
+        return cls.from_nibbles(*int4_parts(weight), compute_dtype)
+
+    @classmethod
+    def from_nibbles(
+        cls, q: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, compute_dtype=torch.float32
+    ) -> QuantLinear:
+        """From 4-bit values `q` [out, in] (0..15) with `w = q * scale + low` per group [out, groups]."""
+        out_features, in_features = q.shape
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            q.to(torch.int32).contiguous(), 1
+        )
+        # The kernel's form: [groups, out, 2] of (scale, zero) with w = (q - 8) * scale + zero.
+        scales = torch.stack([scale, low + 8 * scale], dim=-1).transpose(0, 1).contiguous()
+        return cls("int4", in_features, out_features, packed, scales, compute_dtype)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        rows = hidden.reshape(-1, self.in_features)
+        if rows.dtype != self.compute_dtype:
+            rows = rows.to(self.compute_dtype)
+        if self.kind == "int8":
+            out = torch.ops.aten._weight_int8pack_mm(rows, self.qweight, self.scales)
+        else:
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                rows.contiguous(), self.qweight, GROUP, self.scales
+            )
+        if out.dtype != hidden.dtype:
+            out = out.to(hidden.dtype)
+        return out.reshape(*hidden.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"{self.kind}, in_features={self.in_features}, out_features={self.out_features}"
+
+
+def _projections(model) -> list[tuple[nn.Module, str, nn.Module, nn.Linear, str]]:
+    """(parent, attribute, child, linear, qualified name) of every bias-free nn.Linear.
+
+    A weight-major wrapper (weight_major.py) counts as the linear it wraps: it is the child that
+    is swapped out and put back.
+    """
+    found = []
+    for parent_name, parent in model.named_modules():
+        if isinstance(parent, WeightMajorLinear):
+            continue
+        for name, child in parent.named_children():
+            linear = child.linear if isinstance(child, WeightMajorLinear) else child
+            if type(linear) is nn.Linear and linear.bias is None:
+                qualified = f"{parent_name}.{name}" if parent_name else name
+                found.append((parent, name, child, linear, qualified))
+    return found
+
+
+def quantize(
+    model,
+    mode: str,
+    *,
+    gguf_blocks: dict[str, QuantLinear] | None = None,
+    compute_dtype: torch.dtype = torch.float32,
+) -> tuple[list[tuple[nn.Module, str, nn.Module]], int]:
+    """Swap every bias-free nn.Linear for a QuantLinear in `mode` ("int8" or "int4").
+
+    In int4 mode a projection found in `gguf_blocks` (by qualified module name) takes those
+    blocks; the LM head is int8 in both modes (a tied one keeps sharing its weight with the
+    embedding, which still looks rows up in it). Returns (parent, name, original) per swapped
+    layer, for `restore`, and how many layers came from GGUF blocks.
+    """
+    if mode not in ("int8", "int4"):
+        raise ValueError(f"quantize mode {mode!r}: use int8 or int4")
+    output = _output_linear(model)
+    undo, from_gguf = [], 0
+    for parent, name, child, linear, qualified in _projections(model):
+        if mode == "int8" or linear is output or linear.in_features % GROUP:
+            layer = QuantLinear.int8(linear.weight, compute_dtype)
+        elif gguf_blocks and qualified in gguf_blocks:
+            layer = gguf_blocks[qualified]
+            from_gguf += 1
+        else:
+            layer = QuantLinear.int4(linear.weight, compute_dtype)
+        setattr(parent, name, layer)
+        undo.append((parent, name, child))
+    return undo, from_gguf
+
+
+def restore(undo: list[tuple[nn.Module, str, nn.Module]]) -> None:
+    """Put back the layers `quantize` swapped out."""
+    for parent, name, original in undo:
+        setattr(parent, name, original)
+
+
+# -- GGUF Q4_1 blocks ------------------------------------------------------------------------
+
+# GGUF tensor name (per layer) -> transformers Llama module name.
+LLAMA_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def q4_1_nibbles(data: torch.Tensor, in_features: int):
+    """GGUF Q4_1 rows (uint8 [out, in / 32 * 20]) -> (q [out, in] 0..15, d, m [out, in / 32])."""
+    out_features = data.shape[0]
+    blocks = data.reshape(out_features, in_features // GROUP, Q4_1_BLOCK_BYTES)
+    d = blocks[..., 0:2].contiguous().view(torch.float16).squeeze(-1).float()
+    m = blocks[..., 2:4].contiguous().view(torch.float16).squeeze(-1).float()
+    nibbles = blocks[..., 4:].to(torch.int32)
+    q = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1)  # elements 0..15, then 16..31
+    return q.reshape(out_features, in_features), d, m
+
+
+def _unpermute_rows(rows: int, heads: int) -> torch.Tensor:
+    """llama.cpp stores q/k rows permuted for its rotary layout; the row order transformers uses.
+
+    The inverse of convert_hf_to_gguf's `permute`, as transformers' GGUF loader applies it.
+    """
+    index = torch.arange(rows)
+    return index.reshape(heads, rows // heads // 2, 2).swapaxes(1, 2).reshape(rows)
+
+
+def gguf_q4_1_parts(
+    gguf_path: str | Path, model
+) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The GGUF file's Q4_1 projections as 4-bit parts (q, d, m), by module name, checked
+    against `model`.
+
+    Only a Llama-architecture file whose blocks dequantize to the loaded weights is used: for any
+    other file, or one that does not match, this returns {} and the caller re-quantizes.
+    """
+    import gguf
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    field = reader.fields.get("general.architecture")
+    if field is None or bytes(field.parts[-1]).decode() != "llama":
+        return {}
+    config = model.config
+    modules = {q: lin for _, _, _, lin, q in _projections(model)}
+    parts: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+    for tensor in reader.tensors:
+        pieces = tensor.name.split(".")
+        if len(pieces) != 4 or pieces[0] != "blk" or pieces[2] not in LLAMA_NAMES:
+            continue
+        if tensor.tensor_type != GGML_Q4_1:
+            continue
+        qualified = f"model.layers.{pieces[1]}.{LLAMA_NAMES[pieces[2]]}"
+        linear = modules.get(qualified)
+        if linear is None:
+            return {}
+        out_features, in_features = linear.weight.shape
+        data = torch.from_numpy(tensor.data.copy())
+        if tuple(data.shape) != (out_features, in_features // GROUP * Q4_1_BLOCK_BYTES):
+            return {}
+        q, d, m = q4_1_nibbles(data, in_features)
+        if pieces[2] in ("attn_q", "attn_k"):
+            heads = (
+                config.num_attention_heads if pieces[2] == "attn_q" else config.num_key_value_heads
+            )
+            order = _unpermute_rows(out_features, heads)
+            q, d, m = q[order], d[order], m[order]
+        if pieces[1] in ("0", str(config.num_hidden_layers - 1)):
+            # Spot-check the first and last layers: the blocks must be this model's weights.
+            reference = linear.weight.detach().float()
+            error = (int4_weight(q, d, m) - reference).abs().max()
+            if error > GGUF_MATCH_TOLERANCE * reference.abs().max():
+                log.info("GGUF %s does not match %s: re-quantizing", tensor.name, qualified)
+                return {}
+        parts[qualified] = (q, d, m)
+    return parts
+
+
+def gguf_int4_layers(
+    gguf_path: str | Path, model, compute_dtype: torch.dtype = torch.float32
+) -> dict[str, QuantLinear]:
+    """QuantLinears from the GGUF file's Q4_1 blocks (gguf_q4_1_parts), by module name."""
+    return {
+        name: QuantLinear.from_nibbles(*parts, compute_dtype)
+        for name, parts in gguf_q4_1_parts(gguf_path, model).items()
+    }
+
+
+def simulate(model, mode: str, *, gguf_path: str | Path | None = None) -> list:
+    """Give every projection the float weight `mode` would compute with, in plain nn.Linears.
+
+    For measuring a mode's quality (perplexity, eos, pass rates) on a CPU whose kernels for it are
+    slow: the same weights, computed by the float matmul (logits agree with the kernels' within
+    the tolerance tests/test_quantized.py checks). A tied LM head gets a weight of its own, so the
+    embedding keeps looking up the float table, as in the real mode. Returns the undo list.
+    """
+    if mode not in ("int8", "int4"):
+        raise ValueError(f"simulate mode {mode!r}: use int8 or int4")
+    output = _output_linear(model)
+    gguf = gguf_q4_1_parts(gguf_path, model) if gguf_path and mode == "int4" else {}
+    undo = []
+    for parent, name, child, linear, qualified in _projections(model):
+        if mode == "int8" or linear is output or linear.in_features % GROUP:
+            q, scales = int8_parts(linear.weight)
+            weight = q.float() * scales[:, None]
+        elif qualified in gguf:
+            weight = int4_weight(*gguf[qualified])
+        else:
+            weight = int4_weight(*int4_parts(linear.weight))
+        layer = nn.Linear(linear.in_features, linear.out_features, bias=False)
+        layer.weight = nn.Parameter(weight.to(linear.weight.dtype), requires_grad=False)
+        setattr(parent, name, layer)
+        undo.append((parent, name, child))
+    return undo
+
+
+# `auto` keeps a mode only when its timed decode steps beat the model as loaded by this margin.
+MARGIN = 0.9
+# A kernel this much slower than the float matmul on one row of the largest projection is not
+# timed as a whole step: where torch's kernel is not vectorized for the CPU (measured 2.6x to 5x
+# slower per row on an AVX2-only EPYC) a step, and its prefill, would cost seconds at start-up.
+PROBE_LIMIT = 1.5
+
+
+def probe(linear: nn.Linear, layer: QuantLinear, repeats: int = 20) -> float:
+    """Seconds of `layer` over those of `linear` on one row (best of `repeats` each, alternating)."""
+    row = torch.randn(1, linear.in_features, dtype=linear.weight.dtype)
+    best = {"float": float("inf"), "quant": float("inf")}
+    with torch.inference_mode():
+        for _ in range(repeats):
+            for name, module in (("float", linear), ("quant", layer)):
+                started = time.perf_counter()
+                module(row)
+                best[name] = min(best[name], time.perf_counter() - started)
+    return best["quant"] / best["float"]
+
+
+def choose(
+    model,
+    mode: str,
+    time_steps: Callable[[], float],
+    *,
+    gguf_path: str | Path | None = None,
+) -> str:
+    """Quantize the model's linears per `mode`; returns a line for the start-up log.
+
+    "int8"/"int4" apply that mode. "auto" tries each mode the quality figures allow
+    (AUTO_CANDIDATES): a one-row probe of the largest projection first, then `time_steps` (the
+    seconds of representative decode steps) against the model as loaded, and keeps the fastest
+    if it beats the float model by MARGIN. "none" leaves the model alone.
+    """
+    if mode not in MODES:
+        raise ValueError(f"CHAT_MODEL_QUANT={mode!r}: use one of {', '.join(MODES)}")
+    if mode == "none":
+        return "weights not quantized (CHAT_MODEL_QUANT=none)"
+    if model.device.type != "cpu" or not kernels_available():
+        if mode == "auto":
+            return f"weights not quantized: no weight-only kernel for {model.device.type} here"
+        raise ValueError(f"CHAT_MODEL_QUANT={mode}: torch has no such kernel for {model.device}")
+    blocks: dict[str, QuantLinear] = {}
+    if gguf_path is not None and mode == "int4":
+        blocks = gguf_int4_layers(gguf_path, model)
+    if mode != "auto":
+        _, from_gguf = quantize(model, mode, gguf_blocks=blocks)
+        return f"weights {mode} (CHAT_MODEL_QUANT={mode}){_source(mode, from_gguf)}"
+    if not AUTO_CANDIDATES:
+        return (
+            "weights not quantized (auto): no mode has yet matched fp32's quality "
+            "(CHAT_MODEL_QUANT=int4 or int8 forces one)"
+        )
+    gate = _largest_projection(model)
+    timings: dict[str, float] = {}
+    notes = []
+    for candidate in AUTO_CANDIDATES:
+        ratio = probe(gate[1], getattr(QuantLinear, candidate)(gate[1].weight))
+        if ratio > PROBE_LIMIT:
+            notes.append(f"{candidate} kernel {ratio:.1f}x float on one row, not tried")
+            continue
+        if not timings:
+            timings["none"] = time_steps()
+        if candidate == "int4" and gguf_path is not None and not blocks:
+            blocks = gguf_int4_layers(gguf_path, model)
+        undo, _ = quantize(model, candidate, gguf_blocks=blocks)
+        timings[candidate] = time_steps()
+        restore(undo)
+    best = min(timings, key=timings.get) if timings else "none"
+    if best != "none" and timings[best] >= timings["none"] * MARGIN:
+        best = "none"
+    from_gguf = 0
+    if best != "none":
+        _, from_gguf = quantize(model, best, gguf_blocks=blocks)
+    figures = ", ".join(f"{name} {seconds * 1000:.0f} ms" for name, seconds in timings.items())
+    return (
+        f"weights {'not quantized' if best == 'none' else best} (auto)"
+        + (f": decode steps {figures}" if timings else "")
+        + "".join(f"; {note}" for note in notes)
+        + _source(best, from_gguf)
+    )
+
+
+def _largest_projection(model) -> tuple[str, nn.Linear]:
+    """(name, layer) of the largest projection other than the LM head: what the probe times."""
+    output = _output_linear(model)
+    name, linear = max(
+        ((q, lin) for _, _, _, lin, q in _projections(model) if lin is not output),
+        key=lambda item: item[1].weight.numel(),
+    )
+    return name, linear
+
+
+def _output_linear(model) -> nn.Module | None:
+    """The LM head's nn.Linear, looking through a weight-major wrapper."""
+    output = model.get_output_embeddings()
+    return output.linear if isinstance(output, WeightMajorLinear) else output
+
+
+def _source(mode: str, from_gguf: int) -> str:
+    return f", {from_gguf} layers from the GGUF's Q4_1 blocks" if mode == "int4" else ""
+
+
+# The modes `auto` may pick: those whose quality figures matched fp32's (docs/benchmarks.md). None
+# has yet: on the 20 dtypecheck prompts fp32 ended 19 answers on eos, int8 17 and int4 18 (with
+# perplexity +1.4 % and +0.1 %), and a mode that ends fewer answers is not the default. Add a mode
+# here once it ends as many; until then `auto` keeps the float model and int8/int4 are opt-in.
+AUTO_CANDIDATES: tuple[str, ...] = ()
