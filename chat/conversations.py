@@ -1,9 +1,8 @@
 """Managing one's conversations: rename, delete, export. Always through the owner's own queryset.
 
-Deleting a conversation deletes its messages (on cascade). Cached answers are not deleted with
-it: a cached answer belongs to the model input it answers, which anyone may send again (the
-same first question from another user hits the same key), not to one conversation. Admins
-review, reject or evict them at /admin/chat/cachedanswer/, and they expire with their TTL.
+Deleting a conversation deletes its messages, cancels an answer still generating in it, and
+reaches the completion cache: a cached answer that no other conversation holds goes from Redis
+and from the review list (chat/erasure.py; docs/privacy.md).
 """
 
 from __future__ import annotations
@@ -12,6 +11,7 @@ import json
 
 from django.utils import timezone
 
+from .erasure import conversations_erase
 from .selectors import Owner, conversation_detail, conversations_for
 
 MAX_TITLE = 120
@@ -33,8 +33,9 @@ def conversation_rename(*, owner: Owner, conversation_id: int, title) -> bool:
 
 def conversation_delete(*, owner: Owner, conversation_id: int) -> bool:
     """Delete the owner's conversation and its messages; False if it is not theirs."""
-    deleted, _ = conversations_for(owner).filter(pk=conversation_id).delete()
-    return deleted > 0
+    return (
+        conversations_erase(conversations=conversations_for(owner).filter(pk=conversation_id)) > 0
+    )
 
 
 def export_json(owner: Owner, conversation_id: int) -> str | None:
