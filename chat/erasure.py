@@ -59,8 +59,10 @@ def conversations_erase(*, conversations: QuerySet[Conversation]) -> int:
     holds are erased then (`sources_sweep`, through the post_delete signal).
     """
     with transaction.atomic():
-        # Locked first, so an answer being cached for one of them waits, then finds it gone.
-        ids = list(conversations.select_for_update().values_list("pk", flat=True))
+        # Locked first, so an answer being cached for one of them waits, then finds it gone. By
+        # pk: a caller's queryset may outer-join (select_related), which PostgreSQL cannot lock.
+        locked = Conversation.objects.select_for_update().filter(pk__in=conversations.values("pk"))
+        ids = list(locked.values_list("pk", flat=True))
         if not ids:
             return 0
         running = list(

@@ -407,6 +407,26 @@ async def test_deleting_a_record_in_the_admin_evicts_its_key(scripted_ready):
     assert await acount(PendingEviction) == 0
 
 
+@ws_db
+async def test_staff_deleting_a_conversation_in_the_admin_erases_its_cached_answer(scripted_ready):
+    scripted_ready(Answer(("OK.",)), Answer(("OK.",)))
+    kept = await conversation_of(await ask(await visitor(), "Keep this one."))
+    gone = await conversation_of(await ask(await visitor()))
+    staff = AsyncClient()
+    await staff.aforce_login(
+        await sync_to_async(User.objects.create_superuser)("root", password="pw")
+    )
+    response = await staff.post(
+        "/admin/chat/conversation/",
+        {"action": "delete_selected", "_selected_action": [gone], "post": "yes"},
+    )
+    assert response.status_code == 302
+    assert await sync_to_async(list)(Conversation.objects.values_list("pk", flat=True)) == [kept]
+    prompts = await sync_to_async(list)(CachedAnswer.objects.values_list("prompt", flat=True))
+    assert prompts == ["Keep this one."] and len(cached_keys()) == 1
+    assert PASSPORT not in await review_list(staff)
+
+
 # -- an account -------------------------------------------------------------------------
 
 
