@@ -473,6 +473,7 @@ async def test_a_user_deletes_their_account_with_their_password(scripted_ready):
     assert 'id="delete-conversations">3 conversations' in page and "2 API keys" in page
     assert await sync_to_async(sessions_of)(user.pk) == 2
 
+    open_socket = await socket_of(http)  # a tab left open through the deletion
     wrong = await http.post("/account/delete/", {"password": "not it"})
     assert wrong.status_code == 400 and "That is not your password." in wrong.content.decode()
     assert await acount(User, pk=user.pk) == 1 and await acount(ApiKey, revoked_at=None) == 2
@@ -490,6 +491,10 @@ async def test_a_user_deletes_their_account_with_their_password(scripted_ready):
     assert remaining == ["What is the capital of France?"] and len(cached_keys()) == 1
     assert (await things["other"].get("/api/conversations/")).json()["conversations"]
     assert (await http.get("/account/deleted/")).status_code == 200
+    request_id = await open_socket.prompt(SECRET)  # refused: nothing is stored for them again
+    assert (await open_socket.receive_until("error", request_id))[-1]["code"] == "storage_failed"
+    assert await acount(Conversation, user_id=user.pk) == 0
+    await open_socket.close()
 
 
 @ws_db
@@ -636,8 +641,9 @@ async def test_purge_deletes_what_is_past_retention_and_visitors_whose_session_e
     assert remaining == {recent, conversations["resumed"].pk, conversations["live"].pk}
     prompts = await sync_to_async(list)(CachedAnswer.objects.values_list("prompt", flat=True))
     assert prompts == ["What is the capital of France?"] and len(cached_keys()) == 1
-    await sync_to_async(call_command)("purge", stdout=io.StringIO())  # again: nothing to do
-    assert await acount(Conversation) == 3
+    quiet = io.StringIO()
+    await sync_to_async(call_command)("purge", verbosity=0, stdout=quiet)  # again: nothing to do
+    assert await acount(Conversation) == 3 and quiet.getvalue() == ""
 
 
 @ws_db

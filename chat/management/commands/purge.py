@@ -32,12 +32,13 @@ class Command(BaseCommand):
             if days
             else "retention off (CHAT_RETENTION_DAYS unset)"
         )
-        self.stdout.write(
-            f"purge: {expired}, {report.visitors} of visitors whose session ended; cached answers "
-            f"{report.answers_before} -> {report.answers_after} "
-            f"({report.redacted} approved kept with the prompt redacted); "
-            f"{report.evictions_pending} cache eviction(s) pending"
-        )
+        if options["verbosity"] >= 1:  # -v 0 for cron: only a failure says anything
+            self.stdout.write(
+                f"purge: {expired}, {report.visitors} of visitors whose session ended; cached answers "
+                f"{report.answers_before} -> {report.answers_after} "
+                f"({report.redacted} approved kept with the prompt redacted); "
+                f"{report.evictions_pending} cache eviction(s) pending"
+            )
         if report.evictions_pending:
             raise CommandError(
                 f"{report.evictions_pending} cache eviction(s) are pending: Redis is unreachable. "
