@@ -30,7 +30,7 @@ from django.test import AsyncClient
 from django.utils import timezone
 
 from bench.liveserver import free_port
-from chat import erasure
+from chat import erasure, services
 from chat.apikeys import apikey_authenticate, apikey_create
 from chat.cache import KEY_PREFIX, completion_cache
 from chat.engine.concurrent import ConcurrentScheduler
@@ -65,6 +65,13 @@ def cached_keys(url: str = TEST_CACHE_URL) -> set[str]:
         client.close()
 
 
+def count(model, **filters) -> int:
+    return model.objects.filter(**filters).count()
+
+
+acount = sync_to_async(count)
+
+
 async def visitor() -> AsyncClient:
     http = AsyncClient()
     await http.get("/")  # the session the visitor's socket shares
@@ -85,13 +92,20 @@ async def socket_of(http: AsyncClient) -> ChatClient:
 
 
 async def ask(http: AsyncClient, text: str = SECRET) -> dict:
-    """One prompt over the caller's socket in a new conversation; its `done`."""
+    """One prompt over the caller's socket in a new conversation; its `done`, once the turn has
+    settled (an answer is cached, and a hit counted, after `done` went out)."""
     chat = await socket_of(http)
     try:
         request_id = await chat.prompt(text)
-        return (await chat.receive_until("done", request_id, timeout=30))[-1]
+        done = (await chat.receive_until("done", request_id, timeout=30))[-1]
     finally:
         await chat.close()
+    for _ in range(500):
+        stored = await acount(Message, pk=done["message"], status=Message.Status.STREAMING) == 0
+        if stored and services.running_turns.get(done["message"]) is None:
+            return done
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the turn of message {done['message']} never settled")
 
 
 async def conversation_of(done: dict) -> int:
@@ -119,13 +133,6 @@ async def review_list(staff: AsyncClient) -> str:
     response = await staff.get("/admin/chat/cachedanswer/")
     assert response.status_code == 200
     return response.content.decode()
-
-
-def count(model, **filters) -> int:
-    return model.objects.filter(**filters).count()
-
-
-acount = sync_to_async(count)
 
 
 @pytest.fixture
