@@ -2,6 +2,8 @@ import copy
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import UserAdmin
 from django.core.exceptions import PermissionDenied
 from django.forms.models import construct_instance
 from django.http import HttpResponseNotAllowed
@@ -12,7 +14,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.text import Truncator
 
-from . import review
+from . import erasure, review
 from .accounts import AdminSignInForm
 from .apikeys import new_key
 from .models import ApiKey, CachedAnswer, Conversation, Message, OutputPolicy, PolicyRevision
@@ -38,6 +40,36 @@ class ConversationAdmin(admin.ModelAdmin):
     search_fields = ("title", "messages__text")
     list_filter = ("updated_at",)
     inlines = [MessageInline]
+
+    # As the owner's Delete does: running answers cancelled, cached answers nobody holds erased.
+    def delete_model(self, request, obj):
+        erasure.conversations_erase(conversations=Conversation.objects.filter(pk=obj.pk))
+
+    def delete_queryset(self, request, queryset):
+        erasure.conversations_erase(conversations=queryset)
+
+
+User = get_user_model()
+admin.site.unregister(User)
+
+
+@admin.register(User)
+class AccountAdmin(UserAdmin):
+    """Deleting a user here is the deletion users can do themselves (chat/erasure.py): API keys
+    revoked first, conversations, cached answers only they held, sessions."""
+
+    def delete_model(self, request, obj):
+        erasure.account_erase(user=obj)
+
+    def delete_queryset(self, request, queryset):
+        for user in queryset:
+            erasure.account_erase(user=user)
+
+    def get_deleted_objects(self, objs, request):
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        # An account's keys go with it (revoked first); a key alone still cannot be deleted.
+        perms_needed.discard(ApiKey._meta.verbose_name)
+        return deleted, counts, perms_needed, protected
 
 
 @admin.register(Message)
@@ -198,6 +230,7 @@ class CachedAnswerAdmin(admin.ModelAdmin):
         "first_served_at",
         "last_served_at",
         "reviewed_by",
+        "redacted_at",
         "created_at",
         "updated_at",
     )

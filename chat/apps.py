@@ -7,7 +7,8 @@ class ChatConfig(AppConfig):
     verbose_name = "Chat"
 
     def ready(self):
-        from . import checks  # noqa: F401  registers the system checks
+        # checks registers the system checks; erasure and evictions their post_delete receivers.
+        from . import checks, erasure, evictions  # noqa: F401
         from .recovery import on_post_migrate
 
         # Start-up migrates before serving: answers a previous process left streaming are closed then.

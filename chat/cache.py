@@ -82,6 +82,13 @@ class CompletionCache:
     def evict(self, key: str) -> bool:
         return bool(self._call("evict", lambda r: r.delete(KEY_PREFIX + key)))
 
+    def remove(self, *keys: str) -> bool:
+        """Delete `keys`: True once Redis answered (they are gone, whether or not they were
+        there), False if Redis could not be asked. Unlike `evict`, False means "try again"."""
+        names = [KEY_PREFIX + key for key in keys]
+        answered, _ = self._guard.call("evict", lambda r: r.delete(*names))
+        return answered
+
     def status(self) -> str:
         return self._guard.status("serving uncached")
 

@@ -13,9 +13,11 @@ class Conversation(models.Model):
     session_key = models.CharField(max_length=64, blank=True, db_index=True)
     title = models.CharField(max_length=120, blank=True)
     # Set for a conversation made through the OpenAI-compatible API (one per request). Keys
-    # are revoked, not deleted, so these never turn into page conversations.
+    # are revoked, not deleted, so these never turn into page conversations. RESTRICT, not
+    # PROTECT: a key alone cannot be deleted, but deleting its user takes key and
+    # conversations together (account deletion).
     api_key = models.ForeignKey(
-        "ApiKey", null=True, blank=True, on_delete=models.PROTECT, related_name="conversations"
+        "ApiKey", null=True, blank=True, on_delete=models.RESTRICT, related_name="conversations"
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -290,6 +292,12 @@ class CachedAnswer(models.Model):
     reviewed_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
     )
+    redacted_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="when its prompt was erased: an approved answer kept after every conversation "
+        "that held the prompt was deleted",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -301,6 +309,55 @@ class CachedAnswer(models.Model):
 
     def __str__(self):
         return f"{self.prompt[:60]} ({self.status})"
+
+
+class CachedAnswerSource(models.Model):
+    """A conversation that holds a cached answer's prompt: it produced the answer or was served it.
+
+    Deleting the conversation (by any path) releases the link (conversation NULL) in the same
+    transaction; chat/erasure.py then erases the answer once no live conversation holds it.
+    """
+
+    cached_answer = models.ForeignKey(
+        CachedAnswer, on_delete=models.CASCADE, related_name="sources"
+    )
+    conversation = models.ForeignKey(
+        Conversation,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="cached_answer_sources",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["cached_answer", "conversation"], name="one_source_per_conversation"
+            )
+        ]
+
+    def __str__(self):
+        return f"{self.cached_answer_id} <- {self.conversation_id or 'released'}"
+
+
+class PendingEviction(models.Model):
+    """A completion-cache key that must leave Redis; deleted once Redis confirmed it is gone.
+
+    Written in the transaction that deleted the answer's record, so an eviction Redis could not
+    take at the time (an outage) is retried later (chat/evictions.py), never forgotten.
+    """
+
+    key = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    attempts = models.PositiveIntegerField(default=0)
+    last_attempt_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self):
+        return f"evict {self.key[:12]}… ({self.attempts} attempts)"
 
 
 class ApiKey(models.Model):

@@ -325,6 +325,8 @@ def done_event(
 
 # A prompt sent while the server drains before a restart (SIGTERM); the page sends it again later.
 SERVER_RESTARTING = "server_restarting"
+# The `reason` of a `done` (cancelled) whose conversation was deleted while it was generated.
+CONVERSATION_DELETED = "conversation_deleted"
 # The socket's close code when the server stops (4000-4999 are the application's own; 1012
 # "service restart" is reserved for the WebSocket library). The page reconnects and says so.
 CLOSE_SERVER_RESTARTING = 4012

@@ -1,6 +1,8 @@
 """Cached answers: remember a completed answer for review, and the admins' decisions on it.
 
-Redis holds only servable answers; the CachedAnswer row is the record admins review.
+Redis holds only servable answers; the CachedAnswer row is the record admins review. Each
+record is linked to the conversations holding its prompt (the one that produced it, and every
+one it was served to), so deleting them reaches the cache (chat/erasure.py).
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from . import evictions
 from .cache import completion_cache
-from .models import CachedAnswer, OutputPolicy
+from .models import CachedAnswer, CachedAnswerSource, Conversation, OutputPolicy
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +41,25 @@ def _publish(record: CachedAnswer) -> bool:
     return completion_cache.put(record.key, cache_entry(record), _ttl(record))
 
 
+def _conversation_locked(conversation_id: int) -> bool:
+    """Lock the conversation's row until the transaction ends; False if it is gone.
+
+    A deletion locks the same rows first (chat/erasure.py), so it either waits for the link
+    being written here, and then releases it, or comes first and leaves nothing to link to.
+    """
+    return bool(
+        Conversation.objects.select_for_update().filter(pk=conversation_id).values_list("pk")
+    )
+
+
+def _source_link(record: CachedAnswer, conversation_id: int) -> None:
+    CachedAnswerSource.objects.get_or_create(cached_answer=record, conversation_id=conversation_id)
+
+
 def answer_remember(
     *,
     key: str,
+    conversation_id: int,
     prompt: str,
     rendered_prompt: str,
     text: str,
@@ -53,8 +72,11 @@ def answer_remember(
     model_id: str,
     require_review: bool,
 ) -> CachedAnswer | None:
-    """Record a normally ended, policy-passing answer; publish it unless it awaits review or was rejected."""
+    """Record a normally ended, policy-passing answer of `conversation_id`; publish it unless it
+    awaits review or was rejected. Nothing is recorded for a conversation deleted meanwhile."""
     with transaction.atomic():
+        if not _conversation_locked(conversation_id):
+            return None  # deleted while its answer was generated: nothing of it is cached
         record, created = CachedAnswer.objects.select_for_update().get_or_create(
             key=key,
             defaults=dict(
@@ -70,9 +92,13 @@ def answer_remember(
                 model_id=model_id,
             ),
         )
+        _source_link(record, conversation_id)  # a rejected record holds the prompt too
         if record.status == CachedAnswer.Status.REJECTED:
             return None  # an admin said no: this key stays uncached until they reset it
         if not created:
+            if record.redacted_at is not None:  # a kept approved answer: a new holder's prompt
+                record.prompt, record.rendered_prompt = prompt, rendered_prompt
+                record.redacted_at = None
             if record.answer != text and record.status == CachedAnswer.Status.APPROVED:
                 record.status = (
                     CachedAnswer.Status.PENDING
@@ -83,16 +109,25 @@ def answer_remember(
             record.finish_reason = finish_reason
             record.save()
     if not require_review or record.status == CachedAnswer.Status.APPROVED:
+        # A moment to reach Redis anyway: erased keys still waiting for it go first (so a
+        # late eviction never removes what is published next).
+        evictions.evictions_retry()
         _publish(record)
     return record
 
 
-def answer_served(record_id: int) -> None:
+def answer_served(record_id: int, *, conversation_id: int | None = None) -> None:
+    """Count one serving; the conversation served it now holds its prompt too."""
     now = timezone.now()
-    CachedAnswer.objects.filter(pk=record_id).update(hits=F("hits") + 1, last_served_at=now)
-    CachedAnswer.objects.filter(pk=record_id, first_served_at__isnull=True).update(
-        first_served_at=now
-    )
+    with transaction.atomic():
+        if conversation_id is not None and _conversation_locked(conversation_id):
+            record = CachedAnswer.objects.select_for_update().filter(pk=record_id).first()
+            if record is not None:
+                _source_link(record, conversation_id)
+        CachedAnswer.objects.filter(pk=record_id).update(hits=F("hits") + 1, last_served_at=now)
+        CachedAnswer.objects.filter(pk=record_id, first_served_at__isnull=True).update(
+            first_served_at=now
+        )
 
 
 def answer_approve(record: CachedAnswer, *, by) -> bool:

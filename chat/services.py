@@ -33,6 +33,7 @@ from .engine.types import (
     TextChunk,
     Ticket,
 )
+from .evictions import entry_servable
 from .models import Conversation, Message
 from .policy import Cut, Emit, Hold, Retract, gate_for, reask_message
 from .prompting import fit_prompt, request_for, turn_cache_key
@@ -387,7 +388,10 @@ async def _turn_start(
             entry = await sync_to_async(completion_cache.get, thread_sensitive=False)(
                 prepared.cache_key
             )
-            if entry is not None:
+            # An entry whose record was erased is never served, even before Redis lets it go.
+            if entry is not None and await sync_to_async(entry_servable)(
+                key=prepared.cache_key, entry=entry
+            ):
                 await run.serve_cached(entry)
                 return turn
             prometheus.CACHE_MISSES.inc()
@@ -828,6 +832,7 @@ class _TurnRun:
         try:
             await sync_to_async(review.answer_remember)(
                 key=self.cache_key,
+                conversation_id=self.turn.conversation_id,
                 prompt=self.prompt_text,
                 rendered_prompt=self.rendered,
                 text=text,

@@ -29,11 +29,15 @@ _late_stores: set[asyncio.Task] = set()  # strong references, so pending writes 
 
 
 def store_cached_answer(message_id: int, record_id: int | None, **fields) -> None:
-    """A cache hit's answer, and one more serving counted on its review record, together."""
+    """A cache hit's answer, and one more serving counted on its review record (which now
+    counts the answer's conversation among its prompt's holders), together."""
     with transaction.atomic():
         store_answer(message_id, **fields)
         if record_id is not None:
-            review.answer_served(record_id)
+            conversation_id = (
+                Message.objects.filter(pk=message_id).values_list("conversation_id", flat=True)
+            ).first()
+            review.answer_served(record_id, conversation_id=conversation_id)
 
 
 def store_answer(message_id: int, **fields) -> None:

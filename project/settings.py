@@ -165,6 +165,11 @@ if CHAT_SIGNUP not in {"open", "closed"}:
 CHAT_SIGNIN_FAILURES_PER_ACCOUNT = envint("CHAT_SIGNIN_FAILURES_PER_ACCOUNT", 5)
 CHAT_SIGNIN_FAILURES_PER_ADDRESS = envint("CHAT_SIGNIN_FAILURES_PER_ADDRESS", 20)
 CHAT_SIGNIN_WINDOW_MINUTES = envint("CHAT_SIGNIN_WINDOW_MINUTES", 15)
+# Conversations with nothing new for this many days are deleted by `manage.py purge`, run from
+# cron or a systemd timer (docs/privacy.md); 0 (unset) keeps them.
+CHAT_RETENTION_DAYS = envint("CHAT_RETENTION_DAYS", 0)
+if CHAT_RETENTION_DAYS < 0:
+    raise ImproperlyConfigured("CHAT_RETENTION_DAYS must be 0 (keep) or a number of days")
 # Password-reset mail: printed to the console unless EMAIL_HOST names an SMTP server.
 EMAIL_HOST = env("EMAIL_HOST", "")
 EMAIL_BACKEND = env(

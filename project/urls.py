@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from chat import accounts, api, apikey_views, openai_api, views
+from chat import account_views, accounts, api, apikey_views, openai_api, views
 from chat.admin_views import latency_view
 
 handler400 = "chat.api.bad_request"  # JSON for /api/ clients
@@ -65,6 +65,9 @@ urlpatterns = [
     path("api/chat/cancel", api.cancel, name="api-chat-cancel"),
     path("api/csrf", api.csrf, name="api-csrf"),
     path("account/api-keys/", apikey_views.api_keys, name="account-api-keys"),
+    path("account/export", account_views.account_export, name="account-export"),
+    path("account/delete/", account_views.account_delete, name="account-delete"),
+    path("account/deleted/", account_views.account_deleted, name="account-deleted"),
     path("v1/models", openai_api.models, name="openai-models"),
     path("v1/chat/completions", openai_api.chat_completions, name="openai-chat-completions"),
     path("v1/<path:rest>", openai_api.not_found),

@@ -5,7 +5,7 @@ import json
 import pytest
 from django.test import Client
 
-from chat.models import CachedAnswer, Conversation, Message
+from chat.models import CachedAnswer, CachedAnswerSource, Conversation, Message
 
 pytestmark = pytest.mark.django_db
 
@@ -46,12 +46,10 @@ def test_rename_changes_the_title_and_refuses_a_bad_one():
     assert conversation.title == "Night birds"  # nothing lost by bad input
 
 
-def test_delete_removes_the_conversation_and_its_messages_but_not_cached_answers():
-    client = visitor()
-    conversation = make_conversation(client)
-    cached = CachedAnswer.objects.create(
-        key="k" * 64,
-        prompt="Tell me about owls",
+def cached_answer(key: str, prompt: str, *holders: Conversation) -> CachedAnswer:
+    record = CachedAnswer.objects.create(
+        key=key * 64,
+        prompt=prompt,
         rendered_prompt="...",
         answer="Owls",
         finish_reason="eos",
@@ -59,10 +57,26 @@ def test_delete_removes_the_conversation_and_its_messages_but_not_cached_answers
         policy_version=1,
         model_id="m",
     )
-    assert client.delete(f"/api/conversations/{conversation.pk}/").status_code == 204
+    for conversation in holders:
+        CachedAnswerSource.objects.create(cached_answer=record, conversation=conversation)
+    return record
+
+
+def test_delete_removes_the_conversation_its_messages_and_the_cached_answers_only_it_held(
+    django_capture_on_commit_callbacks,
+):
+    """Cached answers go with the last conversation holding their prompt (docs/privacy.md)."""
+    client, other = visitor(), visitor()
+    conversation = make_conversation(client)
+    elsewhere = make_conversation(other)
+    only_here = cached_answer("k", "Tell me about owls", conversation)
+    shared = cached_answer("s", "Tell me about owls, again", conversation, elsewhere)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert client.delete(f"/api/conversations/{conversation.pk}/").status_code == 204
     assert not Conversation.objects.filter(pk=conversation.pk).exists()
     assert not Message.objects.filter(conversation_id=conversation.pk).exists()
-    assert CachedAnswer.objects.filter(pk=cached.pk).exists()  # documented: kept, admins evict
+    assert not CachedAnswer.objects.filter(pk=only_here.pk).exists()
+    assert list(shared.sources.values_list("conversation_id", flat=True)) == [elsewhere.pk]
     assert client.get(f"/api/conversations/{conversation.pk}/").status_code == 404
     assert client.delete(f"/api/conversations/{conversation.pk}/").status_code == 404
 
