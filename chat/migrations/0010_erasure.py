@@ -28,7 +28,7 @@ def link_existing(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('chat', '0007_api_keys'),
+        ('chat', '0009_chat_policy_decoding'),
     ]
 
     operations = [
