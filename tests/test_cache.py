@@ -198,28 +198,24 @@ async def test_reviewing_cached_answers_needs_its_own_permission(example_policie
 
 
 class RedisServer:
-    """A redis-server of the test's own on a free loopback port, to stop and start at will."""
+    """A redis-server of the test's own on a free loopback port, to stop and start at will.
 
-    def __init__(self):
+    With a `directory` it keeps its data across a stop and a start (saved on shutdown), so an
+    entry left behind by an outage is still there when it comes back.
+    """
+
+    def __init__(self, directory=None):
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.directory = None if directory is None else str(directory)
         self.process = None
 
     def start(self):
-        self.process = subprocess.Popen(
-            [
-                shutil.which("redis-server"),
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ],
-            stdout=subprocess.DEVNULL,
-        )
+        command = [shutil.which("redis-server"), "--port", str(self.port), "--bind", "127.0.0.1"]
+        command += ["--save", "", "--appendonly", "no"]
+        if self.directory is not None:
+            command += ["--dir", self.directory, "--dbfilename", "dump.rdb"]
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
         import redis
 
         for _ in range(100):
@@ -231,7 +227,14 @@ class RedisServer:
         raise RuntimeError("redis-server did not start")
 
     def stop(self):
-        self.process.terminate()
+        if self.process is None or self.process.poll() is not None:
+            return
+        if self.directory is not None:
+            import redis
+
+            redis.Redis.from_url(self.url).shutdown(save=True)
+        else:
+            self.process.terminate()
         self.process.wait(10)
 
 

@@ -12,8 +12,6 @@ import asyncio
 import importlib
 import io
 import logging
-import shutil
-import subprocess
 import threading
 import time
 from datetime import timedelta
@@ -46,6 +44,7 @@ from chat.models import (
 from chat.protocol import CONVERSATION_DELETED
 from tests.conftest import TEST_CACHE_URL, ChatClient
 from tests.scripted import Answer, ScriptedBackend
+from tests.test_cache import RedisServer
 
 ws_db = pytest.mark.django_db(transaction=True)
 
@@ -309,35 +308,6 @@ async def test_an_answer_that_ends_normally_after_its_conversation_was_deleted_i
 # -- Redis down during a deletion -------------------------------------------------------
 
 
-class PersistentRedis:
-    """A redis-server of the test's own that keeps its data across a stop and a start, so an
-    entry left behind by an outage is still there when Redis comes back."""
-
-    def __init__(self, directory):
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.directory = str(directory)
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        command = [shutil.which("redis-server"), "--port", str(self.port), "--bind", "127.0.0.1"]
-        command += ["--dir", self.directory, "--dbfilename", "dump.rdb", "--save", ""]
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
-        for _ in range(100):
-            try:
-                redis.Redis.from_url(self.url).ping()
-                return
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
-
-    def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        redis.Redis.from_url(self.url).shutdown(save=True)
-        self.process.wait(10)
-
-
 @ws_db
 async def test_a_redis_outage_during_deletion_leaves_a_pending_eviction_that_is_retried(
     scripted_ready, settings, monkeypatch, tmp_path
@@ -345,7 +315,7 @@ async def test_a_redis_outage_during_deletion_leaves_a_pending_eviction_that_is_
     """Redis down when the conversation is deleted: the row goes at once, the eviction is kept
     in the database, nothing erased is served once Redis is back, and the eviction is done by
     the next try (here `manage.py purge`, which exits 1 while it cannot)."""
-    server = PersistentRedis(tmp_path)
+    server = RedisServer(tmp_path)
     server.start()
     settings.CHAT_CACHE_REDIS_URL = server.url
     monkeypatch.setattr(completion_cache, "backoff_seconds", 0.1)
