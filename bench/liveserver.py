@@ -96,6 +96,16 @@ class LiveServer:
         )
         return done.stdout
 
+    def policy(self, slug: str, **fields) -> None:
+        """Store an output policy `slug` with `fields` (plain Python values), unless it exists."""
+        fields.setdefault("name", slug)
+        self.manage(
+            "shell",
+            "-c",
+            "from chat.models import OutputPolicy as P; "
+            f"P.objects.get_or_create(slug={slug!r}, defaults={fields!r})",
+        )
+
     def health(self) -> tuple[int, dict | None]:
         try:
             with urllib.request.urlopen(self.url + "/healthz", timeout=2) as response:

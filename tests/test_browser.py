@@ -98,11 +98,8 @@ def test_a_structured_answer_is_shown_as_validating_then_as_pretty_json(page, da
 
 def test_a_withdrawn_answer_is_replaced_by_a_notice(page, daphne_server):
     """A stream policy whose blocklist term appears: the shown text is replaced by a notice."""
-    daphne_server.manage(
-        "shell",
-        "-c",
-        "from chat.models import OutputPolicy as P; P.objects.get_or_create(slug='clean', "
-        "defaults=dict(name='Clean', mode='stream', blocklist_terms='12', max_new_tokens=200))",
+    daphne_server.policy(
+        "clean", name="Clean", mode="stream", blocklist_terms="12", max_new_tokens=200
     )
     open_chat(page, daphne_server)
     page.select_option("#policy", "clean")

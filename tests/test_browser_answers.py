@@ -8,12 +8,7 @@ PROMPT = "Count from 1 to 10, separated by commas."
 
 
 def short_policy(server) -> None:
-    server.manage(
-        "shell",
-        "-c",
-        "from chat.models import OutputPolicy as P; P.objects.get_or_create(slug='short', "
-        "defaults=dict(name='Short', mode='stream', max_new_tokens=12))",
-    )
+    server.policy("short", name="Short", mode="stream", max_new_tokens=12)
 
 
 def test_regenerate_and_edit_keep_earlier_versions_and_survive_a_reload(page, daphne_server):
@@ -67,12 +62,7 @@ def test_escape_stops_the_running_answer(page, daphne_server):
 def test_continue_writes_the_rest_of_a_cut_off_answer_into_the_same_bubble(page, daphne_server):
     """An answer cut off at the token limit offers Continue; the rest streams into the same
     answer, which stays one answer after a reload."""
-    daphne_server.manage(
-        "shell",
-        "-c",
-        "from chat.models import OutputPolicy as P; P.objects.get_or_create(slug='tiny', "
-        "defaults=dict(name='Tiny', mode='stream', max_new_tokens=4))",
-    )
+    daphne_server.policy("tiny", mode="stream", max_new_tokens=4)
     open_chat(page, daphne_server)
     page.select_option("#policy", "tiny")
     page.fill("#prompt", "Write a long story about a fox in a forest.")
@@ -98,12 +88,11 @@ def test_continue_writes_the_rest_of_a_cut_off_answer_into_the_same_bubble(page,
 def test_a_cut_answer_shows_its_good_part_and_says_why(page, daphne_server):
     """A hook that cuts the answer: the page replaces what streamed with the kept part and
     labels it, instead of withdrawing the answer."""
-    daphne_server.manage(
-        "shell",
-        "-c",
-        "from chat.models import OutputPolicy as P; P.objects.get_or_create(slug='brief', "
-        "defaults=dict(name='Brief', mode='stream', max_new_tokens=64, moderation_hooks="
-        "[{'hook': 'repetition', 'settings': {'max_chars': 60}}]))",
+    daphne_server.policy(
+        "brief",
+        mode="stream",
+        max_new_tokens=64,
+        moderation_hooks=[{"hook": "repetition", "settings": {"max_chars": 60}}],
     )
     open_chat(page, daphne_server)
     page.select_option("#policy", "brief")
