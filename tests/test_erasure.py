@@ -664,7 +664,7 @@ def test_the_migration_links_earlier_answers_and_releases_those_nobody_holds(
         )
 
     owls, orphan = legacy("a", "Tell me about owls"), legacy("b", SECRET)
-    importlib.import_module("chat.migrations.0008_erasure").link_existing(apps, None)
+    importlib.import_module("chat.migrations.0010_erasure").link_existing(apps, None)
     assert list(owls.sources.values_list("conversation_id", flat=True)) == [held.pk]
     assert list(orphan.sources.values_list("conversation_id", flat=True)) == [None]
     with django_capture_on_commit_callbacks(execute=True):
