@@ -177,7 +177,7 @@ def _prepare_continue(owner: Owner, prompt, backend: Backend) -> _Prepared:
     """
     with transaction.atomic():
         answer = (
-            Message.objects.select_for_update()
+            Message.objects.select_for_update(of=("self",))  # only the answer: policy may be NULL
             .select_related("conversation", "policy")
             .filter(
                 pk=prompt.continues,
