@@ -224,7 +224,6 @@ class _StructuredGate(Gate):
     ) -> None:
         super().__init__(hooks, window_chars=window_chars, shown=shown)
         self._schema = schema
-        self._emitted = len(shown)  # text[:_emitted] has been shown (AutoGate)
 
 
 class BufferGate(_StructuredGate):
@@ -247,6 +246,10 @@ class AutoGate(_StructuredGate):
     """Streams prose; from a JSON fence or a leading { / [ on, holds and validates the rest."""
 
     _hold_at: int | None = None
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._emitted = len(self._text)  # text[:_emitted] has been shown
 
     def _after_feed(self, chunk: str) -> list[Action]:
         return self._advance(final=False)
