@@ -19,7 +19,7 @@ from .apikeys import keys_of
 from .conversations import export_all_json, export_all_markdown
 from .erasure import account_erase
 from .models import Conversation
-from .protocol import error_event
+from .protocol import error_fields
 
 EXPORTS = {
     "json": (export_all_json, "application/json", "json"),
@@ -35,7 +35,7 @@ def account_export(request):
     kind = request.GET.get("format", "json")
     if kind not in EXPORTS:
         return JsonResponse(
-            error_event("bad_format", "format must be json or markdown"), status=400
+            error_fields("bad_format", "format must be json or markdown"), status=400
         )
     export, content_type, extension = EXPORTS[kind]
     response = HttpResponse(export(user=request.user), content_type=content_type)

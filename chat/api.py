@@ -18,8 +18,6 @@ Closing the connection cancels the turn, like closing the tab.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 
 from asgiref.sync import sync_to_async
@@ -31,47 +29,30 @@ from django.views.csrf import csrf_failure as django_csrf_failure
 from django.views.decorators.http import require_GET, require_POST
 from django.views.defaults import bad_request as django_bad_request
 
-from . import services
+from . import turns
+from .feed import KEEPALIVE, TurnFeed
 from .protocol import (
     MAX_FRAME_BYTES,
     ProtocolError,
-    cancel_ack_event,
-    error_event,
+    error_fields,
+    event_json,
     parse_http_cancel,
     parse_http_prompt,
 )
 from .ratelimit import client_address
 from .selectors import owner_of_request
+from .turns import events
+from .turns.errors import error_code
 
 log = logging.getLogger(__name__)
 
-# A comment line now and then keeps proxies from closing a stream that waits in the queue.
-KEEPALIVE_SECONDS = 15.0
-KEEPALIVE = ": keepalive\n\n"  # an SSE comment line
-
-# HTTP status of a refused turn, by error code; anything else is a bad request.
-STATUS_FOR_CODE = {
-    "frame_too_large": 413,
-    "unknown_conversation": 404,
-    "unknown_request": 404,
-    "rate_limited": 429,
-    "model_loading": 503,
-    "server_restarting": 503,
-    "queue_full": 503,
-    "cancel_unavailable": 503,
-    "model_error": 500,
-    "storage_failed": 500,
-}
-
 
 def _error_response(code: str, message: str, request_id: str | None = None) -> JsonResponse:
-    response = JsonResponse(
-        error_event(code, message, request_id), status=STATUS_FOR_CODE.get(code, 400)
-    )
-    if code == "rate_limited":
-        response["Retry-After"] = "60"
-    elif code == "server_restarting":
-        response["Retry-After"] = "5"
+    """The `error` event with the status chat/turns/errors.py gives its code."""
+    known = error_code(code)
+    response = JsonResponse(error_fields(code, message, request_id), status=known.status)
+    if known.retry_after is not None:
+        response["Retry-After"] = str(known.retry_after)
     return response
 
 
@@ -87,86 +68,40 @@ def _body(request) -> bytes:
         ) from None
 
 
-class TurnFeed:
-    """Collects a turn's events in a queue for a response to hand on; ends when the turn does."""
-
-    END = None
-
-    def __init__(self):
-        self.events: asyncio.Queue = asyncio.Queue()
-        self.turn: services.Turn | None = None
-
-    async def send(self, event: dict) -> None:
-        await self.events.put(event)
-
-    async def start(self, request) -> JsonResponse | None:
-        """Parse, rate-check and start the turn; an error response if it was refused."""
-        prompt = None
-        try:
-            prompt = parse_http_prompt(
-                _body(request), max_prompt_chars=settings.CHAT_MAX_PROMPT_CHARS
-            )
-            owner = await sync_to_async(owner_of_request)(request)
-            services.turn_rate_check(
-                owner=owner,
-                address=client_address(
-                    request.META.get("REMOTE_ADDR"), request.META.get("HTTP_X_FORWARDED_FOR")
-                ),
-            )
-            self.turn = await services.turn_start(owner=owner, prompt=prompt, send=self.send)
-        except ProtocolError as exc:
-            return _error_response(exc.code, exc.message, exc.request_id)
-        except services.TurnError as exc:
-            return _error_response(exc.code, exc.message, prompt.request_id)
-        self.follow(self.turn)
-        return None
-
-    def follow(self, turn: services.Turn) -> None:
-        """Queue END after the last event of `turn`, started with this feed's `send`."""
-        self.turn = turn
-        if turn.task is None:  # served from the cache: every event is already queued
-            self.events.put_nowait(self.END)
-        else:
-            turn.task.add_done_callback(lambda _: self.events.put_nowait(self.END))
-
-    async def until_end(self):
-        """The turn's events as they come, and KEEPALIVE after every quiet KEEPALIVE_SECONDS
-        (a comment line now and then keeps proxies from closing a stream waiting in the queue)."""
-        while True:
-            try:
-                event = await asyncio.wait_for(self.events.get(), KEEPALIVE_SECONDS)
-            except TimeoutError:
-                yield KEEPALIVE
-                continue
-            if event is self.END:
-                return
-            yield event
-
-    def abandon(self) -> None:
-        """The client went away: stop the generation; the partial answer is still stored."""
-        if self.turn is not None:
-            self.turn.detach()
-            if not self.turn.finished:
-                log.info("HTTP client of %s went away; cancelling", self.turn.request_id)
-                self.turn.cancel()
+async def _start(request, feed: TurnFeed) -> JsonResponse | None:
+    """Parse the body and admit the turn into `feed`; an error response if it was refused."""
+    prompt = None
+    try:
+        prompt = parse_http_prompt(_body(request), max_prompt_chars=settings.CHAT_MAX_PROMPT_CHARS)
+        owner = await sync_to_async(owner_of_request)(request)
+        turn = await turns.admit(
+            owner=owner,
+            prompt=prompt,
+            send=feed.send,
+            address=client_address(
+                request.META.get("REMOTE_ADDR"), request.META.get("HTTP_X_FORWARDED_FOR")
+            ),
+        )
+    except ProtocolError as exc:
+        return _error_response(exc.code, exc.message, exc.request_id)
+    except turns.TurnError as exc:
+        return _error_response(exc.code, exc.message, prompt.request_id)
+    feed.follow(turn)
+    return None
 
 
 @require_POST
 async def chat_stream(request):
     """The turn's events as server-sent events, as they happen."""
     feed = TurnFeed()
-    refused = await feed.start(request)
+    refused = await _start(request, feed)
     if refused is not None:
         return refused
 
     async def stream():
         try:
             async for event in feed.until_end():
-                yield (
-                    event
-                    if event is KEEPALIVE
-                    else f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
-                )
+                yield event if event is KEEPALIVE else f"data: {event_json(event)}\n\n"
         finally:
             # Django cancels this generator when the client disconnects; a finished turn ignores it.
             feed.abandon()
@@ -181,24 +116,24 @@ async def chat_stream(request):
 async def chat(request):
     """The turn's final `done` event as JSON, or its `error` with a fitting status."""
     feed = TurnFeed()
-    refused = await feed.start(request)
+    refused = await _start(request, feed)
     if refused is not None:
         return refused
     done = error = None
     try:
-        while (event := await feed.events.get()) is not feed.END:
-            if event["type"] == "done":
+        for event in await feed.all_events():
+            if isinstance(event, events.Done):
                 done = event
-            elif event["type"] == "error" and event["code"] != "storage_failed":
+            elif isinstance(event, events.Error) and event.code != "storage_failed":
                 error = event
     finally:
         feed.abandon()  # a no-op unless the client left before the end
     if done is not None:
-        return JsonResponse(done)
-    error = error or error_event(
-        "model_error", "the answer ended without a result", feed.turn.request_id
+        return JsonResponse(events.event_fields(done))
+    error = error or events.Error(
+        feed.turn.request_id, "model_error", "the answer ended without a result"
     )
-    return _error_response(error["code"], error["message"], error["request_id"])
+    return _error_response(error.code, error.message, error.request_id)
 
 
 @require_POST
@@ -207,10 +142,12 @@ async def cancel(request):
     try:
         message_id = parse_http_cancel(_body(request))
         owner = await sync_to_async(owner_of_request)(request)
-        result = await services.turn_cancel(owner=owner, message_id=message_id)
-    except (ProtocolError, services.TurnError) as exc:
+        result = await turns.turn_cancel(owner=owner, message_id=message_id)
+    except (ProtocolError, turns.TurnError) as exc:
         return _error_response(exc.code, exc.message)
-    return JsonResponse(cancel_ack_event(None, message=message_id, result=result))
+    return JsonResponse(
+        events.event_fields(events.CancelAck(None, message=message_id, result=result))
+    )
 
 
 @require_GET
@@ -224,7 +161,7 @@ def csrf_failure(request, reason: str = ""):
     """CSRF_FAILURE_VIEW: an `error` event for API clients, Django's page for everything else."""
     if request.path.startswith("/api/"):
         return JsonResponse(
-            error_event(
+            error_fields(
                 "csrf_failed",
                 f"CSRF check failed ({reason}); GET /api/csrf and send its "
                 "token in an X-CSRFToken header with the cookies",

@@ -3,7 +3,7 @@ channel-layer group that every process listens on.
 
 A turn runs in the process that accepted it. A cancel that arrives at another
 process is published to the group; each process runs one listener task (started
-lazily by `services`, never per consumer) that hands it to a callback, which
+lazily by chat/turns/, never per consumer) that hands it to a callback, which
 stops the turn if it runs there and belongs to the same owner. The chat socket
 itself stays off the channel layer, so a Redis outage costs only cross-process
 cancels: the listener logs, backs off and reconnects, and local cancels go on.

@@ -1,9 +1,8 @@
-"""The WebSocket endpoint: parse a frame, call services, send events. Nothing else."""
+"""The WebSocket endpoint: parse a frame, call the turn package, send events. Nothing else."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 
 from channels.db import database_sync_to_async
@@ -11,7 +10,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.db import DatabaseError
 
-from . import services
+from . import turns
 from .protocol import (
     CLOSE_SERVER_RESTARTING,
     CLOSE_TRY_LATER,
@@ -19,14 +18,13 @@ from .protocol import (
     Ping,
     Prompt,
     ProtocolError,
-    cancel_ack_event,
-    error_event,
+    event_json,
     parse_frame,
-    pong_event,
 )
 from .ratelimit import client_address
 from .runtime import runtime
-from .selectors import Owner
+from .selectors import Owner, owner_of
+from .turns.events import CancelAck, Error, Event, Pong
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +52,13 @@ class ChatConsumer(AsyncWebsocketConsumer):
     """Speaks the chat protocol at /ws/chat/; one running answer per connection."""
 
     # A turn lives in this process; cancels from other processes reach it through
-    # services' one listener per process, not through each socket. So the consumer does
+    # the turn package's one listener per process, not through each socket. So the consumer does
     # not subscribe to the channel layer, and a Redis outage never drops a socket.
     channel_layer_alias = None
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.turns: dict[str, services.Turn] = {}
+        self.turns: dict[str, turns.Turn] = {}
 
     async def __call__(self, scope, receive, send):
         """However the socket ends (a close, a crash in a handler, daphne cancelling it), its answer stops.
@@ -83,7 +81,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
             log.warning("closing a new socket: the database is unavailable (%s)", exc)
             await self.accept()
             await self.send_event(
-                error_event("storage_failed", "the database is unavailable; reconnect in a moment")
+                Error(None, "storage_failed", "the database is unavailable; reconnect in a moment")
             )
             await self.close(code=CLOSE_TRY_LATER)
             return
@@ -100,8 +98,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
 
     def _stop_turns(self) -> None:
         """Detach from and cancel this socket's unfinished answers, once."""
-        turns, self.turns = self.turns, {}
-        for turn in turns.values():
+        stopping, self.turns = self.turns, {}
+        for turn in stopping.values():
             turn.detach()
             if not turn.finished:
                 turn.cancel()
@@ -111,10 +109,10 @@ class ChatConsumer(AsyncWebsocketConsumer):
         try:
             command = parse_frame(text_data, max_prompt_chars=settings.CHAT_MAX_PROMPT_CHARS)
         except ProtocolError as exc:
-            await self.send_event(error_event(exc.code, exc.message, exc.request_id))
+            await self.send_event(Error(exc.request_id, exc.code, exc.message))
             return
         if isinstance(command, Ping):
-            await self.send_event(pong_event())
+            await self.send_event(Pong())
         elif isinstance(command, Cancel):
             await self.cancel(command)
         elif isinstance(command, Prompt):
@@ -123,32 +121,23 @@ class ChatConsumer(AsyncWebsocketConsumer):
     async def prompt(self, prompt: Prompt):
         if prompt.request_id in self.turns:
             await self.send_event(
-                error_event(
+                Error(
+                    prompt.request_id,
                     "duplicate_request_id",
                     "request_id was already used on this connection",
-                    prompt.request_id,
                 )
             )
             return
         try:
-            services.turn_rate_check(owner=self.owner, address=self._address())
-        except services.TurnError as exc:
-            await self.send_event(error_event(exc.code, exc.message, prompt.request_id))
-            return
-        running = [t for t in self.turns.values() if not t.finished]
-        if running:
-            await self.send_event(
-                error_event(
-                    "busy",
-                    f"request {running[0].request_id} is still running; wait for it or cancel it",
-                    prompt.request_id,
-                )
+            turn = await turns.admit(
+                owner=self.owner,
+                prompt=prompt,
+                send=self.send_event,
+                address=self._address(),
+                running=next((t for t in self.turns.values() if not t.finished), None),
             )
-            return
-        try:
-            turn = await services.turn_start(owner=self.owner, prompt=prompt, send=self.send_event)
-        except services.TurnError as exc:
-            await self.send_event(error_event(exc.code, exc.message, prompt.request_id))
+        except turns.TurnError as exc:
+            await self.send_event(Error(prompt.request_id, exc.code, exc.message))
             return
         self.turns[prompt.request_id] = turn
 
@@ -160,36 +149,27 @@ class ChatConsumer(AsyncWebsocketConsumer):
         turn = self.turns.get(command.request_id)
         if turn is None:
             await self.send_event(
-                error_event(
-                    "unknown_request", "no such request on this connection", command.request_id
-                )
+                Error(command.request_id, "unknown_request", "no such request on this connection")
             )
         elif not turn.finished:  # a Stop racing the last chunk is not an error
             turn.cancel()
 
     async def cancel_message(self, command: Cancel):
         try:
-            result = await services.turn_cancel(owner=self.owner, message_id=command.message)
-        except services.TurnError as exc:
-            await self.send_event(error_event(exc.code, exc.message, command.request_id))
+            result = await turns.turn_cancel(owner=self.owner, message_id=command.message)
+        except turns.TurnError as exc:
+            await self.send_event(Error(command.request_id, exc.code, exc.message))
             return
-        await self.send_event(
-            cancel_ack_event(command.request_id, message=command.message, result=result)
-        )
+        await self.send_event(CancelAck(command.request_id, message=command.message, result=result))
 
     def _address(self) -> str | None:
         peer = (self.scope.get("client") or [None])[0]
         forwarded = dict(self.scope.get("headers", [])).get(b"x-forwarded-for", b"")
         return client_address(peer, forwarded.decode("latin1"))
 
-    async def send_event(self, event: dict):
-        await self.send(text_data=json.dumps(event, ensure_ascii=False))
+    async def send_event(self, event: Event):
+        await self.send(text_data=event_json(event))
 
     @database_sync_to_async
     def _owner(self) -> Owner:
-        user = self.scope.get("user")
-        session = self.scope["session"]
-        if session.session_key is None:
-            session.save()  # a client without the page's cookie still gets a private session
-        user_id = user.pk if user is not None and user.is_authenticated else None
-        return Owner(user_id=user_id, session_key=session.session_key)
+        return owner_of(self.scope.get("user"), self.scope["session"])

@@ -37,7 +37,7 @@ from django.db.models.signals import post_delete
 from django.dispatch import receiver
 from django.utils import timezone
 
-from . import services
+from . import turns
 from .evictions import evictions_retry, on_commit_once
 from .models import ApiKey, CachedAnswer, CachedAnswerSource, Conversation, Message
 from .protocol import CONVERSATION_DELETED
@@ -81,12 +81,12 @@ def conversations_erase(*, conversations: QuerySet[Conversation]) -> int:
 def _answers_stop(running: list[tuple[int, int | None, str]]) -> None:
     """Cancel answers still generating in deleted conversations, in this process or another."""
     for message_id, user_id, session_key in running:
-        turn = services.running_turns.get(message_id)
+        turn = turns.running_turns.get(message_id)
         if turn is not None:
             turn.cancel(CONVERSATION_DELETED)  # thread-safe: an Event and the scheduler's lock
             continue
         try:
-            async_to_sync(services.cancel_bus.publish)(
+            async_to_sync(turns.cancel_bus.publish)(
                 message_id=message_id, user_id=user_id, session_key=session_key
             )
         except Exception as exc:

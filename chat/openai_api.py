@@ -7,7 +7,7 @@ LangChain's ChatOpenAI, Open WebUI):
   `data: [DONE]`) or false (one `chat.completion`).
 
 Callers authenticate with a per-user key (`Authorization: Bearer sk-...`, chat/apikeys.py), so
-CSRF does not apply. Each request is one chat turn through chat/services.py, like the page's:
+CSRF does not apply. Each request is one chat turn through chat/turns/, like the page's:
 the same queue, cache, policy gate, storage, metrics and rate limit (the key's user's). Closing
 the connection cancels the turn within one decode step. Wire shapes: chat/openai_protocol.py.
 """
@@ -24,8 +24,8 @@ from django.conf import settings
 from django.http import JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from . import apikeys, services
-from .api import KEEPALIVE, TurnFeed
+from . import apikeys, turns
+from .feed import KEEPALIVE, TurnFeed
 from .models import ApiKey, OutputPolicy
 from .openai_protocol import (
     ChatRequest,
@@ -40,7 +40,8 @@ from .openai_protocol import (
     usage_of,
 )
 from .protocol import Prompt
-from .selectors import Owner
+from .selectors import owner_of_api_key
+from .turns import events
 
 log = logging.getLogger(__name__)
 
@@ -118,22 +119,21 @@ class _Reply:
         self.id = completion_id
         self.created = int(time.time())
         self.shown = ""
-        self.done: dict | None = None
+        self.done: dict | None = None  # the `done` event's wire fields
         self.error: OpenAIError | None = None
 
-    def take(self, event: dict) -> str:
+    def take(self, event: events.Event) -> str:
         """Note one event; the text it adds to the answer now ("" for none)."""
-        kind = event["type"]
-        if kind == "chunk":
-            self.shown += event["text"]
-            return event["text"]
-        if kind == "done":
-            self.done = event
-        elif kind == "error":
-            if event["code"] == "storage_failed":  # the answer still reaches the client
-                log.warning("API answer %s not stored: %s", self.id, event["message"])
+        if isinstance(event, events.Chunk):
+            self.shown += event.text
+            return event.text
+        if isinstance(event, events.Done):
+            self.done = events.event_fields(event)
+        elif isinstance(event, events.Error):
+            if event.code == "storage_failed":  # the answer still reaches the client
+                log.warning("API answer %s not stored: %s", self.id, event.message)
             else:
-                self.error = turn_error(event["code"], event["message"])
+                self.error = turn_error(event.code, event.message)
         return ""
 
     def failure(self) -> OpenAIError:
@@ -189,20 +189,16 @@ async def _start(request, feed: TurnFeed) -> tuple[ChatRequest, str]:
         model_name=settings.CHAT_API_MODEL_NAME,
         max_prompt_chars=settings.CHAT_MAX_PROMPT_CHARS,
     )
-    owner = Owner(user_id=key.user_id, session_key="")
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     prompt = Prompt(request_id=completion_id, text=chat.text, conversation=None, policy=chat.policy)
     try:
-        services.turn_rate_check(owner=owner)
-        turn = await services.turn_start(
-            owner=owner,
+        turn = await turns.admit(
+            owner=owner_of_api_key(key),
             prompt=prompt,
             send=feed.send,
-            history=chat.history,
-            override=chat.override,
-            api_key_id=key.pk,
+            given=turns.Given(history=chat.history, override=chat.override, api_key_id=key.pk),
         )
-    except services.TurnError as exc:
+    except turns.TurnError as exc:
         raise turn_error(exc.code, exc.message) from None
     feed.follow(turn)
     return chat, completion_id
@@ -221,7 +217,7 @@ async def chat_completions(request):
     reply = _Reply(chat, completion_id)
     if not chat.stream:
         try:
-            while (event := await feed.events.get()) is not feed.END:
+            for event in await feed.all_events():
                 reply.take(event)
         finally:
             feed.abandon()  # Django cancels this view when the client goes away

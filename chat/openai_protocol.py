@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from .engine.types import penalty_errors
 from .policy import schema_errors
 from .policy_store import PolicyOverride
+from .turns.errors import error_code
 
 MAX_BODY_BYTES = 1024 * 1024
 MAX_MESSAGES = 200
@@ -71,25 +72,13 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return OpenAIError(400, message, param=param, code=code)
 
 
-# A turn refused by chat/services.py (TurnError code) as OpenAI's status, type, param, code.
-_TURN_ERRORS = {
-    "unknown_policy": (404, "invalid_request_error", "model", "model_not_found"),
-    "prompt_too_long": (400, "invalid_request_error", "messages", "context_length_exceeded"),
-    "rate_limited": (429, "requests", None, "rate_limit_exceeded"),
-    "model_loading": (503, "server_error", None, "model_loading"),
-    "server_restarting": (503, "server_error", None, "server_restarting"),
-    "queue_full": (503, "server_error", None, "queue_full"),
-    "storage_failed": (503, "server_error", None, "storage_failed"),
-    "model_error": (500, "server_error", None, "model_error"),
-}
-
-
 def turn_error(code: str, message: str) -> OpenAIError:
-    """The OpenAI error for a chat/services.py TurnError (or an `error` event) `code`."""
-    status, kind, param, openai_code = _TURN_ERRORS.get(
-        code, (400, "invalid_request_error", None, code)
+    """The OpenAI error for a refused turn's (or an `error` event's) `code`: its status, type,
+    param and OpenAI code from the one table in chat/turns/errors.py."""
+    known = error_code(code)
+    return OpenAIError(
+        known.status, message, type=known.openai_type, param=known.param, code=known.openai
     )
-    return OpenAIError(status, message, type=kind, param=param, code=openai_code)
 
 
 # -- requests -------------------------------------------------------------------------

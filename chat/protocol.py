@@ -1,8 +1,8 @@
-"""The wire protocol (docs/protocol.md): parse client frames, build server events.
+"""The wire protocol (docs/protocol.md): parse client frames, serialize server events.
 
 A contract: fields and event types may be added, never renamed or removed. Every server event
-is built by one function below, whatever carries it (the socket, SSE, the JSON API), so two
-places can never disagree about a field.
+is a dataclass of chat/turns/events.py, and `event_json` is the one serializer of the socket and
+SSE (and `event_fields` the JSON API's), so two places can never disagree about a field.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 import uuid
 from dataclasses import dataclass
 
-from .engine.types import FINISH_REASONS as ENGINE_FINISH_REASONS
+from .turns.events import Error, Event, Finish, event_fields
 
 MAX_FRAME_BYTES = 64 * 1024
 MAX_REQUEST_ID = 100
@@ -208,11 +208,11 @@ def parse_http_cancel(body: bytes) -> int:
 
 # -- server events ----------------------------------------------------------------------
 
-# Why a turn ended: the engine's reasons, plus the policy's verdicts on a finished generation.
-MODERATED = "moderated"  # a moderation hook vetoed the answer; anything shown was retracted
-INVALID = "invalid"  # a structured answer failed its schema after every re-ask
-CUT = "cut"  # a hook cut the answer short at a loop or an invented turn; its good part stands
-FINISH_REASONS = (*ENGINE_FINISH_REASONS, MODERATED, INVALID, CUT)
+# Why a turn ended (chat/turns/events.py `Finish`); the names stay for their many readers.
+MODERATED = Finish.MODERATED
+INVALID = Finish.INVALID
+CUT = Finish.CUT
+FINISH_REASONS = tuple(reason.value for reason in Finish)
 
 METRIC_KEYS = (
     "queue_ms",
@@ -260,67 +260,9 @@ def metrics(
     }
 
 
-def accepted_event(
-    request_id: str, *, conversation: int, message: int, queue_position: int
-) -> dict:
-    return {
-        "type": "accepted",
-        "request_id": request_id,
-        "conversation": conversation,
-        "message": message,
-        "queue_position": queue_position,
-    }
-
-
-def queued_event(request_id: str, *, queue_position: int) -> dict:
-    return {"type": "queued", "request_id": request_id, "queue_position": queue_position}
-
-
-def chunk_event(request_id: str, text: str) -> dict:
-    """Chunks are not tokens or words: clients append them and never split on them."""
-    return {"type": "chunk", "request_id": request_id, "text": text}
-
-
-def buffering_event(request_id: str, reason: str) -> dict:
-    return {"type": "buffering", "request_id": request_id, "reason": reason}
-
-
-def retract_event(request_id: str, reason: str) -> dict:
-    return {"type": "retract", "request_id": request_id, "reason": reason}
-
-
-def cut_event(request_id: str, *, text: str, reason: str) -> dict:
-    """What was shown is replaced by `text`, its good part; generation stops (finish_reason "cut")."""
-    return {"type": "cut", "request_id": request_id, "text": text, "reason": reason}
-
-
-def done_event(
-    request_id: str,
-    *,
-    message: int,
-    text: str,
-    json_value,
-    finish_reason: str,
-    cached: bool,
-    metrics: dict,
-    reason: str | None,
-    policy: str,
-) -> dict:
-    """The end of a turn, live or cached: the same keys either way."""
-    if finish_reason not in FINISH_REASONS:
-        raise ValueError(f"unknown finish_reason {finish_reason!r}")
-    return {
-        "type": "done",
-        "request_id": request_id,
-        "message": message,
-        "text": text,
-        "json": json_value,
-        "finish_reason": finish_reason,
-        "cached": cached,
-        "metrics": metrics,
-        "reason": reason,
-        "policy": policy,
-    }
+def event_json(event: Event) -> str:
+    """The one serializer of the socket's frames and SSE's `data:` lines."""
+    return json.dumps(event_fields(event), ensure_ascii=False)
 
 
 # A prompt sent while the server drains before a restart (SIGTERM); the page sends it again later.
@@ -334,23 +276,15 @@ CLOSE_SERVER_RESTARTING = 4012
 CLOSE_TRY_LATER = 4503
 
 
-def error_event(code: str, message: str, request_id: str | None = None) -> dict:
-    return {"type": "error", "request_id": request_id, "code": code, "message": message}
+def error_fields(code: str, message: str, request_id: str | None = None) -> dict:
+    """An `error` event as a JSON body, for the HTTP views that answer one."""
+    return event_fields(Error(request_id, code, message))
 
 
-def cancel_ack_event(request_id: str | None, *, message: int, result: str) -> dict:
-    """`result`: "cancelled" (stopped here), "sent" (another process was told), "finished"."""
-    return {"type": "cancel_ack", "request_id": request_id, "message": message, "result": result}
-
-
-def server_restarting_event(request_id: str | None = None) -> dict:
+def server_restarting_error(request_id: str | None = None) -> Error:
     """The `error` a prompt gets while the server drains."""
-    return error_event(
+    return Error(
+        request_id,
         SERVER_RESTARTING,
         "the server is restarting and takes no new prompts; send it again in a moment",
-        request_id,
     )
-
-
-def pong_event() -> dict:
-    return {"type": "pong"}

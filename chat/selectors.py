@@ -67,12 +67,23 @@ def answer_status(owner: Owner, message_id: int) -> str | None:
     )
 
 
+def owner_of(user, session) -> Owner:
+    """The Owner of a request or socket: its signed-in user, else its session, which a visitor
+    without the page's cookie gets here, so their answers stay private all the same."""
+    if session.session_key is None:
+        session.save()
+    user_id = user.pk if user is not None and user.is_authenticated else None
+    return Owner(user_id=user_id, session_key=session.session_key)
+
+
 def owner_of_request(request) -> Owner:
     """The Owner for an HTTP request, creating the visitor's session if needed."""
-    if request.session.session_key is None:
-        request.session.save()
-    user_id = request.user.pk if request.user.is_authenticated else None
-    return Owner(user_id=user_id, session_key=request.session.session_key)
+    return owner_of(request.user, request.session)
+
+
+def owner_of_api_key(key) -> Owner:
+    """The Owner of an OpenAI-API request: the key's user, from any session."""
+    return Owner(user_id=key.user_id, session_key="")
 
 
 def conversation_list(owner: Owner, limit: int = 50, query: str = "") -> list[dict]:

@@ -18,7 +18,7 @@ from .conversations import (
 )
 from .health import health
 from .models import OutputPolicy
-from .protocol import error_event
+from .protocol import error_fields
 from .runtime import runtime
 
 
@@ -63,7 +63,7 @@ def conversations(request):
 
 
 def _error(status: int, code: str, message: str) -> JsonResponse:
-    return JsonResponse(error_event(code, message), status=status)
+    return JsonResponse(error_fields(code, message), status=status)
 
 
 def _not_found(conversation_id: int) -> JsonResponse:

@@ -11,7 +11,7 @@ so ours are installed just after, with `callWhenRunning`), which:
 1. marks the process draining (`runtime.draining`): /healthz answers 503 "draining", new
    prompts get `error` `server_restarting` (HTTP 503), a reconnecting page is told the same;
 2. lets running answers finish for up to CHAT_DRAIN_SECONDS, then cancels the rest; every
-   answer is stored, none is left `streaming` (chat/services.py `turns_drain`);
+   answer is stored, none is left `streaming` (chat/turns/running.py `turns_drain`);
 3. waits for the HTTP responses still open (server-sent streams end with their `done`);
 4. closes every chat socket with 4012 (the page reconnects and says the server restarted);
 5. stops the reactor, and the process exits without the interpreter's teardown of torch and
@@ -33,7 +33,7 @@ import time
 
 from django.conf import settings
 
-from chat import services
+from chat import turns
 from chat.consumers import sockets_close
 from chat.runtime import runtime
 
@@ -67,7 +67,7 @@ class RequestsInFlight:
 async def drain(requests: RequestsInFlight, seconds: float) -> None:
     """Steps 2-4 above; step 1 is already done."""
     started = time.perf_counter()
-    finished, cancelled = await services.turns_drain(seconds)
+    finished, cancelled = await turns.turns_drain(seconds)
     await requests.wait_idle(5.0)  # a stream writes its `done` and ends just after its turn
     closed = await sockets_close()
     log.info(

@@ -236,7 +236,7 @@ def make_policy(db):
 @pytest.fixture
 def scripted(monkeypatch):
     """A scripted backend (tests/scripted.py) behind the process's runtime, for unit tests of
-    what services does around generation; returns a function taking the answers to play."""
+    what the turn (chat/turns/) does around generation; returns a function taking the answers to play."""
     from chat.engine.concurrent import ConcurrentScheduler
     from chat.runtime import runtime
     from tests.scripted import ScriptedBackend

@@ -1,7 +1,7 @@
 """A backend that plays back scripted answers: the engine's Backend Protocol without a model.
 
-For unit tests of what `services` does around generation (re-asks, retractions, the cache,
-storage), which then run in milliseconds. The paths users take are tested on the real model.
+For unit tests of what the turn (chat/turns/) does around generation (re-asks, retractions,
+the cache, storage), which then run in milliseconds. The paths users take are tested on the real model.
 """
 
 from __future__ import annotations

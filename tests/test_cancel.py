@@ -5,7 +5,7 @@ import asyncio
 import pytest
 from asgiref.sync import sync_to_async
 
-from chat import services
+from chat import turns
 from chat.cancel_bus import CancelBus
 from chat.models import Conversation, Message
 from chat.selectors import Owner
@@ -85,7 +85,7 @@ async def test_a_published_cancel_stops_the_owners_turn_in_this_process(make_cli
     session_key = await new_session_key()
     chat = await make_client(session_key=session_key)
     request_id, accepted = await started(chat, LONG)
-    await services.cancel_bus.publish(
+    await turns.cancel_bus.publish(
         message_id=accepted["message"], user_id=None, session_key=session_key
     )
     done = (await chat.receive_until("done", request_id))[-1]
@@ -96,8 +96,8 @@ async def test_a_published_cancel_of_another_owner_is_ignored(make_client):
     """The listener checks the owner too: a cancel naming the right message but another session does nothing."""
     chat = await make_client()
     request_id, accepted = await started(chat, SHORT)
-    turn = services.running_turns.get(accepted["message"])
-    services.running_turns.cancel_heard(accepted["message"], None, await new_session_key())
+    turn = turns.running_turns.get(accepted["message"])
+    turns.running_turns.cancel_heard(accepted["message"], None, await new_session_key())
     assert not turn.cancel_requested
     assert (await chat.receive_until("done", request_id))[-1]["finish_reason"] == "eos"
 
@@ -132,7 +132,7 @@ async def test_cancelling_an_answer_running_elsewhere_publishes_it(settings):
     try:
         await wait_for(lambda: bus.connected)
         owner = Owner(user_id=None, session_key=session_key)
-        assert await services.turn_cancel(owner=owner, message_id=message_id) == "sent"
+        assert await turns.turn_cancel(owner=owner, message_id=message_id) == "sent"
         await wait_for(lambda: heard)
         assert heard == [(message_id, None, session_key)]
     finally:
@@ -159,13 +159,13 @@ async def test_the_listener_survives_redis_going_away_and_rejoins(settings):
     try:
         await wait_for(lambda: bus.connected)
         server.stop()
-        with pytest.raises(services.TurnError) as refused:
-            await services.turn_cancel(owner=owner, message_id=message_id)
+        with pytest.raises(turns.TurnError) as refused:
+            await turns.turn_cancel(owner=owner, message_id=message_id)
         assert refused.value.code == "cancel_unavailable"
         await wait_for(lambda: not bus.connected)
         server.start()
         await wait_for(lambda: bus.connected)
-        assert await services.turn_cancel(owner=owner, message_id=message_id) == "sent"
+        assert await turns.turn_cancel(owner=owner, message_id=message_id) == "sent"
         await wait_for(lambda: heard)
         assert heard == [(message_id, None, session_key)]
     finally:

@@ -2,7 +2,7 @@
 (Redis) and the review list. Real Redis, the test database (SQLite or PostgreSQL), the socket
 through Channels' communicator and the views through Django's test client.
 
-Answers are scripted (tests/scripted.py) where what matters is what services do around them;
+Answers are scripted (tests/scripted.py) where what matters is what the turn does around them;
 the deletion while an answer streams runs on the real model (a few tokens before the cancel).
 """
 
@@ -28,7 +28,7 @@ from django.test import AsyncClient
 from django.utils import timezone
 
 from bench.liveserver import free_port
-from chat import erasure, services
+from chat import erasure, turns
 from chat.apikeys import apikey_authenticate, apikey_create
 from chat.cache import KEY_PREFIX, completion_cache
 from chat.engine.concurrent import ConcurrentScheduler
@@ -101,7 +101,7 @@ async def ask(http: AsyncClient, text: str = SECRET) -> dict:
         await chat.close()
     for _ in range(500):
         stored = await acount(Message, pk=done["message"], status=Message.Status.STREAMING) == 0
-        if stored and services.running_turns.get(done["message"]) is None:
+        if stored and turns.running_turns.get(done["message"]) is None:
             return done
         await asyncio.sleep(0.02)
     raise AssertionError(f"the turn of message {done['message']} never settled")

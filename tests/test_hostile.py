@@ -157,14 +157,14 @@ def test_the_client_address_trusts_x_forwarded_for_only_when_told(settings):
 
 def test_signed_in_users_are_limited_per_user_not_per_address(monkeypatch):
     """An office behind one address: its signed-in users are not counted against the address."""
-    from chat import ratelimit, services
+    from chat import ratelimit, turns
 
     monkeypatch.setattr(ratelimit.address_limiter, "limit", 1)
     for user_id in (1, 2, 3):
-        services.turn_rate_check(owner=Owner(user_id=user_id, session_key="s"), address="192.0.2.9")
-    services.turn_rate_check(owner=Owner(None, "visitor-1"), address="192.0.2.9")
-    with pytest.raises(services.TurnError) as refused:
-        services.turn_rate_check(owner=Owner(None, "visitor-2"), address="192.0.2.9")
+        turns.turn_rate_check(owner=Owner(user_id=user_id, session_key="s"), address="192.0.2.9")
+    turns.turn_rate_check(owner=Owner(None, "visitor-1"), address="192.0.2.9")
+    with pytest.raises(turns.TurnError) as refused:
+        turns.turn_rate_check(owner=Owner(None, "visitor-2"), address="192.0.2.9")
     assert refused.value.code == "rate_limited"
     assert ratelimit.prompt_limiter.wait("session:visitor-2") == 0  # a refusal counts nothing
 

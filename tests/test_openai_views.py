@@ -458,7 +458,7 @@ async def test_another_user_can_neither_cancel_nor_read_an_api_answer(scripted, 
     alice's own cancel stops it, and her client sees it end."""
     from django.contrib.sessions.backends.db import SessionStore
 
-    from chat import services
+    from chat import turns
 
     scripted(Answer(("Partial",), wait_for_cancel=True))
     running = asyncio.create_task(post(alice[1], ask(max_tokens=50)))
@@ -485,7 +485,7 @@ async def test_another_user_can_neither_cancel_nor_read_an_api_answer(scripted, 
     assert read.status_code == 404
     assert not running.done()
     owner = selectors.Owner(user_id=alice[0].pk, session_key="")
-    assert await services.turn_cancel(owner=owner, message_id=message.pk) == "cancelled"
+    assert await turns.turn_cancel(owner=owner, message_id=message.pk) == "cancelled"
     response, answer = await running
     choice = answer["choices"][0]
     assert choice["native_finish_reason"] == "cancelled" and choice["finish_reason"] == "stop"

@@ -1,5 +1,5 @@
-"""What `services` does around generation, on a scripted backend: re-asks, retractions, the cache,
-storage and failures, each in milliseconds. The same paths run on the real model elsewhere."""
+"""What the turn (chat/turns/) does around generation, on a scripted backend: re-asks,
+retractions, the cache, storage and failures, each in milliseconds. The same paths run on the real model elsewhere."""
 
 from __future__ import annotations
 

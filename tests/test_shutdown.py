@@ -15,7 +15,7 @@ from django.test import AsyncClient
 from websockets.exceptions import ConnectionClosed
 
 from bench.liveserver import LiveServer
-from chat import services
+from chat import turns
 from chat.protocol import CLOSE_SERVER_RESTARTING
 from chat.runtime import runtime as chat_runtime
 from tests.conftest import LIVE_CACHE_URL
@@ -202,7 +202,7 @@ async def test_turns_drain_cancels_what_runs_past_the_drain_and_stores_it(client
     request_id = await client.prompt(LONG)
     accepted = (await client.receive_until("chunk", request_id))[0]
     monkeypatch.setattr(chat_runtime, "draining", True)
-    assert await services.turns_drain(0.2) == (0, 1)
+    assert await turns.turns_drain(0.2) == (0, 1)
     done = (await client.receive_until("done", request_id))[-1]
     assert done["finish_reason"] == "cancelled" and done["reason"] == "server_restarting"
     message = await wait_stored(accepted["message"])

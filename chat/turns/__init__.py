@@ -1,0 +1,31 @@
+"""One chat turn, start to end: policy -> prompt -> cache -> queue -> engine -> gate -> store.
+
+Every transport calls `admit` and forwards the typed events (chat/turns/events.py) it is
+handed; none touches the model or the database itself. The modules, in a turn's order:
+
+- admit.py: the check-and-start sequence (rate checks, readiness, prepare, cache or queue).
+- prepare.py, continuation.py: a new prompt's or a Continue's stored messages and model input.
+- run.py: the engine's events through the policy gate; re-asks; the answer stored and cached.
+- handle.py: the `Turn` a transport holds (cancel, detach).
+- running.py: the turns running here; drain at shutdown; cancel from any process.
+- events.py, errors.py: what a client is told, and the one table of error codes.
+"""
+
+from .admit import admit
+from .errors import TurnError
+from .handle import Turn
+from .limits import turn_rate_check
+from .prepare import Given
+from .running import cancel_bus, running_turns, turn_cancel, turns_drain
+
+__all__ = [
+    "Given",
+    "Turn",
+    "TurnError",
+    "admit",
+    "cancel_bus",
+    "running_turns",
+    "turn_cancel",
+    "turn_rate_check",
+    "turns_drain",
+]

@@ -1,0 +1,141 @@
+"""`admit`: the one check-and-start sequence every transport calls (the socket, `/api`, `/v1`).
+
+Rate checks, the connection's one-answer-at-a-time limit, the model's readiness, then the turn
+prepared (policy resolved, prompt limits checked, messages stored), served from the cache or
+queued, and started. A refusal at any step is a TurnError whose code is in chat/turns/errors.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import time
+
+from asgiref.sync import sync_to_async
+from django.db import DatabaseError
+
+from .. import metrics as prometheus
+from .. import storage
+from ..cache import completion_cache
+from ..engine.types import Backend, EngineError, Scheduler
+from ..evictions import entry_servable
+from ..models import Message
+from ..protocol import Prompt
+from ..runtime import NotReady, runtime
+from ..selectors import Owner
+from . import events
+from .continuation import prepare_continue
+from .errors import TurnError
+from .handle import Send, Turn
+from .limits import turn_rate_check
+from .prepare import Given, Prepared, prepare_prompt
+from .run import TurnRun
+from .running import cancel_bus, running_turns, starting
+
+log = logging.getLogger(__name__)
+
+
+async def admit(
+    *,
+    owner: Owner,
+    prompt: Prompt,
+    send: Send,
+    address: str | None = None,
+    running: Turn | None = None,
+    given: Given | None = None,
+) -> Turn:
+    """Check and start one prompt; sends `accepted` and returns the running turn.
+
+    `address` is a visitor's network address, rate-limited beside the owner. `running` is the
+    connection's unfinished turn, if any: a second prompt meanwhile is `busy`. The OpenAI API
+    gives `given` (its own history, policy override and API key). TurnError says why not.
+    """
+    turn_rate_check(owner=owner, address=address)
+    if running is not None:
+        raise TurnError(
+            "busy", f"request {running.request_id} is still running; wait for it or cancel it"
+        )
+    try:
+        backend, scheduler = runtime.require()
+    except NotReady as exc:
+        raise TurnError(exc.code, str(exc)) from None
+    token = object()  # request ids are the client's: two sockets may use the same one
+    starting.add(token)
+    try:
+        return await _start(owner, prompt, send, given or Given(), backend, scheduler)
+    finally:
+        starting.discard(token)
+
+
+def _prepare(owner: Owner, prompt: Prompt, backend: Backend, given: Given) -> Prepared:
+    if prompt.continues is not None:
+        return prepare_continue(owner, prompt, backend)
+    return prepare_prompt(owner, prompt, backend, given)
+
+
+async def _start(
+    owner: Owner, prompt: Prompt, send: Send, given: Given, backend: Backend, scheduler: Scheduler
+) -> Turn:
+    accepted_at = time.perf_counter()
+    scheduler.expect()  # users arriving together are batched together
+    submitted = False
+    try:
+        try:
+            prepared = await sync_to_async(storage.closing_on_error)(
+                _prepare, owner, prompt, backend, given
+            )
+        except DatabaseError as exc:
+            log.warning("could not start %s: %s", prompt.request_id, exc)
+            raise TurnError(
+                "storage_failed",
+                "the database is unavailable, so the prompt was not started; try again in a moment",
+            ) from None
+        run = TurnRun(
+            owner,
+            prompt,
+            prepared,
+            send=send,
+            backend=backend,
+            scheduler=scheduler,
+            accepted_at=accepted_at,
+        )
+        turn = run.turn
+        if prepared.cache_key is not None:
+            entry = await sync_to_async(completion_cache.get, thread_sensitive=False)(
+                prepared.cache_key
+            )
+            # An entry whose record was erased is never served, even before Redis lets it go.
+            if entry is not None and await sync_to_async(entry_servable)(
+                key=prepared.cache_key, entry=entry
+            ):
+                await run.serve_cached(entry)
+                return turn
+            prometheus.CACHE_MISSES.inc()
+        try:
+            position = run.submit(prepared.request, expected=True)
+            submitted = True
+        except EngineError as exc:
+            await sync_to_async(storage.store_answer)(
+                turn.message_id, status=Message.Status.FAILED, error=str(exc)
+            )
+            raise TurnError(exc.code, str(exc)) from None
+    finally:
+        if not submitted:
+            scheduler.unexpect()
+    running_turns.add(turn)
+    cancel_bus.ensure_listening()
+    await turn.emit(
+        events.Accepted(
+            turn.request_id,
+            conversation=turn.conversation_id,
+            message=turn.message_id,
+            queue_position=position,
+        )
+    )
+    # A fresh context: the turn outlives the request that started it (an HTTP view's
+    # thread-sensitive executor is gone once the view returns).
+    turn.task = asyncio.create_task(
+        run.run(), name=f"turn-{turn.request_id}", context=contextvars.Context()
+    )
+    return turn

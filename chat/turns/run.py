@@ -1,0 +1,436 @@
+"""Running one turn (async): the engine's events through the policy gate to the client, re-asks,
+then the answer stored and cached. Branches on typed values (`Verdict`, `Mode`, `Finish`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import replace
+from enum import StrEnum
+
+from asgiref.sync import sync_to_async
+
+from .. import metrics as prometheus
+from .. import review, storage
+from ..cache import CACHEABLE_FINISH
+from ..engine.types import (
+    Backend,
+    EngineError,
+    Failed,
+    Finished,
+    GenerationRequest,
+    Queued,
+    Scheduler,
+    Started,
+    TextChunk,
+    Ticket,
+)
+from ..models import Message
+from ..policy import Cut, Emit, Hold, Retract, gate_for, reask_message
+from ..protocol import Prompt, metrics
+from ..selectors import Owner
+from . import events
+from .events import Finish
+from .handle import Send, Turn
+from .prepare import Prepared
+from .running import running_turns
+
+log = logging.getLogger(__name__)
+
+
+class Verdict(StrEnum):
+    """The policy gate's verdict on a finished generation (chat/policy `Outcome.status`)."""
+
+    OK = "ok"
+    INVALID = "invalid"
+    MODERATED = "moderated"
+
+
+class Mode(StrEnum):
+    """A policy's output mode: shown as it comes, held until it passes, or chosen per answer."""
+
+    STREAM = "stream"
+    BUFFER = "buffer"
+    AUTO = "auto"
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
+
+
+class TurnRun:
+    """Drives one turn to its end: owns its ticket, events and backend; forwards chunks through
+    the policy gate, re-asks, stores, and caches."""
+
+    def __init__(
+        self,
+        owner: Owner,
+        prompt: Prompt,
+        prepared: Prepared,
+        *,
+        send: Send,
+        backend: Backend,
+        scheduler: Scheduler,
+        accepted_at: float,
+    ):
+        self.turn = Turn(
+            request_id=prompt.request_id,
+            conversation_id=prepared.conversation.pk,
+            message_id=prepared.assistant.pk,
+            owner=owner,
+            send=send,
+            _run=self,
+        )
+        self.prompt_text = prepared.asked
+        self.answer_so_far = prepared.answer_so_far
+        self.policy = prepared.policy
+        self.messages = prepared.messages
+        self.rendered = prepared.rendered
+        self.cache_key = prepared.cache_key
+        self.request = prepared.request
+        self.accepted_at = accepted_at
+        self._backend = backend
+        self._scheduler = scheduler
+        self._ticket: Ticket | None = None
+        self._events: asyncio.Queue = asyncio.Queue()
+        self.started_at: float | None = None
+        self.first_token_at: float | None = None
+        self.first_visible_at: float | None = None
+        self.held_at: float | None = None
+        self.retracted: str | None = None
+        self.cancel_reason = ""
+        self.retries = 0
+        self.new_tokens = prepared.tokens_so_far
+
+    def submit(self, request: GenerationRequest, *, expected: bool = False) -> int:
+        """Queue `request` (the first attempt or a re-ask); its queue position."""
+        loop = asyncio.get_running_loop()
+
+        def sink(event) -> None:  # called on the generation thread; must not block
+            loop.call_soon_threadsafe(self._events.put_nowait, event)
+
+        self._ticket, position = self._scheduler.submit(request, sink, expected=expected)
+        self.request = request
+        return position
+
+    def stop(self, reason: str = "") -> None:
+        self.cancel_reason = self.cancel_reason or reason
+        self.request.cancel.set()  # also stops a re-ask that is about to be queued
+        if self._ticket is not None:
+            self._scheduler.cancel(self._ticket)
+
+    async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            self.turn.finished = True
+            running_turns.remove(self.turn.message_id)
+
+    async def serve_cached(self, entry: dict) -> None:
+        """A hit: one `done` with cached=true, no queue, no generation; the message is stored as usual."""
+        turn = self.turn
+        await turn.emit(
+            events.Accepted(
+                turn.request_id,
+                conversation=turn.conversation_id,
+                message=turn.message_id,
+                queue_position=0,
+            )
+        )
+        elapsed = _ms(time.perf_counter() - self.accepted_at)
+        cached_metrics = metrics(
+            queue_ms=0.0,
+            ttft_ms=elapsed,
+            ttfv_ms=elapsed,
+            total_ms=elapsed,
+            held_ms=None,
+            new_tokens=0,
+            tokens_per_s=0.0,
+            prompt_tokens=len(self.request.input_ids),
+            retries=0,
+            cached_new_tokens=entry.get("new_tokens") or 0,
+        )
+        await turn.emit(
+            events.Done(
+                turn.request_id,
+                message=turn.message_id,
+                text=entry["text"],
+                json_value=entry.get("json"),
+                finish_reason=Finish(entry["finish_reason"]),
+                cached=True,
+                metrics=cached_metrics,
+                reason=None,
+                policy=self.policy.slug,
+            )
+        )
+        turn.finished = True
+        prometheus.observe_done(cached_metrics, entry["finish_reason"], cached=True)
+        try:
+            await sync_to_async(storage.closing_on_error)(
+                storage.store_cached_answer,
+                turn.message_id,
+                entry.get("record"),
+                text=entry["text"],
+                status=Message.Status.DONE,
+                finish_reason=entry["finish_reason"],
+                metrics=cached_metrics,
+                outcome=Verdict.OK,
+                json_value=entry.get("json"),
+                raw_text=entry["text"],
+            )
+        except Exception:
+            log.exception("could not store the cached answer of %s", turn.request_id)
+            await turn.emit(
+                events.Error(
+                    turn.request_id,
+                    "storage_failed",
+                    "the answer could not be saved; it will not appear in your history",
+                )
+            )
+
+    async def _run(self) -> None:
+        policy = self.policy
+        while True:
+            gate = gate_for(
+                policy.mode, hooks=policy.hooks, schema=policy.schema, shown=self.answer_so_far
+            )
+            outcome_event = await self._generate(gate)
+            if isinstance(outcome_event, Failed):
+                return await self._fail(outcome_event, gate.shown)
+            result = outcome_event.result
+            self.new_tokens += result.new_tokens
+            if self.retracted is not None:
+                return await self._withdraw(result, gate.raw, self.retracted)
+            if result.finish_reason == Finish.CANCELLED and gate.cut is None:
+                return await self._finish(
+                    result,
+                    Finish.CANCELLED,
+                    text=gate.shown,
+                    raw=gate.raw,
+                    reason=self.cancel_reason,
+                )
+            actions, outcome = gate.finish()
+            await self._apply(actions)
+            verdict = Verdict(outcome.status)
+            if verdict is Verdict.OK:
+                # What was shown plus what was held back: the whole text in every mode.
+                return await self._finish(
+                    result,
+                    Finish.CUT if gate.cut else Finish(result.finish_reason),
+                    text=gate.shown + outcome.held_text,
+                    raw=gate.raw,
+                    outcome=Verdict.OK,
+                    reason=gate.cut or "",
+                    json_value=outcome.json,
+                )
+            if verdict is Verdict.MODERATED:
+                return await self._withdraw(result, gate.raw, outcome.reason)
+            prometheus.VALIDATION_FAILURES.inc()
+            # invalid: nothing was shown in buffer mode, so the model may try again
+            if (
+                Mode(policy.mode) is Mode.BUFFER
+                and self.retries < policy.max_retries
+                and self._reask(gate.text, outcome.reason)
+            ):
+                self.retries += 1
+                continue
+            text = policy.fallback_text if policy.failure_action == "fallback" else gate.shown
+            return await self._finish(
+                result,
+                Finish.INVALID,
+                text=text,
+                raw=gate.raw,
+                outcome=Verdict.INVALID,
+                reason=outcome.reason,
+            )
+
+    async def _withdraw(self, result, raw: str, reason: str) -> None:
+        """A moderation veto: nothing is kept as the answer; the raw text is stored for review."""
+        await self._finish(
+            result, Finish.MODERATED, text="", raw=raw, outcome=Verdict.MODERATED, reason=reason
+        )
+
+    async def _generate(self, gate):
+        """Pump one generation's events through the gate; returns its Finished or Failed."""
+        while True:
+            event = await self._events.get()
+            if isinstance(event, TextChunk):
+                if self.first_token_at is None:
+                    self.first_token_at = time.perf_counter()
+                await self._apply(gate.feed(event.text))
+            elif isinstance(event, Queued):
+                await self.turn.emit(
+                    events.Queued(self.turn.request_id, queue_position=event.position)
+                )
+            elif isinstance(event, Started):
+                self.started_at = self.started_at or event.at
+            elif isinstance(event, (Finished, Failed)):
+                return event
+
+    async def _apply(self, actions) -> None:
+        turn = self.turn
+        for action in actions:
+            if isinstance(action, Emit):
+                self.first_visible_at = self.first_visible_at or time.perf_counter()
+                await turn.emit(events.Chunk(turn.request_id, action.text))
+            elif isinstance(action, Hold):
+                self.held_at = self.held_at or time.perf_counter()
+                await turn.emit(events.Buffering(turn.request_id, action.reason))
+            elif isinstance(action, Cut):
+                # Not the user's cancel: the answer stands, cut short where it began to ramble.
+                self._scheduler.cancel(self._ticket)
+                await turn.emit(events.Cut(turn.request_id, text=action.text, reason=action.reason))
+            elif isinstance(action, Retract):
+                self.retracted = action.reason
+                # Not the user's cancel: the answer is withdrawn.
+                self._scheduler.cancel(self._ticket)
+                await turn.emit(events.Retract(turn.request_id, action.reason))
+
+    def _reask(self, bad_answer: str, reason: str) -> bool:
+        """Queue another attempt with the validation error; False if it cannot fit."""
+        messages = self.messages + [
+            {"role": "assistant", "content": bad_answer},
+            {"role": "user", "content": reask_message(reason, self.policy.schema)},
+        ]
+        backend = self._backend
+        input_ids = backend.encode(messages)
+        if len(input_ids) + self.request.max_new_tokens > backend.context_length:
+            return False
+        try:
+            # The same cancel flag: a Stop during the re-ask stops it too.
+            self.submit(replace(self.request, input_ids=input_ids, messages=messages))
+        except EngineError:
+            return False
+        return True
+
+    def _metrics(self, done_at: float, result) -> dict:
+        decode = (result.finished_at - result.started_at) if result else None
+        return metrics(
+            queue_ms=_ms((self.started_at or done_at) - self.accepted_at),
+            ttft_ms=_ms((self.first_token_at or done_at) - self.accepted_at),
+            ttfv_ms=_ms((self.first_visible_at or done_at) - self.accepted_at),
+            total_ms=_ms(done_at - self.accepted_at),
+            held_ms=_ms(done_at - self.held_at) if self.held_at else None,
+            new_tokens=self.new_tokens,
+            tokens_per_s=round(result.new_tokens / decode, 2)
+            if result and result.new_tokens and decode
+            else 0.0,
+            prompt_tokens=result.prompt_tokens if result else None,
+            retries=self.retries,
+        )
+
+    async def _finish(
+        self,
+        result,
+        finish_reason: Finish,
+        *,
+        text: str,
+        raw: str,
+        outcome: Verdict | str = "",
+        reason: str = "",
+        json_value=None,
+    ) -> None:
+        turn = self.turn
+        done_at = time.perf_counter()
+        done_metrics = self._metrics(done_at, result)
+        status = (
+            Message.Status.CANCELLED if finish_reason is Finish.CANCELLED else Message.Status.DONE
+        )
+        try:
+            stored = await storage.answer_store(
+                message_id=turn.message_id,
+                request_id=turn.request_id,
+                text=text,
+                status=status,
+                finish_reason=finish_reason,
+                metrics=done_metrics,
+                raw_text=raw,
+                outcome=outcome,
+                outcome_reason=reason,
+                json_value=json_value,
+                retries=self.retries,
+                held_ms=done_metrics["held_ms"],
+            )
+            problem = (
+                "the database is unavailable; the server keeps trying for a few minutes, until then it is "
+                "missing from your history"
+            )
+        except Exception:
+            log.exception("could not store the answer of %s", turn.request_id)
+            stored, problem = False, "it will not appear in your history"
+        if not stored:
+            await turn.emit(
+                events.Error(
+                    turn.request_id,
+                    "storage_failed",
+                    f"the answer was generated but could not be saved: {problem}",
+                )
+            )
+        if finish_reason is Finish.MODERATED and self.retracted is None:
+            # Vetoed only at the end: anything shown must still be withdrawn.
+            await turn.emit(events.Retract(turn.request_id, reason))
+        await turn.emit(
+            events.Done(
+                turn.request_id,
+                message=turn.message_id,
+                text=text,
+                json_value=json_value,
+                finish_reason=finish_reason,
+                cached=False,
+                metrics=done_metrics,
+                reason=reason or None,
+                policy=self.policy.slug,
+            )
+        )
+        prometheus.observe_done(done_metrics, finish_reason, cached=False)
+        if (
+            outcome is Verdict.OK
+            and finish_reason in CACHEABLE_FINISH
+            and self.cache_key is not None
+        ):
+            await self._remember(text, json_value, finish_reason, done_metrics)
+
+    async def _remember(
+        self, text: str, json_value, finish_reason: str, done_metrics: dict
+    ) -> None:
+        """Written after `done` went out, so caching never delays the answer."""
+        try:
+            await sync_to_async(review.answer_remember)(
+                key=self.cache_key,
+                conversation_id=self.turn.conversation_id,
+                prompt=self.prompt_text,
+                rendered_prompt=self.rendered,
+                text=text,
+                json_value=json_value,
+                finish_reason=finish_reason,
+                metrics=done_metrics,
+                policy_id=self.policy.id,
+                policy_slug=self.policy.slug,
+                policy_version=self.policy.version,
+                model_id=self._backend.model_id,
+                require_review=self.policy.require_review,
+            )
+        except Exception:
+            log.exception("could not record the cached answer of %s", self.turn.request_id)
+
+    async def _fail(self, event: Failed, partial_text: str) -> None:
+        turn = self.turn
+        failed_metrics = self._metrics(event.at, None)
+        try:
+            await storage.answer_store(
+                message_id=turn.message_id,
+                request_id=turn.request_id,
+                text=partial_text,
+                status=Message.Status.FAILED,
+                metrics=failed_metrics,
+                error=event.error,
+            )
+        except Exception:
+            log.exception("could not store the failure of %s", turn.request_id)
+        prometheus.FAILURES.inc()
+        await turn.emit(
+            events.Error(
+                turn.request_id, "model_error", "the model failed while answering; please try again"
+            )
+        )
