@@ -32,14 +32,6 @@ def median(values) -> float | None:
     return statistics.median(values) if values else None
 
 
-def percentile(values, q: float) -> float | None:
-    values = sorted(v for v in values if v is not None)
-    if not values:
-        return None
-    index = min(len(values) - 1, max(0, round(q * (len(values) - 1))))
-    return values[index]
-
-
 def fmt(value, spec: str = ".1f", unit: str = "", missing: str = "-") -> str:
     return missing if value is None else f"{value:{spec}}{unit}"
 

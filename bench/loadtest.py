@@ -23,7 +23,9 @@ from pathlib import Path
 
 import websockets
 
-from .benchmarking import percentile, process_status_mb
+from chat.stats import percentile
+
+from .benchmarking import process_status_mb
 from .liveserver import LiveServer
 
 POLICY_SLUG = "loadtest"
@@ -552,15 +554,15 @@ def figures(report: Report) -> str:
         ),
         (
             "first chunk",
-            f"p50 {_ms(percentile(first, 0.5))}, p95 {_ms(percentile(first, 0.95))} (client: prompt sent -> chunk)",
+            f"p50 {_ms(percentile(first, 50))}, p95 {_ms(percentile(first, 95))} (client: prompt sent -> chunk)",
         ),
         (
             "whole answer",
-            f"p50 {_ms(percentile(whole, 0.5))}, p95 {_ms(percentile(whole, 0.95))} (not cancelled)",
+            f"p50 {_ms(percentile(whole, 50))}, p95 {_ms(percentile(whole, 95))} (not cancelled)",
         ),
         (
             "queue (server)",
-            f"p50 {_ms(percentile(queue, 0.5))}, p95 {_ms(percentile(queue, 0.95))}",
+            f"p50 {_ms(percentile(queue, 50))}, p95 {_ms(percentile(queue, 95))}",
         ),
         (
             "integrity",

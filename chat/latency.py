@@ -21,6 +21,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from .stats import percentile  # the project's one percentile; also bench's
+
 DEFAULT_HOURS = 24
 MIN_HOURS = 1
 MAX_HOURS = 720  # 30 days
@@ -52,24 +54,6 @@ def parse_flag(raw) -> bool:
 
 
 # -- maths --------------------------------------------------------------------------------------
-
-
-def percentile(values: Iterable[float], p: float) -> float | None:
-    """The p-th percentile (0..100) with linear interpolation between closest ranks.
-
-    The same definition as numpy's default ("linear") and `statistics.quantiles(method="inclusive")`:
-    rank = (n - 1) * p / 100 into the sorted values, interpolated between its two neighbours.
-    None for no values.
-    """
-    if not 0 <= p <= 100:
-        raise ValueError(f"percentile must be within 0..100, not {p!r}")
-    xs = sorted(values)
-    if not xs:
-        return None
-    rank = (len(xs) - 1) * p / 100
-    lo = math.floor(rank)
-    hi = min(lo + 1, len(xs) - 1)
-    return float(xs[lo] + (xs[hi] - xs[lo]) * (rank - lo))
 
 
 def bucket_width(hours: int) -> timedelta:

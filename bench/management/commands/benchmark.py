@@ -19,6 +19,7 @@ from django.core.management.base import BaseCommand, CommandError
 import chat.engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads, as the server does)
 from bench import benchmarking as bm
 from chat.management.commands._engine import load
+from chat.stats import percentile
 
 PROMPT = "Write a long, detailed story about a lighthouse keeper."
 PRIMER = (
@@ -523,7 +524,7 @@ class Command(BaseCommand):
                 f"Cache hits ({r.get('hit_prompt')}): {len(served)}/{len(hits)} served cached, each on a new connection"
             )
             out(
-                f"  prompt sent -> done: p50 {bm.fmt(p50, '.1f')} ms, p90 {bm.fmt(bm.percentile([a.done_ms for a in served], 0.9), '.1f')} ms, "
+                f"  prompt sent -> done: p50 {bm.fmt(p50, '.1f')} ms, p90 {bm.fmt(percentile([a.done_ms for a in served], 90), '.1f')} ms, "
                 f"max {bm.fmt(max((a.done_ms for a in served), default=None), '.1f')} ms; "
                 f"connect p50 {bm.fmt(bm.median(a.connect_ms for a in served), '.1f')} ms; "
                 f"server total_ms p50 {bm.fmt(bm.median(a.metrics.get('total_ms') for a in served), '.1f')} ms"
