@@ -21,7 +21,7 @@ LOOPBACK = "127.0.0.1"
 CACHE_REDIS_URL = os.environ.get("BENCH_CACHE_REDIS_URL", "redis://127.0.0.1:6379/13")
 CHANNEL_REDIS_URL = "redis://127.0.0.1:6379/0"  # when REDIS_URL is unset (see daphne())
 CHAT_STOP_STRINGS = ("\nUser:",)  # the `chat` policy's stop string (migration 0003)
-CACHEABLE = ("eos", "stop_string")  # chat.cache.CACHEABLE_FINISH
+CACHEABLE = ("eos", "stop_string")  # chat.stores.cache.CACHEABLE_FINISH
 
 
 # -- figures --------------------------------------------------------------------

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import websockets
 
-from chat.stats import percentile
+from chat.infra.stats import percentile
 
 from .benchmarking import process_status_mb
 from .liveserver import LiveServer

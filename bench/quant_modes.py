@@ -14,7 +14,7 @@ def load_mode(mode: str, *, simulate: bool, progress, dtype: str | None = None):
     """A LocalBackend with weights in `mode`; returns (backend, a label for the report)."""
     from chat.engine import quantized, weight_major
     from chat.engine.loading import ModelNotFound, bundled_gguf_path, load_backend
-    from chat.runtime import runtime
+    from chat.infra.runtime import runtime
 
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: use one of {', '.join(MODES)}")

@@ -14,12 +14,12 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.text import Truncator
 
-from . import erasure, review
-from .accounts import AdminSignInForm
-from .apikeys import new_key
+from .infra.runtime import runtime
 from .models import ApiKey, CachedAnswer, Conversation, Message, OutputPolicy, PolicyRevision
-from .policy_store import policy_errors
-from .runtime import runtime
+from .stores import erasure, review
+from .stores.apikeys import new_key
+from .stores.policy_store import policy_errors
+from .transports.accounts import AdminSignInForm
 
 # /admin/login/ counts failed attempts exactly like the page's sign-in.
 admin.site.login_form = AdminSignInForm
@@ -55,7 +55,7 @@ admin.site.unregister(User)
 
 @admin.register(User)
 class AccountAdmin(UserAdmin):
-    """Deleting a user here is the deletion users can do themselves (chat/erasure.py): API keys
+    """Deleting a user here is the deletion users can do themselves (chat/stores/erasure.py): API keys
     revoked first, conversations, cached answers only they held, sessions."""
 
     def delete_model(self, request, obj):

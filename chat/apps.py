@@ -8,8 +8,9 @@ class ChatConfig(AppConfig):
 
     def ready(self):
         # checks registers the system checks; erasure and evictions their post_delete receivers.
-        from . import checks, erasure, evictions  # noqa: F401
-        from .recovery import on_post_migrate
+        from .infra import checks  # noqa: F401
+        from .stores import erasure, evictions  # noqa: F401
+        from .stores.recovery import on_post_migrate
 
         # Start-up migrates before serving: answers a previous process left streaming are closed then.
         post_migrate.connect(on_post_migrate, sender=self, dispatch_uid="chat-interrupted-answers")

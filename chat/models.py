@@ -315,7 +315,7 @@ class CachedAnswerSource(models.Model):
     """A conversation that holds a cached answer's prompt: it produced the answer or was served it.
 
     Deleting the conversation (by any path) releases the link (conversation NULL) in the same
-    transaction; chat/erasure.py then erases the answer once no live conversation holds it.
+    transaction; chat/stores/erasure.py then erases the answer once no live conversation holds it.
     """
 
     cached_answer = models.ForeignKey(
@@ -345,7 +345,7 @@ class PendingEviction(models.Model):
     """A completion-cache key that must leave Redis; deleted once Redis confirmed it is gone.
 
     Written in the transaction that deleted the answer's record, so an eviction Redis could not
-    take at the time (an outage) is retried later (chat/evictions.py), never forgotten.
+    take at the time (an outage) is retried later (chat/stores/evictions.py), never forgotten.
     """
 
     key = models.CharField(max_length=64, unique=True)

@@ -12,9 +12,9 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 
-from chat.origin import SameOriginValidator  # noqa: E402
-from chat.routing import websocket_urlpatterns  # noqa: E402
-from chat.runtime import runtime  # noqa: E402
+from chat.infra.runtime import runtime  # noqa: E402
+from chat.transports.origin import SameOriginValidator  # noqa: E402
+from chat.transports.routing import websocket_urlpatterns  # noqa: E402
 from project.shutdown import RequestsInFlight, Stopper  # noqa: E402
 
 # Counted, so a SIGTERM lets the open responses (server-sent streams) end before the stop.

@@ -61,7 +61,7 @@ if not SECRET_KEY:
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", "")
 CSRF_FAILURE_VIEW = (
-    "chat.api.csrf_failure"  # API clients get a JSON `error`, browsers the usual page
+    "chat.transports.api.csrf_failure"  # API clients get a JSON `error`, browsers the usual page
 )
 
 DATA_DIR = Path(env("DATA_DIR", str(BASE_DIR / "var")))
@@ -80,7 +80,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "chat.csp.ContentSecurityPolicyMiddleware",
+    "chat.transports.csp.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

@@ -34,8 +34,8 @@ import time
 from django.conf import settings
 
 from chat import turns
-from chat.consumers import sockets_close
-from chat.runtime import runtime
+from chat.infra.runtime import runtime
+from chat.transports.consumers import sockets_close
 
 log = logging.getLogger(__name__)
 

@@ -2,10 +2,10 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from chat import account_views, accounts, api, apikey_views, openai_api, views
-from chat.admin_views import latency_view
+from chat.transports import account_views, accounts, api, apikey_views, openai_api, views
+from chat.transports.admin_views import latency_view
 
-handler400 = "chat.api.bad_request"  # JSON for /api/ clients
+handler400 = "chat.transports.api.bad_request"  # JSON for /api/ clients
 
 # Django's own auth views, with the chat's look (the admin keeps its own templates).
 ACCOUNTS = "accounts/"

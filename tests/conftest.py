@@ -32,7 +32,7 @@ def empty_cache(settings):
 @pytest.fixture(autouse=True)
 def fresh_rate_limits():
     """Every test starts with empty rate-limit windows: all test clients share one address."""
-    from chat.ratelimit import address_limiter, prompt_limiter
+    from chat.infra.ratelimit import address_limiter, prompt_limiter
 
     prompt_limiter.clear()
     address_limiter.clear()
@@ -41,7 +41,7 @@ def fresh_rate_limits():
 @pytest.fixture(scope="session")
 def runtime():
     """The process's real model and scheduler, loaded once for the whole session."""
-    from chat.runtime import runtime as chat_runtime
+    from chat.infra.runtime import runtime as chat_runtime
 
     chat_runtime.start()
     assert chat_runtime.wait(timeout=600), chat_runtime.detail
@@ -218,9 +218,9 @@ def example_policies(django_db_blocker):
 @pytest.fixture
 def make_policy(db):
     """A stored policy with the given fields (validated as the admin would)."""
+    from chat.infra.runtime import runtime
     from chat.models import OutputPolicy
-    from chat.policy_store import policy_errors
-    from chat.runtime import runtime
+    from chat.stores.policy_store import policy_errors
 
     def factory(**fields):
         fields.setdefault("name", fields["slug"])
@@ -238,7 +238,7 @@ def scripted(monkeypatch):
     """A scripted backend (tests/scripted.py) behind the process's runtime, for unit tests of
     what the turn (chat/turns/) does around generation; returns a function taking the answers to play."""
     from chat.engine.concurrent import ConcurrentScheduler
-    from chat.runtime import runtime
+    from chat.infra.runtime import runtime
     from tests.scripted import ScriptedBackend
 
     made = []

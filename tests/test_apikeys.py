@@ -10,8 +10,8 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.test import Client
 
-from chat.apikeys import apikey_authenticate, apikey_create
 from chat.models import ApiKey
+from chat.stores.apikeys import apikey_authenticate, apikey_create
 
 pytestmark = pytest.mark.django_db
 

@@ -11,8 +11,8 @@ from django.contrib.auth.models import Permission, User
 from django.test import AsyncClient
 
 from bench.liveserver import free_port
-from chat.cache import cache_key, completion_cache
 from chat.models import CachedAnswer, Message
+from chat.stores.cache import cache_key, completion_cache
 
 PROMPT = "Count from 1 to 10, separated by commas."
 BASE = dict(

@@ -6,9 +6,9 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from chat import turns
-from chat.cancel_bus import CancelBus
 from chat.models import Conversation, Message
-from chat.selectors import Owner
+from chat.stores.selectors import Owner
+from chat.turns.cancel_bus import CancelBus
 from tests.test_cache import RedisServer
 from tests.test_consumer import LONG, SHORT, new_session_key, wait_stored
 

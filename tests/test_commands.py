@@ -26,7 +26,7 @@ def test_eos_report_finds_a_template_generation_config_mismatch(backend):
 
 
 def test_system_check_is_silent_when_eos_agrees():
-    from chat.checks import check_eos
+    from chat.infra.checks import check_eos
 
     assert check_eos() == []
 

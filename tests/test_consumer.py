@@ -273,7 +273,7 @@ async def test_cross_origin_websocket_is_refused(application):
 
 async def test_a_user_over_the_rate_limit_gets_a_clear_error(client, monkeypatch):
     """Past the per-user limit a prompt is refused with `rate_limited`, before anything runs."""
-    from chat import ratelimit
+    from chat.infra import ratelimit
 
     monkeypatch.setattr(ratelimit.prompt_limiter, "limit", 1)
     first = await client.prompt(SHORT)

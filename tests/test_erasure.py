@@ -28,9 +28,7 @@ from django.test import AsyncClient
 from django.utils import timezone
 
 from bench.liveserver import free_port
-from chat import erasure, turns
-from chat.apikeys import apikey_authenticate, apikey_create
-from chat.cache import KEY_PREFIX, completion_cache
+from chat import turns
 from chat.engine.concurrent import ConcurrentScheduler
 from chat.engine.types import GenerationResult
 from chat.models import (
@@ -42,6 +40,9 @@ from chat.models import (
     PendingEviction,
 )
 from chat.protocol import CONVERSATION_DELETED
+from chat.stores import erasure
+from chat.stores.apikeys import apikey_authenticate, apikey_create
+from chat.stores.cache import KEY_PREFIX, completion_cache
 from tests.conftest import TEST_CACHE_URL, ChatClient
 from tests.scripted import Answer, ScriptedBackend
 from tests.test_cache import RedisServer
@@ -194,7 +195,7 @@ async def test_an_answer_another_conversation_holds_stays_until_that_one_is_dele
 @ws_db
 async def test_an_approved_answer_is_kept_and_served_with_its_prompt_redacted(scripted_ready):
     """The choice for shared answers: approval vouches for the answer, the prompt is the person's."""
-    from chat import review
+    from chat.stores import review
 
     scripted_ready(Answer(("OK.",)), Answer(("OK.",)))
     http = await visitor()
@@ -274,7 +275,7 @@ async def test_an_answer_that_ends_normally_after_its_conversation_was_deleted_i
     """Where the cancel cannot reach the turn (another process, the channel layer down), the
     answer ends normally after the deletion: it is still never recorded or cached."""
     import project.asgi  # noqa: F401  its django.setup() configures logging: before the handler
-    from chat.runtime import runtime as chat_runtime
+    from chat.infra.runtime import runtime as chat_runtime
 
     chat_logger = logging.getLogger("chat")  # it does not propagate to caplog's root handler
     chat_logger.addHandler(caplog.handler)

@@ -10,7 +10,7 @@ from asgiref.sync import sync_to_async
 
 from bench.liveserver import LiveServer
 from chat.models import Conversation, Message
-from chat.recovery import INTERRUPTED
+from chat.stores.recovery import INTERRUPTED
 from tests.conftest import LIVE_CACHE_URL
 from tests.test_cache import RedisServer
 
@@ -210,7 +210,7 @@ async def test_the_whole_chat_keeps_answering_while_redis_is_stopped(tmp_path, r
         redis_server.start()
         await asyncio.sleep(
             2.5
-        )  # past the cache's back-off (chat.cache.CompletionCache.backoff_seconds)
+        )  # past the cache's back-off (chat.stores.cache.CompletionCache.backoff_seconds)
         assert (await ask(server, "Count from 1 to 7, separated by commas.", "after"))[-1][
             "type"
         ] == "done"

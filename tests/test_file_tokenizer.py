@@ -9,10 +9,10 @@ import jinja2
 import pytest
 from transformers import AutoTokenizer
 
-from chat.checks import model_dir
 from chat.engine.eos import eos_report, load_eos_report
 from chat.engine.file_tokenizer import FileTokenizer
 from chat.engine.template import encode_pieces, encode_text, render_pieces, special_token_pattern
+from chat.infra.checks import model_dir
 
 CHATS = [
     [{"role": "user", "content": "Hi"}],

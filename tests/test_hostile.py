@@ -7,8 +7,8 @@ import pytest
 from channels.testing import WebsocketCommunicator
 from django.test import AsyncClient
 
-from chat.ratelimit import client_address
-from chat.selectors import Owner
+from chat.infra.ratelimit import client_address
+from chat.stores.selectors import Owner
 from tests.conftest import ChatClient
 from tests.test_consumer import LONG, new_session_key, wait_stored
 from tests.test_http_api import HttpVisitor
@@ -51,7 +51,7 @@ async def test_a_lone_surrogate_is_a_bad_prompt_on_the_socket(client):
 async def test_a_socket_that_crashes_cancels_its_running_answer(application, monkeypatch, settings):
     """Whatever ends a socket, its answer stops: a handler that raises (daphne then closes with 1011) used to
     leave the answer generating for nobody."""
-    from chat import consumers
+    from chat.transports import consumers
 
     settings.CHAT_MAX_NEW_TOKENS = 512
     client = await ChatClient(application).connect()  # not closed: it crashes
@@ -110,7 +110,7 @@ async def test_an_oversized_http_body_gets_frame_too_large_as_json(application, 
 async def test_anonymous_visitors_are_also_limited_per_address(application, monkeypatch):
     """35 cookieless sockets from one address used to be served 35 prompts; now the address's limit refuses
     the rest, on the socket and over HTTP alike, while another address is still served."""
-    from chat import ratelimit
+    from chat.infra import ratelimit
 
     monkeypatch.setattr(ratelimit.prompt_limiter, "limit", 3)
     monkeypatch.setattr(ratelimit.address_limiter, "limit", 3)
@@ -157,7 +157,8 @@ def test_the_client_address_trusts_x_forwarded_for_only_when_told(settings):
 
 def test_signed_in_users_are_limited_per_user_not_per_address(monkeypatch):
     """An office behind one address: its signed-in users are not counted against the address."""
-    from chat import ratelimit, turns
+    from chat import turns
+    from chat.infra import ratelimit
 
     monkeypatch.setattr(ratelimit.address_limiter, "limit", 1)
     for user_id in (1, 2, 3):
@@ -200,8 +201,8 @@ async def test_behind_a_tls_proxy_the_https_page_and_trusted_origins_are_accepte
     from channels.auth import AuthMiddlewareStack
     from channels.routing import URLRouter
 
-    from chat.origin import SameOriginValidator
-    from chat.routing import websocket_urlpatterns
+    from chat.transports.origin import SameOriginValidator
+    from chat.transports.routing import websocket_urlpatterns
 
     settings.ALLOWED_HOSTS = ["chat.example.com"]
     settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")

@@ -214,7 +214,7 @@ async def test_the_csrf_endpoint_sets_the_cookie_and_returns_the_token():
 
 async def test_over_the_rate_limit_the_api_answers_429(visitor, monkeypatch):
     """The socket's per-user limit applies to HTTP too (one limiter): 429, Retry-After, code rate_limited."""
-    from chat import ratelimit
+    from chat.infra import ratelimit
 
     monkeypatch.setattr(ratelimit.prompt_limiter, "limit", 1)
     ratelimit.prompt_limiter.check(

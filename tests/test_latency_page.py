@@ -18,9 +18,15 @@ from django.test import Client, RequestFactory
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from chat import latency
-from chat.admin_views import build_chart, format_duration, format_ms, latency_view, nice_ceiling
+from chat.infra import latency
 from chat.models import Conversation, Message
+from chat.transports.admin_views import (
+    build_chart,
+    format_duration,
+    format_ms,
+    latency_view,
+    nice_ceiling,
+)
 
 URL = "/admin/latency/"
 UNTIL = datetime(2025, 1, 2, 0, 0, tzinfo=UTC)

@@ -22,7 +22,7 @@ ANSWER_SCHEMA = {
 MAKE_KEYS = """
 import json
 from django.contrib.auth import get_user_model
-from chat.apikeys import apikey_create
+from chat.stores.apikeys import apikey_create
 keys = {}
 for name in ("alice", "bob", "carol"):
     user, _ = get_user_model().objects.get_or_create(username=name)

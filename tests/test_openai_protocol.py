@@ -7,13 +7,13 @@ import json
 import pytest
 from hypothesis import given, settings
 
-from chat.openai_protocol import (
+from chat.stores.policy_store import PolicyOverride, ResolvedPolicy
+from chat.transports.openai_protocol import (
     ChatRequest,
     OpenAIError,
     answer_of,
     parse_chat_request,
 )
-from chat.policy_store import PolicyOverride, ResolvedPolicy
 from tests.test_openai_views import raw_bodies
 
 

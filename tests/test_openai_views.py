@@ -14,10 +14,10 @@ from django.contrib.auth import get_user_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chat import selectors
-from chat.apikeys import apikey_create, apikey_revoke
+from chat.infra.ratelimit import prompt_limiter
 from chat.models import Message, OutputPolicy
-from chat.ratelimit import prompt_limiter
+from chat.stores import selectors
+from chat.stores.apikeys import apikey_create, apikey_revoke
 from tests.scripted import Answer
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -345,7 +345,7 @@ async def test_the_keys_user_shares_the_rate_limit(scripted, alice, monkeypatch)
 
 
 async def test_a_model_still_loading_is_a_503(alice, monkeypatch):
-    from chat.runtime import runtime
+    from chat.infra.runtime import runtime
 
     monkeypatch.setattr(runtime, "state", "loading")
     response, body = await post(alice[1], ask())
@@ -493,7 +493,7 @@ async def test_another_user_can_neither_cancel_nor_read_an_api_answer(scripted, 
 
 
 async def test_api_answers_are_counted_in_metrics(scripted, alice):
-    from chat.metrics import REQUESTS
+    from chat.infra.metrics import REQUESTS
 
     scripted(Answer(("ok",)))
     before = REQUESTS.labels("eos")._value.get()

@@ -13,8 +13,8 @@ from transformers import RepetitionPenaltyLogitsProcessor
 from chat.engine.penalties import AnswerOnly, FrequencyPresencePenalty, penalty_processors
 from chat.engine.types import GenerationRequest, penalty_errors
 from chat.models import OutputPolicy
-from chat.policy_store import builtin_policy, policy_errors
-from chat.prompting import turn_cache_key
+from chat.stores.policy_store import builtin_policy, policy_errors
+from chat.turns.prompting import turn_cache_key
 from tests.scripted import Answer, ScriptedBackend
 from tests.test_openai_views import alice, ask, assert_openai_error, post  # noqa: F401
 

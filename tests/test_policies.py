@@ -8,7 +8,7 @@ from django.test import Client
 
 from chat.models import Message, OutputPolicy, PolicyRevision
 from chat.policy import instance_errors
-from chat.policy_store import policy_errors
+from chat.stores.policy_store import policy_errors
 from tests.conftest import chunks_text
 
 ANSWER_SCHEMA = {

@@ -1,6 +1,6 @@
 """The per-user rate limiter on its own, with a clock the test moves."""
 
-from chat.ratelimit import RateLimiter
+from chat.infra.ratelimit import RateLimiter
 
 
 class Clock:

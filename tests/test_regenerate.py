@@ -53,7 +53,7 @@ async def test_edit_and_resend_replaces_the_prompt_and_the_model_no_longer_sees_
     client, short_policy
 ):
     """Other text with `replace`: the edited prompt is asked without the replaced exchange as context."""
-    from chat.selectors import answer_history
+    from chat.stores.selectors import answer_history
 
     first = await first_turn(client)
     conversation = (await messages_of_answer(first["message"])).conversation_id

@@ -10,7 +10,7 @@ import pytest
 import websockets
 
 from bench.liveserver import LiveServer, free_port
-from chat.ratelimit import SharedRateLimiter
+from chat.infra.ratelimit import SharedRateLimiter
 
 
 def test_two_processes_limiters_share_one_window(settings):

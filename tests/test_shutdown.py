@@ -16,8 +16,8 @@ from websockets.exceptions import ConnectionClosed
 
 from bench.liveserver import LiveServer
 from chat import turns
+from chat.infra.runtime import runtime as chat_runtime
 from chat.protocol import CLOSE_SERVER_RESTARTING
-from chat.runtime import runtime as chat_runtime
 from tests.conftest import LIVE_CACHE_URL
 from tests.test_consumer import LONG, SHORT, wait_stored
 from tests.test_openai_api import MAKE_KEYS

@@ -25,7 +25,7 @@ from django.core.management import call_command
 call_command("migrate", verbosity=0)
 from channels.testing import WebsocketCommunicator
 from project.asgi import application
-from chat.runtime import runtime
+from chat.infra.runtime import runtime
 assert runtime.wait(120), runtime.detail
 
 async def turn():

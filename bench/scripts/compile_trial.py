@@ -28,7 +28,7 @@ def main() -> None:
     import torch
 
     from chat.engine.loading import load_backend
-    from chat.runtime import runtime
+    from chat.infra.runtime import runtime
 
     backend = load_backend(
         replace(runtime.engine_config(), weight_major="off"), progress=lambda line: None

@@ -32,7 +32,7 @@ from bench.liveserver import LiveServer  # noqa: E402
 
 MAKE_KEY = """
 from django.contrib.auth import get_user_model
-from chat.apikeys import apikey_create
+from chat.stores.apikeys import apikey_create
 user, _ = get_user_model().objects.get_or_create(username="bench")
 print(apikey_create(user=user, name="bench")[1])
 """

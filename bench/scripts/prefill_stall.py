@@ -25,7 +25,7 @@ def main() -> None:
 
     django.setup()
     from chat.engine.loading import load_backend
-    from chat.runtime import runtime
+    from chat.infra.runtime import runtime
 
     backend = load_backend(runtime.engine_config(), progress=lambda line: None)
     story = [{"role": "user", "content": "Write a long story about a dragon."}]

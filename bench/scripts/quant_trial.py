@@ -44,7 +44,7 @@ def main() -> None:
 
     from chat.engine import quantized, weight_major
     from chat.engine.loading import bundled_gguf_path, load_backend
-    from chat.runtime import runtime
+    from chat.infra.runtime import runtime
 
     config = replace(runtime.engine_config(), weight_major="off", dtype="float32", quant="none")
     backend = load_backend(config, progress=lambda line: None)

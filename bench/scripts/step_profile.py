@@ -27,7 +27,7 @@ def main() -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from chat.engine.loading import load_backend
-    from chat.runtime import runtime
+    from chat.infra.runtime import runtime
 
     backend = load_backend(runtime.engine_config(), progress=lambda line: None)
     print(f"dtype {backend.model.dtype}, {torch.get_num_threads()} threads")

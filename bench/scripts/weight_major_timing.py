@@ -29,7 +29,7 @@ def main() -> None:
 
     from chat.engine import weight_major
     from chat.engine.loading import load_backend
-    from chat.runtime import runtime
+    from chat.infra.runtime import runtime
 
     config = replace(runtime.engine_config(), weight_major="off")
     backend = load_backend(config, progress=lambda line: None)

@@ -1,6 +1,6 @@
 """One chat turn, start to end: policy -> prompt -> cache -> queue -> engine -> gate -> store.
 
-Every transport calls `admit` and forwards the typed events (chat/turns/events.py) it is
+Every transport calls `admit` and forwards the typed events (chat/protocol/events.py) it is
 handed; none touches the model or the database itself. The modules, in a turn's order:
 
 - admit.py: the check-and-start sequence (rate checks, readiness, prepare, cache or queue).
@@ -8,7 +8,8 @@ handed; none touches the model or the database itself. The modules, in a turn's 
 - run.py: the engine's events through the policy gate; re-asks; the answer stored and cached.
 - handle.py: the `Turn` a transport holds (cancel, detach).
 - running.py: the turns running here; drain at shutdown; cancel from any process.
-- events.py, errors.py: what a client is told, and the one table of error codes.
+- errors.py: TurnError. The events a turn emits and the table of error codes are the wire
+  contract, in chat/protocol/ (events.py, errors.py).
 """
 
 from .admit import admit

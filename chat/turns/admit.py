@@ -15,16 +15,15 @@ import time
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError
 
-from .. import metrics as prometheus
-from .. import storage
-from ..cache import completion_cache
 from ..engine.types import Backend, EngineError, Scheduler
-from ..evictions import entry_servable
+from ..infra import metrics as prometheus
+from ..infra.runtime import NotReady, runtime
 from ..models import Message
-from ..protocol import Prompt
-from ..runtime import NotReady, runtime
-from ..selectors import Owner
-from . import events
+from ..protocol import Prompt, events
+from ..stores import storage
+from ..stores.cache import completion_cache
+from ..stores.evictions import entry_servable
+from ..stores.selectors import Owner
 from .continuation import prepare_continue
 from .errors import TurnError
 from .handle import Send, Turn

@@ -6,14 +6,14 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import transaction
 
-from .. import policy_store
 from ..engine.types import Backend, EngineError
 from ..models import Message
-from ..prompting import fit_prompt, request_for, turn_cache_key
 from ..protocol import Prompt
-from ..selectors import Owner, answer_history, conversations_for
+from ..stores import policy_store
+from ..stores.selectors import Owner, answer_history, conversations_for
 from .errors import TurnError
 from .prepare import Prepared
+from .prompting import fit_prompt, request_for, turn_cache_key
 
 
 def prepare_continue(owner: Owner, prompt: Prompt, backend: Backend) -> Prepared:

@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..selectors import Owner
-from .events import Event
+from ..protocol.events import Event
+from ..stores.selectors import Owner
 
 if TYPE_CHECKING:
     from .run import TurnRun

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from ..infra.ratelimit import address_limiter, prompt_limiter
+from ..infra.runtime import runtime
 from ..protocol import SERVER_RESTARTING, server_restarting_error
-from ..ratelimit import address_limiter, prompt_limiter
-from ..runtime import runtime
-from ..selectors import Owner
+from ..stores.selectors import Owner
 from .errors import TurnError
 
 

@@ -9,13 +9,13 @@ from dataclasses import dataclass, replace
 from django.conf import settings
 from django.db import transaction
 
-from .. import policy_store
 from ..engine.types import Backend, EngineError, GenerationRequest
 from ..models import Conversation, Message
-from ..prompting import fit_prompt, request_for, turn_cache_key
 from ..protocol import Prompt
-from ..selectors import Owner, answer_history, conversations_for
+from ..stores import policy_store
+from ..stores.selectors import Owner, answer_history, conversations_for
 from .errors import TurnError
+from .prompting import fit_prompt, request_for, turn_cache_key
 
 # Sampling temperature of a regenerated answer when its policy is greedy.
 REGENERATE_TEMPERATURE = 0.8

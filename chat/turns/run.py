@@ -11,9 +11,6 @@ from enum import StrEnum
 
 from asgiref.sync import sync_to_async
 
-from .. import metrics as prometheus
-from .. import review, storage
-from ..cache import CACHEABLE_FINISH
 from ..engine.types import (
     Backend,
     EngineError,
@@ -26,12 +23,14 @@ from ..engine.types import (
     TextChunk,
     Ticket,
 )
+from ..infra import metrics as prometheus
 from ..models import Message
 from ..policy import Cut, Emit, Hold, Retract, gate_for, reask_message
-from ..protocol import Prompt, metrics
-from ..selectors import Owner
-from . import events
-from .events import Finish
+from ..protocol import Prompt, events, metrics
+from ..protocol.events import Finish
+from ..stores import review, storage
+from ..stores.cache import CACHEABLE_FINISH
+from ..stores.selectors import Owner
 from .handle import Send, Turn
 from .prepare import Prepared
 from .running import running_turns

@@ -1,5 +1,5 @@
 """The turns running in this process: draining them at shutdown, and cancelling one from any
-connection or process (through chat/cancel_bus.py)."""
+connection or process (through chat/turns/cancel_bus.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import logging
 
 from asgiref.sync import sync_to_async
 
-from ..cancel_bus import CancelBus, RunningTurns
 from ..models import Message
 from ..protocol import SERVER_RESTARTING
-from ..selectors import Owner, answer_status
+from ..stores.selectors import Owner, answer_status
+from .cancel_bus import CancelBus, RunningTurns
 from .errors import TurnError
 
 log = logging.getLogger(__name__)

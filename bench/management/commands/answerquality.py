@@ -24,10 +24,10 @@ from pathlib import Path
 from django.core.management.base import BaseCommand
 
 import chat.engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads, as the server does)
-from chat import policy_store
 from chat.management.commands._engine import load
 from chat.policy import Cut, Retract, gate_for
-from chat.prompting import fit_prompt, request_for
+from chat.stores import policy_store
+from chat.turns.prompting import fit_prompt, request_for
 
 PROMPTS = Path(__file__).resolve().parents[2] / "prompts" / "everyday.json"
 ENDINGS = ("eos", "stop_string", "length", "cut", "withdrawn", "invalid")

@@ -18,8 +18,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 import chat.engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads, as the server does)
 from bench import benchmarking as bm
+from chat.infra.stats import percentile
 from chat.management.commands._engine import load
-from chat.stats import percentile
 
 PROMPT = "Write a long, detailed story about a lighthouse keeper."
 PRIMER = (

@@ -1,6 +1,6 @@
 """Shared by the terminal commands: load the engine synchronously with progress on stderr."""
 
-from chat.runtime import runtime
+from chat.infra.runtime import runtime
 
 
 def load(command):

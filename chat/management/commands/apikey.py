@@ -3,8 +3,8 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from chat.apikeys import apikey_create, apikey_revoke
 from chat.models import ApiKey
+from chat.stores.apikeys import apikey_create, apikey_revoke
 
 
 class Command(BaseCommand):

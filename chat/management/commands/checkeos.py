@@ -2,8 +2,8 @@
 
 from django.core.management.base import BaseCommand, CommandError
 
-from chat.checks import model_dir
 from chat.engine.eos import load_eos_report
+from chat.infra.checks import model_dir
 
 
 class Command(BaseCommand):

@@ -3,7 +3,7 @@
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from chat.erasure import retention_purge
+from chat.stores.erasure import retention_purge
 
 
 class Command(BaseCommand):

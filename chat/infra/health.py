@@ -1,0 +1,67 @@
+"""Readiness of the three things a chat turn needs: the model, Redis, the database."""
+
+from __future__ import annotations
+
+import redis
+from django.conf import settings
+from django.db import connection
+
+from ..stores.cache import completion_cache
+from .ratelimit import prompt_limiter
+from .runtime import runtime
+
+
+def redis_status() -> str:
+    try:
+        client = redis.Redis.from_url(
+            settings.REDIS_URL, socket_connect_timeout=0.5, socket_timeout=0.5
+        )
+        client.ping()
+        client.close()
+        return "ok"
+    except (redis.RedisError, OSError) as exc:
+        return f"unavailable: {exc}"
+
+
+def database_status() -> str:
+    try:
+        connection.ensure_connection()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        return "ok"
+    except Exception as exc:  # any driver error means "not ready", with its text
+        return f"unavailable: {exc}"
+
+
+def health() -> tuple[bool, dict]:
+    model = "ready" if runtime.state == "ready" else runtime.state
+    report = {
+        "status": "ok",
+        "model": model,
+        "model_name": runtime.backend.model_id if runtime.backend else None,
+        "backend": settings.CHAT_BACKEND,
+        "detail": runtime.detail,
+        "redis": redis_status(),
+        "database": database_status(),
+        "cache": completion_cache.status(),
+        "rate_limit": prompt_limiter.status(),
+    }
+    if settings.CHAT_BACKEND == "openai":
+        report["upstream"] = settings.CHAT_REMOTE_URL
+        report["upstream_status"] = runtime.backend.probe() if runtime.backend else runtime.state
+        if runtime.backend is not None:
+            report["upstream_capabilities"] = runtime.backend.capabilities.summary()
+    # Without Redis the chat still answers, uncached: degraded, not down. Every process shares
+    # one inference server, so its outage is reported but does not pull this one out of rotation.
+    ready = model == "ready" and report["database"] == "ok" and not runtime.draining
+    if runtime.draining:  # stopping: the balancer sends new users elsewhere
+        report["status"] = "draining"
+    elif not ready:
+        report["status"] = "loading" if runtime.state in {"idle", "loading"} else "unavailable"
+    elif (
+        report["redis"] != "ok"
+        or report["cache"] != "ok"
+        or report.get("upstream_status", "ok") != "ok"
+    ):
+        report["status"] = "degraded"
+    return ready, report

@@ -1,0 +1,178 @@
+"""The process's one model and scheduler, loaded in the background so the server answers at once.
+
+/healthz reports 503 with the loading step until `state` is "ready".
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from django.conf import settings
+
+from ..engine.types import Backend, EngineConfig, Scheduler
+from ..protocol import SERVER_RESTARTING
+
+log = logging.getLogger(__name__)
+
+
+class NotReady(RuntimeError):
+    def __init__(self, message: str, code: str = "model_loading"):
+        super().__init__(message)
+        self.code = code
+
+
+class Runtime:
+    def __init__(self):
+        self.state = "idle"  # idle -> loading -> ready | failed
+        self.detail = ""
+        self.backend: Backend | None = None
+        self.scheduler: Scheduler | None = None
+        self.load_seconds: float | None = None
+        # Set once the process is stopping (SIGTERM): it takes no new prompts, /healthz says 503.
+        self.draining = False
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._tokenizer = None
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(
+            model_path=settings.CHAT_MODEL_PATH,
+            data_dir=str(settings.DATA_DIR),
+            dtype=settings.CHAT_MODEL_DTYPE,
+            device=settings.CHAT_MODEL_DEVICE,
+            threads=settings.CHAT_TORCH_THREADS,
+            weight_major=settings.CHAT_WEIGHT_MAJOR,
+            quant=settings.CHAT_MODEL_QUANT,
+            prefill_chunk=settings.CHAT_PREFILL_CHUNK,
+            max_new_tokens_cap=settings.CHAT_MAX_NEW_TOKENS_CAP,
+        )
+
+    def start(self) -> None:
+        """Begin loading on a daemon thread; calling it again does nothing."""
+        with self._lock:
+            if self.state != "idle":
+                return
+            self.state, self.detail = "loading", "starting"
+        threading.Thread(target=self._load, name="model-loader", daemon=True).start()
+
+    def _progress(self, line: str) -> None:
+        self.detail = line.strip()
+        log.info("%s", line)  # the newcomer watching `make run` sees each step
+
+    def remote_config(self):
+        """The inference server's settings (CHAT_BACKEND=openai)."""
+        from ..engine.remote import RemoteConfig
+
+        tokenizer = settings.CHAT_REMOTE_TOKENIZER
+        if tokenizer == "":
+            from .checks import model_dir
+
+            folder = (
+                model_dir()
+            )  # the local model's folder doubles as the tokenizer when it is there
+            tokenizer = str(folder) if folder is not None else None
+        elif tokenizer == "none":
+            tokenizer = None
+        return RemoteConfig(
+            base_url=settings.CHAT_REMOTE_URL,
+            model=settings.CHAT_REMOTE_MODEL,
+            api_key=settings.CHAT_REMOTE_API_KEY,
+            timeout=settings.CHAT_REMOTE_TIMEOUT,
+            context_length=settings.CHAT_REMOTE_CONTEXT_LENGTH,
+            tokenizer_path=tokenizer,
+            max_new_tokens_cap=settings.CHAT_MAX_NEW_TOKENS_CAP,
+        )
+
+    def _make_engine(self) -> tuple[Backend, Scheduler]:
+        """(backend, scheduler) for the configured CHAT_BACKEND."""
+        if settings.CHAT_BACKEND == "openai":
+            from ..engine.concurrent import ConcurrentScheduler
+            from ..engine.remote import OpenAIBackend
+
+            backend = OpenAIBackend.from_config(self.remote_config(), progress=self._progress)
+            admission = None
+            if settings.CHAT_REMOTE_GLOBAL_CONCURRENCY:
+                from ..engine.admission import RedisAdmission
+
+                # One queue per server and model, whichever process joins it.
+                admission = RedisAdmission(
+                    settings.REDIS_URL,
+                    backend.fingerprint[:16],
+                    capacity=settings.CHAT_REMOTE_GLOBAL_CONCURRENCY,
+                    lease_seconds=settings.CHAT_REMOTE_LEASE_SECONDS,
+                )
+            scheduler = ConcurrentScheduler(
+                backend,
+                max_running=settings.CHAT_REMOTE_MAX_CONCURRENCY,
+                max_waiting=settings.CHAT_MAX_QUEUE,
+                admission=admission,
+            )
+            return backend, scheduler
+        from ..engine.loading import load_backend
+        from ..engine.scheduler import ContinuousScheduler
+
+        backend = load_backend(self.engine_config(), progress=self._progress)
+        return backend, ContinuousScheduler(
+            backend,
+            max_waiting=settings.CHAT_MAX_QUEUE,
+            max_batch=settings.CHAT_MAX_BATCH,
+            kv_budget_bytes=settings.CHAT_KV_CACHE_MB * 2**20,
+        )
+
+    def _load(self) -> None:
+        started = time.perf_counter()
+        try:
+            backend, self.scheduler = self._make_engine()
+            from .metrics import track_scheduler
+
+            track_scheduler(self.scheduler)
+            self.backend = backend
+        except Exception as exc:
+            log.exception("model failed to load")
+            self.state, self.detail = "failed", f"{type(exc).__name__}: {exc}"
+        else:
+            self.load_seconds = time.perf_counter() - started
+            self.state, self.detail = (
+                "ready",
+                f"{backend.model_id} loaded in {self.load_seconds:.1f} s",
+            )
+        finally:
+            self._ready.set()
+
+    def tokenizer(self):
+        """The model's tokenizer, also before the model has loaded (staff validate policies with it)."""
+        if self.backend is not None:
+            return self.backend.tokenizer
+        if self._tokenizer is None:
+            from .checks import model_dir
+
+            folder = model_dir()
+            if folder is None:
+                return None
+            # Its files alone: a web process in front of an inference server never imports torch.
+            from ..engine.file_tokenizer import FileTokenizer
+
+            self._tokenizer = FileTokenizer(folder)
+        return self._tokenizer
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self._ready.wait(timeout)
+        return self.state == "ready"
+
+    def require(self) -> tuple[Backend, Scheduler]:
+        """(backend, scheduler), or NotReady with a message a user can read."""
+        if self.draining:
+            raise NotReady(
+                "the server is restarting and takes no new prompts; send it again in a moment",
+                code=SERVER_RESTARTING,
+            )
+        if self.state == "ready":
+            return self.backend, self.scheduler
+        if self.state == "failed":
+            raise NotReady(f"the model failed to load: {self.detail}")
+        raise NotReady(f"the model is still loading ({self.detail}); try again in a few seconds")
+
+
+runtime = Runtime()

@@ -1,0 +1,290 @@
+"""The wire protocol (docs/protocol.md): parse client frames, serialize server events.
+
+A contract: fields and event types may be added, never renamed or removed. Every server event
+is a dataclass of chat/protocol/events.py, and `event_json` is the one serializer of the socket and
+SSE (and `event_fields` the JSON API's), so two places can never disagree about a field.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+
+from .events import Error, Event, Finish, event_fields
+
+MAX_FRAME_BYTES = 64 * 1024
+MAX_REQUEST_ID = 100
+
+
+class ProtocolError(ValueError):
+    """A frame the server will not act on; becomes an `error` event, the socket stays open."""
+
+    def __init__(self, code: str, message: str, request_id: str | None = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+
+
+@dataclass(frozen=True)
+class Prompt:
+    request_id: str
+    text: str
+    conversation: int | None
+    policy: str | None
+    # The conversation's last answer that this prompt replaces (Regenerate, Edit and resend).
+    replace: int | None = None
+    # The answer, cut off at the token limit, whose rest this request writes (text is empty).
+    continues: int | None = None
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Stop a request: this connection's `request_id`, or any of the owner's answers by `message` id."""
+
+    request_id: str | None
+    message: int | None = None
+
+
+@dataclass(frozen=True)
+class Ping:
+    pass
+
+
+def is_unicode(text: str) -> bool:
+    """False for a str holding a lone surrogate (JSON allows "\\ud800"; UTF-8 and the tokenizer do not)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _request_id(frame: dict) -> str:
+    value = frame.get("request_id")
+    if (
+        not isinstance(value, str)
+        or not value
+        or len(value) > MAX_REQUEST_ID
+        or not is_unicode(value)
+    ):
+        raise ProtocolError(
+            "bad_request_id",
+            f"request_id must be a non-empty string of at most {MAX_REQUEST_ID} characters",
+        )
+    return value
+
+
+def _json_object(text: str | bytes) -> dict:
+    if len(text) > MAX_FRAME_BYTES:
+        raise ProtocolError("frame_too_large", f"frames are limited to {MAX_FRAME_BYTES} bytes")
+    try:
+        frame = json.loads(text)
+    except ValueError as exc:
+        raise ProtocolError("bad_json", f"the frame is not valid JSON: {exc}") from None
+    except RecursionError:  # "[[[[...": the decoder recurses once per level
+        raise ProtocolError("bad_json", "the frame's JSON is nested too deeply") from None
+    if not isinstance(frame, dict):
+        raise ProtocolError("bad_frame", "a frame must be a JSON object")
+    return frame
+
+
+def parse_frame(text: str | None, *, max_prompt_chars: int) -> Prompt | Cancel | Ping:
+    """Turn one text frame into a command, or raise ProtocolError saying what is wrong."""
+    if text is None:
+        raise ProtocolError(
+            "binary_frame", "binary frames are not supported; send JSON text frames"
+        )
+    frame = _json_object(text)
+    kind = frame.get("type")
+    if kind == "ping":
+        return Ping()
+    if kind == "cancel":
+        return _cancel(frame)
+    if kind == "continue":
+        return parse_continue(frame, request_id=_request_id(frame))
+    if kind != "prompt":
+        # ascii(): a lone surrogate would make the error itself unsendable; a long type is cut.
+        shown = ascii(kind[:40]) if isinstance(kind, str) else f"of JSON type {type(kind).__name__}"
+        raise ProtocolError(
+            "unknown_type",
+            f"unknown frame type {shown}; expected prompt, continue, cancel or ping",
+        )
+    return parse_prompt(frame, request_id=_request_id(frame), max_prompt_chars=max_prompt_chars)
+
+
+def _cancel(frame: dict) -> Cancel:
+    if "message" not in frame:
+        return Cancel(_request_id(frame))
+    # With a message id the request_id is optional: another tab does not know it.
+    request_id = _request_id(frame) if frame.get("request_id") is not None else None
+    return Cancel(request_id, message=message_id(frame.get("message"), request_id))
+
+
+def message_id(value, request_id: str | None = None) -> int:
+    """A message id from a client (the `message` of `accepted`), or ProtocolError."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ProtocolError(
+            "bad_message",
+            "message must be the id of an answer (the `message` of `accepted`)",
+            request_id,
+        )
+    return value
+
+
+def parse_prompt(frame: dict, *, request_id: str, max_prompt_chars: int) -> Prompt:
+    """The fields of a `prompt` frame (also the body of the HTTP API), checked."""
+    prompt_text = frame.get("text")
+    if not isinstance(prompt_text, str) or not prompt_text.strip():
+        raise ProtocolError("bad_prompt", "text must be a non-empty string", request_id)
+    if not is_unicode(prompt_text):
+        raise ProtocolError(
+            "bad_prompt",
+            "text is not valid Unicode: it holds a lone surrogate (such as \\ud800 in the JSON)",
+            request_id,
+        )
+    if len(prompt_text) > max_prompt_chars:
+        raise ProtocolError(
+            "prompt_too_long",
+            f"the prompt is {len(prompt_text)} characters; the limit is {max_prompt_chars}",
+            request_id,
+        )
+    conversation = frame.get("conversation")
+    if conversation is not None and (
+        not isinstance(conversation, int) or isinstance(conversation, bool) or conversation < 1
+    ):
+        raise ProtocolError(
+            "bad_conversation", "conversation must be a conversation id or null", request_id
+        )
+    policy = frame.get("policy")
+    if policy is not None and (
+        not isinstance(policy, str) or not policy or len(policy) > 50 or not is_unicode(policy)
+    ):
+        raise ProtocolError("bad_policy", "policy must be a policy slug or omitted", request_id)
+    replace = frame.get("replace")
+    if replace is not None:
+        replace = message_id(replace, request_id)
+        if conversation is None:
+            raise ProtocolError(
+                "bad_conversation", "replace needs the conversation it belongs to", request_id
+            )
+    return Prompt(
+        request_id=request_id,
+        text=prompt_text,
+        conversation=conversation,
+        policy=policy,
+        replace=replace,
+    )
+
+
+def parse_continue(frame: dict, *, request_id: str) -> Prompt:
+    """A `continue` frame: {"type": "continue", "request_id": ..., "message": <answer id>}."""
+    answer = message_id(frame.get("message"), request_id)
+    return Prompt(request_id=request_id, text="", conversation=None, policy=None, continues=answer)
+
+
+def parse_http_prompt(body: bytes, *, max_prompt_chars: int) -> Prompt:
+    """The JSON body of `POST /api/chat[/stream]`: a `prompt` (or `continue`) frame whose type
+    and request_id may be left out."""
+    frame = _json_object(body)
+    kind = frame.get("type", "prompt")
+    if kind not in ("prompt", "continue"):
+        raise ProtocolError(
+            "unknown_type", "the body must be a prompt or a continue (type may be omitted)"
+        )
+    request_id = (
+        _request_id(frame) if frame.get("request_id") is not None else f"http-{uuid.uuid4().hex}"
+    )
+    if kind == "continue":
+        return parse_continue(frame, request_id=request_id)
+    return parse_prompt(frame, request_id=request_id, max_prompt_chars=max_prompt_chars)
+
+
+def parse_http_cancel(body: bytes) -> int:
+    """The JSON body of `POST /api/chat/cancel`: {"message": <id>}; returns the message id."""
+    return message_id(_json_object(body).get("message"))
+
+
+# -- server events ----------------------------------------------------------------------
+
+# Why a turn ended (chat/protocol/events.py `Finish`); the names stay for their many readers.
+MODERATED = Finish.MODERATED
+INVALID = Finish.INVALID
+CUT = Finish.CUT
+FINISH_REASONS = tuple(reason.value for reason in Finish)
+
+METRIC_KEYS = (
+    "queue_ms",
+    "ttft_ms",
+    "ttfv_ms",
+    "total_ms",
+    "held_ms",
+    "new_tokens",
+    "tokens_per_s",
+    "prompt_tokens",
+    "retries",
+    "cached_new_tokens",
+)
+
+
+def metrics(
+    *,
+    queue_ms: float | None,
+    ttft_ms: float | None,
+    ttfv_ms: float | None,
+    total_ms: float | None,
+    held_ms: float | None,
+    new_tokens: int,
+    tokens_per_s: float,
+    prompt_tokens: int | None,
+    retries: int,
+    cached_new_tokens: int | None = None,
+) -> dict:
+    """A `done` event's metrics, in milliseconds from when the server accepted the prompt.
+
+    A cached answer generates nothing (new_tokens 0) and says in `cached_new_tokens` how many
+    tokens it took when it was first generated; a live answer carries that key as null.
+    """
+    return {
+        "queue_ms": queue_ms,
+        "ttft_ms": ttft_ms,
+        "ttfv_ms": ttfv_ms,
+        "total_ms": total_ms,
+        "held_ms": held_ms,
+        "new_tokens": new_tokens,
+        "tokens_per_s": tokens_per_s,
+        "prompt_tokens": prompt_tokens,
+        "retries": retries,
+        "cached_new_tokens": cached_new_tokens,
+    }
+
+
+def event_json(event: Event) -> str:
+    """The one serializer of the socket's frames and SSE's `data:` lines."""
+    return json.dumps(event_fields(event), ensure_ascii=False)
+
+
+# A prompt sent while the server drains before a restart (SIGTERM); the page sends it again later.
+SERVER_RESTARTING = "server_restarting"
+# The `reason` of a `done` (cancelled) whose conversation was deleted while it was generated.
+CONVERSATION_DELETED = "conversation_deleted"
+# The socket's close code when the server stops (4000-4999 are the application's own; 1012
+# "service restart" is reserved for the WebSocket library). The page reconnects and says so.
+CLOSE_SERVER_RESTARTING = 4012
+# The socket's close code when the database is unavailable: "try again later".
+CLOSE_TRY_LATER = 4503
+
+
+def error_fields(code: str, message: str, request_id: str | None = None) -> dict:
+    """An `error` event as a JSON body, for the HTTP views that answer one."""
+    return event_fields(Error(request_id, code, message))
+
+
+def server_restarting_error(request_id: str | None = None) -> Error:
+    """The `error` a prompt gets while the server drains."""
+    return Error(
+        request_id,
+        SERVER_RESTARTING,
+        "the server is restarting and takes no new prompts; send it again in a moment",
+    )

@@ -1,0 +1,274 @@
+"""The OutputPolicy rows staff store, turned into what a running turn needs.
+
+The judging itself lives in chat/policy/ (no Django); this module reads the stored
+rows, builds their hooks, and says what is wrong with a row before the admin saves it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field, replace
+
+from django.conf import settings
+
+from ..engine.eos import token_id
+from ..engine.types import PENALTY_LIMITS, penalty_errors
+from ..models import OutputPolicy
+from ..policy import BlocklistHook, HookConfigError, ModerationHook, load_hook, schema_errors
+
+log = logging.getLogger(__name__)
+
+
+# Measured with `manage.py answerquality` (docs/decoding.md): it ends loops on everyday prose
+# without cutting answers short. Structured policies keep 1.0 (a JSON answer repeats its quotes).
+PROSE_REPETITION_PENALTY = 1.1
+
+
+class UnknownPolicy(LookupError):
+    code = "unknown_policy"
+
+
+@dataclass(frozen=True)
+class ResolvedPolicy:
+    """An immutable copy of a policy at one version, safe to use for a whole turn."""
+
+    id: int | None
+    slug: str
+    version: int
+    mode: str
+    schema: dict | None = None
+    constrained: bool = False
+    examples: tuple[tuple[str, str], ...] = ()
+    hooks: tuple[ModerationHook, ...] = ()
+    failure_action: str = "reject"
+    fallback_text: str = ""
+    max_retries: int = 0
+    system_prompt: str = ""
+    max_new_tokens: int = 256
+    stop_strings: tuple[str, ...] = ()
+    extra_eos_tokens: tuple[str, ...] = ()
+    temperature: float = 0.0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    cache_enabled: bool = False
+    cache_ttl_seconds: int = 0
+    require_review: bool = False
+    snapshot: dict = field(default_factory=dict, compare=False)
+    # What one request changed (PolicyOverride.apply); part of the cache key when not empty.
+    overrides: dict = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class PolicyOverride:
+    """One request's changes to its policy (the OpenAI-compatible API's parameters).
+
+    Args:
+        system_prompt: replaces the policy's system prompt.
+        schema: the answer must be JSON valid for it: the turn buffers, validates and re-asks.
+        strict: also constrain decoding to `schema` (OpenAI's `strict: true`).
+        stop_strings: added to the policy's own.
+        max_new_tokens: capped by CHAT_MAX_NEW_TOKENS_CAP.
+        temperature, top_p: replace the policy's.
+        penalties: repetition_penalty, frequency_penalty, presence_penalty by name; replace the
+            policy's.
+    """
+
+    system_prompt: str | None = None
+    schema: dict | None = None
+    strict: bool = False
+    stop_strings: tuple[str, ...] = ()
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    penalties: dict[str, float] = field(default_factory=dict)
+
+    def apply(self, policy: ResolvedPolicy) -> ResolvedPolicy:
+        changes: dict = {}
+        system_prompt = policy.system_prompt if self.system_prompt is None else self.system_prompt
+        if self.schema is not None:
+            # A small model needs the schema in its instructions, not only in the re-ask.
+            instruction = "Reply only with JSON that matches this JSON Schema: " + json.dumps(
+                self.schema, separators=(",", ":")
+            )
+            system_prompt = f"{system_prompt}\n\n{instruction}" if system_prompt else instruction
+            changes.update(mode="buffer", schema=self.schema, constrained=self.strict)
+        if system_prompt != policy.system_prompt:
+            changes["system_prompt"] = system_prompt
+        stops = tuple(dict.fromkeys(policy.stop_strings + self.stop_strings))
+        if stops != policy.stop_strings:
+            changes["stop_strings"] = stops
+        if self.max_new_tokens is not None:
+            changes["max_new_tokens"] = min(self.max_new_tokens, settings.CHAT_MAX_NEW_TOKENS_CAP)
+        if self.temperature is not None:
+            changes["temperature"] = self.temperature
+        if self.top_p is not None:
+            changes["top_p"] = self.top_p
+        changes.update(
+            (name, value)
+            for name, value in self.penalties.items()
+            if getattr(policy, name) != value
+        )
+        if not changes:
+            return policy
+        recorded = {k: list(v) if isinstance(v, tuple) else v for k, v in changes.items()}
+        return replace(policy, **changes, overrides=recorded)
+
+
+def builtin_policy() -> ResolvedPolicy:
+    """Used when no policy is stored at all: plain streamed prose with the server defaults and
+    the shipped `chat` policy's penalty against loops."""
+    return ResolvedPolicy(
+        id=None,
+        slug="builtin",
+        version=0,
+        mode="stream",
+        system_prompt=settings.CHAT_SYSTEM_PROMPT,
+        max_new_tokens=settings.CHAT_MAX_NEW_TOKENS,
+        repetition_penalty=PROSE_REPETITION_PENALTY,
+    )
+
+
+def build_hooks(policy) -> list[ModerationHook]:
+    """The policy's configured hooks plus a blocklist hook for the terms typed in the admin."""
+    hooks = []
+    for index, entry in enumerate(policy.moderation_hooks or []):
+        if not isinstance(entry, dict) or not isinstance(entry.get("hook"), str):
+            raise HookConfigError(
+                f'hook {index + 1}: expected an object like {{"hook": "blocklist", "settings": {{}}}}'
+            )
+        settings_ = entry.get("settings") or {}
+        if not isinstance(settings_, dict):
+            raise HookConfigError(f"hook {index + 1}: settings must be an object")
+        hooks.append(load_hook(entry["hook"], settings_))
+    terms = [line.strip() for line in (policy.blocklist_terms or "").splitlines() if line.strip()]
+    if terms:
+        hooks.append(BlocklistHook(terms=terms))
+    return hooks
+
+
+_compiled: dict[tuple[int, int], ResolvedPolicy] = {}
+
+
+def resolve(policy) -> ResolvedPolicy:
+    """A stored policy as a ResolvedPolicy, compiled once per (id, version)."""
+    key = (policy.pk, policy.version)
+    if key not in _compiled:
+        _compiled[key] = ResolvedPolicy(
+            id=policy.pk,
+            slug=policy.slug,
+            version=policy.version,
+            mode=policy.effective_mode,
+            schema=policy.json_schema,
+            constrained=policy.constrained and policy.json_schema is not None,
+            examples=tuple((e["user"], e["assistant"]) for e in policy.examples or ()),
+            hooks=tuple(build_hooks(policy)),
+            failure_action=policy.failure_action,
+            fallback_text=policy.fallback_text,
+            max_retries=policy.max_retries,
+            system_prompt=policy.system_prompt or settings.CHAT_SYSTEM_PROMPT,
+            max_new_tokens=min(policy.max_new_tokens, settings.CHAT_MAX_NEW_TOKENS_CAP),
+            stop_strings=tuple(policy.stop_strings or ()),
+            extra_eos_tokens=tuple(policy.extra_eos_tokens or ()),
+            temperature=policy.temperature,
+            top_p=policy.top_p,
+            repetition_penalty=policy.repetition_penalty,
+            no_repeat_ngram_size=policy.no_repeat_ngram_size,
+            frequency_penalty=policy.frequency_penalty,
+            presence_penalty=policy.presence_penalty,
+            cache_enabled=policy.cache_enabled,
+            cache_ttl_seconds=policy.cache_ttl_seconds,
+            require_review=policy.require_review,
+            snapshot=policy.snapshot(),
+        )
+    return _compiled[key]
+
+
+def policy_for(slug: str | None) -> ResolvedPolicy:
+    """The named policy, else the default one; UnknownPolicy for a slug nobody configured."""
+    if slug is not None:
+        policy = OutputPolicy.objects.filter(slug=slug).first()
+        if policy is None:
+            known = ", ".join(OutputPolicy.objects.values_list("slug", flat=True)) or "none"
+            raise UnknownPolicy(f"no output policy {slug!r} (known: {known})")
+        return resolve(policy)
+    policy = OutputPolicy.objects.filter(is_default=True).first()
+    return resolve(policy) if policy is not None else builtin_policy()
+
+
+# -- validation on save -------------------------------------------------------------
+
+
+def _string_list(value, name: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+        raise ValueError(f"{name} must be a JSON list of non-empty strings")
+    return value
+
+
+def policy_errors(policy, *, tokenizer=None) -> dict[str, list[str]]:
+    """Every problem with a policy, by form field, in words staff can act on.
+
+    Stop strings and extra eos tokens are checked against `tokenizer` when one is given (the
+    admin form hands over the model's); without it those two are checked for shape only.
+    """
+    errors: dict[str, list[str]] = {}
+    if policy.json_schema is not None:
+        problems = schema_errors(policy.json_schema)
+        if problems:
+            errors["json_schema"] = [f"not a valid JSON Schema: {p}" for p in problems]
+    try:
+        build_hooks(policy)
+    except HookConfigError as exc:
+        errors["moderation_hooks"] = [str(exc)]
+    except ValueError as exc:  # a blocklist term the hook refuses
+        errors["blocklist_terms"] = [str(exc)]
+    examples = policy.examples or []
+    if not isinstance(examples, list) or not all(
+        isinstance(e, dict)
+        and set(e) == {"user", "assistant"}
+        and all(isinstance(v, str) for v in e.values())
+        for e in examples
+    ):
+        errors["examples"] = ['must be a list of {"user": "...", "assistant": "..."} objects']
+    if policy.constrained and policy.json_schema is None:
+        errors["constrained"] = ["constrained decoding needs a JSON Schema"]
+    if policy.max_new_tokens < 1:
+        errors["max_new_tokens"] = ["must be at least 1"]
+    elif policy.max_new_tokens > settings.CHAT_MAX_NEW_TOKENS_CAP:
+        errors["max_new_tokens"] = [
+            f"at most {settings.CHAT_MAX_NEW_TOKENS_CAP} (CHAT_MAX_NEW_TOKENS_CAP)"
+        ]
+    if not 0 <= policy.temperature <= 2:
+        errors["temperature"] = ["must be between 0 and 2"]
+    if not 0 < policy.top_p <= 1:
+        errors["top_p"] = ["must be greater than 0 and at most 1"]
+    for name, problem in penalty_errors(
+        **{name: getattr(policy, name) for name in PENALTY_LIMITS}
+    ).items():
+        errors[name] = [problem]
+    if policy.failure_action == "fallback" and not policy.fallback_text.strip():
+        errors["fallback_text"] = ["the fallback action needs a fallback text"]
+
+    try:
+        for stop in _string_list(policy.stop_strings or [], "stop strings"):
+            if (
+                tokenizer is not None
+                and tokenizer.decode(tokenizer(stop, add_special_tokens=False)["input_ids"]) != stop
+            ):
+                errors.setdefault("stop_strings", []).append(
+                    f"{stop!r} cannot be produced by this model's tokenizer"
+                )
+    except ValueError as exc:
+        errors["stop_strings"] = [str(exc)]
+    try:
+        for token in _string_list(policy.extra_eos_tokens or [], "extra eos tokens"):
+            if tokenizer is not None and token_id(tokenizer, token) is None:
+                errors.setdefault("extra_eos_tokens", []).append(
+                    f"{token!r} is not a single token of this model's vocabulary"
+                )
+    except ValueError as exc:
+        errors["extra_eos_tokens"] = [str(exc)]
+    return errors

@@ -1,0 +1,168 @@
+"""Cached answers: remember a completed answer for review, and the admins' decisions on it.
+
+Redis holds only servable answers; the CachedAnswer row is the record admins review. Each
+record is linked to the conversations holding its prompt (the one that produced it, and every
+one it was served to), so deleting them reaches the cache (chat/stores/erasure.py).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from ..models import CachedAnswer, CachedAnswerSource, Conversation, OutputPolicy
+from . import evictions
+from .cache import completion_cache
+
+log = logging.getLogger(__name__)
+
+
+def cache_entry(record: CachedAnswer) -> dict:
+    """What Redis holds for a servable answer."""
+    return {
+        "text": record.answer,
+        "json": record.json_value,
+        "finish_reason": record.finish_reason,
+        "new_tokens": (record.metrics or {}).get("new_tokens", 0),
+        "policy": record.policy_slug,
+        "policy_version": record.policy_version,
+        "record": record.pk,
+    }
+
+
+def _ttl(record: CachedAnswer) -> int:
+    return record.policy.cache_ttl_seconds if record.policy else 3600
+
+
+def _publish(record: CachedAnswer) -> bool:
+    return completion_cache.put(record.key, cache_entry(record), _ttl(record))
+
+
+def _conversation_locked(conversation_id: int) -> bool:
+    """Lock the conversation's row until the transaction ends; False if it is gone.
+
+    A deletion locks the same rows first (chat/stores/erasure.py), so it either waits for the link
+    being written here, and then releases it, or comes first and leaves nothing to link to.
+    """
+    return bool(
+        Conversation.objects.select_for_update().filter(pk=conversation_id).values_list("pk")
+    )
+
+
+def _source_link(record: CachedAnswer, conversation_id: int) -> None:
+    CachedAnswerSource.objects.get_or_create(cached_answer=record, conversation_id=conversation_id)
+
+
+def answer_remember(
+    *,
+    key: str,
+    conversation_id: int,
+    prompt: str,
+    rendered_prompt: str,
+    text: str,
+    json_value,
+    finish_reason: str,
+    metrics: dict,
+    policy_id: int | None,
+    policy_slug: str,
+    policy_version: int,
+    model_id: str,
+    require_review: bool,
+) -> CachedAnswer | None:
+    """Record a normally ended, policy-passing answer of `conversation_id`; publish it unless it
+    awaits review or was rejected. Nothing is recorded for a conversation deleted meanwhile."""
+    with transaction.atomic():
+        if not _conversation_locked(conversation_id):
+            return None  # deleted while its answer was generated: nothing of it is cached
+        record, created = CachedAnswer.objects.select_for_update().get_or_create(
+            key=key,
+            defaults=dict(
+                prompt=prompt,
+                rendered_prompt=rendered_prompt,
+                answer=text,
+                json_value=json_value,
+                finish_reason=finish_reason,
+                metrics=metrics,
+                policy_id=policy_id,
+                policy_slug=policy_slug,
+                policy_version=policy_version,
+                model_id=model_id,
+            ),
+        )
+        _source_link(record, conversation_id)  # a rejected record holds the prompt too
+        if record.status == CachedAnswer.Status.REJECTED:
+            return None  # an admin said no: this key stays uncached until they reset it
+        if not created:
+            if record.redacted_at is not None:  # a kept approved answer: a new holder's prompt
+                record.prompt, record.rendered_prompt = prompt, rendered_prompt
+                record.redacted_at = None
+            if record.answer != text and record.status == CachedAnswer.Status.APPROVED:
+                record.status = (
+                    CachedAnswer.Status.PENDING
+                )  # a different answer needs its own approval
+            elif record.status == CachedAnswer.Status.EVICTED:
+                record.status = CachedAnswer.Status.PENDING
+            record.answer, record.json_value, record.metrics = text, json_value, metrics
+            record.finish_reason = finish_reason
+            record.save()
+    if not require_review or record.status == CachedAnswer.Status.APPROVED:
+        # A moment to reach Redis anyway: erased keys still waiting for it go first (so a
+        # late eviction never removes what is published next).
+        evictions.evictions_retry()
+        _publish(record)
+    return record
+
+
+def answer_served(record_id: int, *, conversation_id: int | None = None) -> None:
+    """Count one serving; the conversation served it now holds its prompt too."""
+    now = timezone.now()
+    with transaction.atomic():
+        if conversation_id is not None and _conversation_locked(conversation_id):
+            record = CachedAnswer.objects.select_for_update().filter(pk=record_id).first()
+            if record is not None:
+                _source_link(record, conversation_id)
+        CachedAnswer.objects.filter(pk=record_id).update(hits=F("hits") + 1, last_served_at=now)
+        CachedAnswer.objects.filter(pk=record_id, first_served_at__isnull=True).update(
+            first_served_at=now
+        )
+
+
+def answer_approve(record: CachedAnswer, *, by) -> bool:
+    record.status, record.reviewed_by = CachedAnswer.Status.APPROVED, by
+    record.save(update_fields=["status", "reviewed_by", "updated_at"])
+    return _publish(record)
+
+
+def answer_reject(record: CachedAnswer, *, by) -> bool:
+    record.status, record.reviewed_by = CachedAnswer.Status.REJECTED, by
+    record.save(update_fields=["status", "reviewed_by", "updated_at"])
+    return completion_cache.evict(record.key)
+
+
+def answer_evict(record: CachedAnswer) -> bool:
+    record.status = CachedAnswer.Status.EVICTED
+    record.save(update_fields=["status", "updated_at"])
+    return completion_cache.evict(record.key)
+
+
+def answer_reset(record: CachedAnswer) -> None:
+    """Let a rejected key be cached again the next time it is answered."""
+    record.status = CachedAnswer.Status.PENDING
+    record.save(update_fields=["status", "updated_at"])
+
+
+def answer_edited(record: CachedAnswer) -> bool:
+    """Re-store an edited answer, if it is servable at all."""
+    if record.status in (CachedAnswer.Status.REJECTED, CachedAnswer.Status.EVICTED):
+        return False
+    policy: OutputPolicy | None = record.policy
+    if (
+        policy is not None
+        and policy.require_review
+        and record.status != CachedAnswer.Status.APPROVED
+    ):
+        return False
+    return _publish(record)

@@ -1,0 +1,130 @@
+"""Who is asking, and the reads they may make: always scoped to the asking owner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db.models import Q
+
+from ..models import Conversation, Message
+from ..protocol import INVALID, MODERATED
+
+# Answers the model should not see again as context: withdrawn or invalid ones.
+_NOT_CONTEXT = (MODERATED, INVALID)
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who a conversation belongs to: a signed-in user, else a visitor's session."""
+
+    user_id: int | None
+    session_key: str
+
+    @property
+    def rate_key(self) -> str:
+        return f"user:{self.user_id}" if self.user_id is not None else f"session:{self.session_key}"
+
+    def is_same(self, other: Owner) -> bool:
+        """The same signed-in user (from any session), or the same visitor's session."""
+        return self.rate_key == other.rate_key
+
+
+def conversations_for(owner: Owner):
+    """The conversations `owner` may read or continue; nobody else's, ever."""
+    if owner.user_id is not None:
+        return Conversation.objects.filter(user_id=owner.user_id)
+    return Conversation.objects.filter(user__isnull=True, session_key=owner.session_key)
+
+
+def answer_history(conversation: Conversation | None, *, before: int | None = None) -> list[dict]:
+    """The latest finished turns of `conversation` (those before message `before`, if given) as
+    chat messages, oldest first, for the model."""
+    if conversation is None:
+        return []
+    rows = (
+        conversation.messages.all()
+        if before is None
+        else conversation.messages.filter(pk__lt=before)
+    )
+    rows = (
+        rows.filter(status=Message.Status.DONE, superseded=False)
+        .exclude(text="")
+        .exclude(finish_reason__in=_NOT_CONTEXT)
+        .order_by("-created_at", "-id")[: settings.CHAT_HISTORY_TURNS]
+    )
+    return [{"role": m.role, "content": m.text} for m in reversed(rows)]
+
+
+def answer_status(owner: Owner, message_id: int) -> str | None:
+    """The status of `owner`'s answer `message_id`; None if it is not theirs or does not exist."""
+    return (
+        Message.objects.filter(
+            pk=message_id, role=Message.Role.ASSISTANT, conversation__in=conversations_for(owner)
+        )
+        .values_list("status", flat=True)
+        .first()
+    )
+
+
+def owner_of(user, session) -> Owner:
+    """The Owner of a request or socket: its signed-in user, else its session, which a visitor
+    without the page's cookie gets here, so their answers stay private all the same."""
+    if session.session_key is None:
+        session.save()
+    user_id = user.pk if user is not None and user.is_authenticated else None
+    return Owner(user_id=user_id, session_key=session.session_key)
+
+
+def owner_of_request(request) -> Owner:
+    """The Owner for an HTTP request, creating the visitor's session if needed."""
+    return owner_of(request.user, request.session)
+
+
+def owner_of_api_key(key) -> Owner:
+    """The Owner of an OpenAI-API request: the key's user, from any session."""
+    return Owner(user_id=key.user_id, session_key="")
+
+
+def conversation_list(owner: Owner, limit: int = 50, query: str = "") -> list[dict]:
+    """The owner's conversations, newest first; with `query`, those whose title or text has it."""
+    conversations = conversations_for(owner)
+    query = query.strip()
+    if query:
+        matching = Message.objects.filter(text__icontains=query).values("conversation_id")
+        conversations = conversations.filter(Q(title__icontains=query) | Q(pk__in=matching))
+    return [
+        {
+            "id": c.pk,
+            "title": c.title or f"Conversation {c.pk}",
+            "updated_at": c.updated_at.isoformat(),
+            "day": c.updated_at.date().isoformat(),
+        }
+        # API requests make one conversation each; they would bury the page's own.
+        for c in conversations.filter(api_key__isnull=True).order_by("-updated_at")[:limit]
+    ]
+
+
+def message_as_dict(message: Message) -> dict:
+    return {
+        "id": message.pk,
+        "role": message.role,
+        "text": message.text,
+        "status": message.status,
+        "finish_reason": message.finish_reason or None,
+        "json": message.json_value,
+        "metrics": message.metrics,
+        "superseded": message.superseded,
+        "created_at": message.created_at.isoformat(),
+    }
+
+
+def conversation_detail(owner: Owner, conversation_id: int) -> dict | None:
+    conversation = conversations_for(owner).filter(pk=conversation_id).first()
+    if conversation is None:
+        return None
+    return {
+        "id": conversation.pk,
+        "title": conversation.title or f"Conversation {conversation.pk}",
+        "messages": [message_as_dict(m) for m in conversation.messages.all()],
+    }

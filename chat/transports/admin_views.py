@@ -1,0 +1,251 @@
+"""An admin page plotting recent answer latency (p50/p95 of TTFT and total time) as inline SVG.
+
+Hooked in by project/urls.py through `admin.site.admin_view`, which requires a signed-in staff
+member (anyone else is sent to the admin login); the page itself also needs chat.view_message.
+The charts are drawn here, server-side, as plain SVG geometry the template writes out: no
+JavaScript, nothing fetched from elsewhere, colours from the admin's CSS variables.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from urllib.parse import urlencode
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.template.response import TemplateResponse
+from django.utils import timezone
+from django.views.decorators.http import require_safe
+
+from ..infra import latency
+from ..models import Message
+
+PERMISSION = "chat.view_message"
+PRESET_HOURS = (
+    (1, "1 h"),
+    (6, "6 h"),
+    (24, "24 h"),
+    (72, "3 days"),
+    (168, "7 days"),
+    (720, "30 days"),
+)
+
+# Chart geometry, in SVG user units (the SVG scales to the page width).
+WIDTH, HEIGHT = 760, 250
+LEFT, RIGHT, TOP, BOTTOM = 64, 16, 30, 30
+TICK_MINUTES = (5, 10, 15, 30, 60, 120, 180, 240, 360, 720, 1440, 2880, 10080)
+MAX_X_TICKS = 8
+
+
+def format_ms(value: float | None) -> str:
+    """Milliseconds for people: "850 ms", "1.25 s", "—" for no value."""
+    if value is None:
+        return "—"
+    if value < 1000:
+        return f"{value:.0f} ms"
+    if value < 10_000:
+        return f"{value / 1000:.2f} s"
+    return f"{value / 1000:.1f} s"
+
+
+def format_duration(width: timedelta) -> str:
+    """A bucket width for people: "30 minutes", "1 hour", "6 hours", "1 day"."""
+    minutes = int(width.total_seconds() // 60)
+    for size, unit in ((1440, "day"), (60, "hour"), (1, "minute")):
+        if minutes % size == 0:
+            count = minutes // size
+            return f"{count} {unit}{'' if count == 1 else 's'}"
+    return f"{minutes} minutes"
+
+
+def format_axis(value: float) -> str:
+    """A tick label: "250 ms", "1.5 s"."""
+    return f"{value:g} ms" if value < 1000 else f"{value / 1000:g} s"
+
+
+def nice_ceiling(value: float, ticks: int = 4) -> tuple[float, float]:
+    """(top, step): a round step (1, 2, 2.5 or 5 times a power of ten) and the top of the axis,
+    a multiple of the step at or above `value`, so that there are at most `ticks` steps."""
+    if value <= 0:
+        return 1.0, 0.25
+    raw = value / ticks
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    return step * math.ceil(value / step - 1e-9), step
+
+
+def time_ticks(since: datetime, until: datetime) -> list[tuple[datetime, str]]:
+    """Round local times (every N minutes, hours or days) within the window, with labels."""
+    span = (until - since).total_seconds() / 60
+    step = next((m for m in TICK_MINUTES if span / m <= MAX_X_TICKS - 1), TICK_MINUTES[-1])
+    local = timezone.localtime(since)
+    if step < 1440:
+        minute_of_day = local.hour * 60 + local.minute
+        first = local.replace(hour=0, minute=0, second=0, microsecond=0) + timedelta(
+            minutes=(minute_of_day // step) * step
+        )
+        fmt = "%H:%M" if span <= 24 * 60 else "%a %H:%M"
+    else:
+        first = local.replace(hour=0, minute=0, second=0, microsecond=0)
+        fmt = "%b %d"
+    ticks = []
+    tick = first
+    while tick <= until:
+        if tick >= since:
+            ticks.append((tick, timezone.localtime(tick).strftime(fmt)))
+        tick += timedelta(minutes=step)
+    return ticks
+
+
+@dataclass
+class Series:
+    key: str  # "p50" or "p95": the CSS class of its line
+    label: str
+    segments: list[str] = field(
+        default_factory=list
+    )  # polyline `points`, one per run of buckets with data
+    points: list[dict] = field(
+        default_factory=list
+    )  # {"x", "y", "title"} for each bucket with data
+
+
+@dataclass
+class Chart:
+    id: str
+    title: str
+    width: int
+    height: int
+    plot: dict  # left, right, top, bottom edges of the plotting area
+    y_ticks: list[dict]
+    x_ticks: list[dict]
+    series: list[Series]
+    legend: list[dict]
+
+
+def build_chart(report: latency.LatencyReport, measure: str, title: str) -> Chart:
+    """The geometry of one chart: p50 and p95 of `measure` ("ttft" or "total") per bucket."""
+    left, right, top, bottom = LEFT, WIDTH - RIGHT, TOP, HEIGHT - BOTTOM
+    span = (report.until - report.since).total_seconds() or 1.0
+    values = [getattr(b, f"{measure}_{p}") for b in report.buckets for p in ("p50", "p95")]
+    y_max, y_step = nice_ceiling(max((v for v in values if v is not None), default=0.0))
+
+    def x_of(at: datetime) -> float:
+        return left + (at - report.since).total_seconds() / span * (right - left)
+
+    def y_of(value: float) -> float:
+        return bottom - value / y_max * (bottom - top)
+
+    series = []
+    for key in ("p50", "p95"):
+        line = Series(key=key, label=key)
+        run: list[str] = []
+        for bucket in report.buckets:
+            value = getattr(bucket, f"{measure}_{key}")
+            if value is None:
+                if run:
+                    line.segments.append(" ".join(run))
+                run = []
+                continue
+            x, y = x_of(bucket.mid), y_of(value)
+            run.append(f"{x:.1f},{y:.1f}")
+            when = timezone.localtime(bucket.end).strftime("%b %d %H:%M")
+            line.points.append(
+                {
+                    "x": f"{x:.1f}",
+                    "y": f"{y:.1f}",
+                    "title": f"{key} {format_ms(value)} (to {when}, {bucket.count} answers)",
+                }
+            )
+        if run:
+            line.segments.append(" ".join(run))
+        series.append(line)
+
+    y_ticks = []
+    steps = round(y_max / y_step)
+    for i in range(steps + 1):
+        value = i * y_step
+        y_ticks.append({"y": f"{y_of(value):.1f}", "label": format_axis(value)})
+    x_ticks = [
+        {"x": f"{x_of(at):.1f}", "label": label}
+        for at, label in time_ticks(report.since, report.until)
+    ]
+    legend = [
+        {"key": "p50", "label": "p50 (median)", "x": right - 250, "y": 14},
+        {"key": "p95", "label": "p95", "x": right - 110, "y": 14},
+    ]
+    return Chart(
+        id=f"chart-{measure}",
+        title=title,
+        width=WIDTH,
+        height=HEIGHT,
+        plot={"left": left, "right": right, "top": top, "bottom": bottom},
+        y_ticks=y_ticks,
+        x_ticks=x_ticks,
+        series=series,
+        legend=legend,
+    )
+
+
+def _query(hours: int, include_cached: bool) -> str:
+    params = {"hours": hours}
+    if include_cached:
+        params["include_cached"] = "1"
+    return "?" + urlencode(params)
+
+
+@require_safe
+def latency_view(request):
+    """GET ?hours=24&include_cached=1 — the latency charts of the last `hours` hours."""
+    user = request.user
+    if not (user.is_active and user.is_staff and user.has_perm(PERMISSION)):
+        raise PermissionDenied
+    hours = latency.parse_hours(request.GET.get("hours", latency.DEFAULT_HOURS))
+    include_cached = latency.parse_flag(request.GET.get("include_cached"))
+    report = latency.latency_report(hours, include_cached)
+    totals = report.totals
+    share = totals.cached_share
+    context = {
+        **admin.site.each_context(request),
+        "title": "Answer latency",
+        "opts": Message._meta,
+        "report": report,
+        "hours": hours,
+        "include_cached": include_cached,
+        "min_hours": latency.MIN_HOURS,
+        "max_hours": latency.MAX_HOURS,
+        "max_rows": latency.MAX_ROWS,
+        "bucket_width": format_duration(report.width),
+        "presets": [
+            {"hours": h, "label": label, "query": _query(h, include_cached), "current": h == hours}
+            for h, label in PRESET_HOURS
+        ],
+        "toggle_query": _query(hours, not include_cached),
+        "summary": {
+            "ttft_p50": format_ms(totals.ttft_p50),
+            "ttft_p95": format_ms(totals.ttft_p95),
+            "total_p50": format_ms(totals.total_p50),
+            "total_p95": format_ms(totals.total_p95),
+            "cached_share": "—" if share is None else f"{share:.0%}",
+        },
+        "rows": [
+            {
+                "end": b.end,
+                "count": b.count,
+                "ttft_p50": format_ms(b.ttft_p50),
+                "ttft_p95": format_ms(b.ttft_p95),
+                "total_p50": format_ms(b.total_p50),
+                "total_p95": format_ms(b.total_p95),
+            }
+            for b in reversed(report.buckets)
+            if b.count
+        ],
+        "charts": []
+        if report.is_empty
+        else [
+            build_chart(report, "ttft", "Time to first token"),
+            build_chart(report, "total", "Total time"),
+        ],
+    }
+    return TemplateResponse(request, "admin/chat/latency.html", context)

@@ -1,0 +1,40 @@
+"""The signed-in user's API keys page: make a key (shown once), see when each was used, revoke."""
+
+from django.conf import settings
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_http_methods
+
+from ..stores.apikeys import apikey_create, apikey_revoke, keys_of
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def api_keys(request):
+    """GET lists the keys; POST `create` (with a `name`) or `revoke` (with a `key`) changes them."""
+    new_key = None
+    error = ""
+    if request.method == "POST":
+        if "create" in request.POST:
+            _, new_key = apikey_create(user=request.user, name=request.POST.get("name", "").strip())
+        elif "revoke" in request.POST:
+            key_id = request.POST.get("key", "")
+            if not (key_id.isdigit() and apikey_revoke(key_id=int(key_id), user=request.user)):
+                error = "That key is not one of your active keys."
+            else:
+                return redirect("account-api-keys")
+    # The new key is rendered in this response only, never stored or redirected with.
+    response = render(
+        request,
+        "chat/api_keys.html",
+        {
+            "keys": keys_of(request.user),
+            "new_key": new_key,
+            "error": error,
+            "base_url": request.build_absolute_uri("/v1"),
+            "model_name": settings.CHAT_API_MODEL_NAME,
+        },
+        status=400 if error else 200,
+    )
+    response["Cache-Control"] = "no-store"
+    return response

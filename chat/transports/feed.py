@@ -1,0 +1,64 @@
+"""A turn's events in a queue, for an HTTP response to hand on (the page's `/api` and `/v1`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ..protocol.events import Event
+from ..turns import Turn
+
+log = logging.getLogger(__name__)
+
+# A comment line now and then keeps proxies from closing a stream that waits in the queue.
+KEEPALIVE_SECONDS = 15.0
+KEEPALIVE = ": keepalive\n\n"  # an SSE comment line
+
+
+class TurnFeed:
+    """Collects a turn's events in a queue for a response to hand on; ends when the turn does."""
+
+    END = None
+
+    def __init__(self):
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.turn: Turn | None = None
+
+    async def send(self, event: Event) -> None:
+        await self.events.put(event)
+
+    def follow(self, turn: Turn) -> None:
+        """Queue END after the last event of `turn`, started with this feed's `send`."""
+        self.turn = turn
+        if turn.task is None:  # served from the cache: every event is already queued
+            self.events.put_nowait(self.END)
+        else:
+            turn.task.add_done_callback(lambda _: self.events.put_nowait(self.END))
+
+    async def until_end(self):
+        """The turn's events as they come, and KEEPALIVE after every quiet KEEPALIVE_SECONDS
+        (a comment line now and then keeps proxies from closing a stream waiting in the queue)."""
+        while True:
+            try:
+                event = await asyncio.wait_for(self.events.get(), KEEPALIVE_SECONDS)
+            except TimeoutError:
+                yield KEEPALIVE
+                continue
+            if event is self.END:
+                return
+            yield event
+
+    async def all_events(self) -> list[Event]:
+        """Every event of the turn, once it has ended (a response that is not streamed)."""
+        collected = []
+        while (event := await self.events.get()) is not self.END:
+            collected.append(event)
+        return collected
+
+    def abandon(self) -> None:
+        """The client went away: stop the generation; the partial answer is still stored."""
+        if self.turn is not None:
+            self.turn.detach()
+            if not self.turn.finished:
+                log.info("HTTP client of %s went away; cancelling", self.turn.request_id)
+                self.turn.cancel()

@@ -1,0 +1,257 @@
+"""The OpenAI-compatible API, for the clients people already have (the `openai` packages,
+LangChain's ChatOpenAI, Open WebUI):
+
+- `GET /v1/models`: the default policy as `<CHAT_API_MODEL_NAME>`, every stored policy as
+  `<CHAT_API_MODEL_NAME>:<slug>`.
+- `POST /v1/chat/completions`, `stream` true (server-sent `chat.completion.chunk`s ending with
+  `data: [DONE]`) or false (one `chat.completion`).
+
+Callers authenticate with a per-user key (`Authorization: Bearer sk-...`, chat/stores/apikeys.py), so
+CSRF does not apply. Each request is one chat turn through chat/turns/, like the page's:
+the same queue, cache, policy gate, storage, metrics and rate limit (the key's user's). Closing
+the connection cancels the turn within one decode step. Wire shapes: chat/transports/openai_protocol.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.http import JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from .. import turns
+from ..models import ApiKey, OutputPolicy
+from ..protocol import Prompt, events
+from ..stores import apikeys
+from ..stores.selectors import owner_of_api_key
+from .feed import KEEPALIVE, TurnFeed
+from .openai_protocol import (
+    ChatRequest,
+    OpenAIError,
+    answer_of,
+    chunk,
+    completion,
+    model_list,
+    model_object,
+    parse_chat_request,
+    turn_error,
+    usage_of,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _error_response(exc: OpenAIError) -> JsonResponse:
+    response = JsonResponse(exc.body(), status=exc.status)
+    if exc.status == 429:
+        response["Retry-After"] = "60"
+    if exc.status == 401:
+        response["WWW-Authenticate"] = "Bearer"
+    return response
+
+
+def _method_not_allowed(method: str) -> JsonResponse:
+    return _error_response(
+        OpenAIError(405, f"use {method} for this endpoint", code="method_not_allowed")
+    )
+
+
+async def _authenticate(request) -> ApiKey:
+    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise OpenAIError(
+            401,
+            "You didn't provide an API key: send `Authorization: Bearer <key>`; "
+            "make one at /account/api-keys/",
+            code="invalid_api_key",
+        )
+    row = await sync_to_async(apikeys.apikey_authenticate)(key.strip())
+    if row is None:
+        raise OpenAIError(401, "Incorrect or revoked API key provided", code="invalid_api_key")
+    return row
+
+
+def _models() -> list[dict]:
+    name = settings.CHAT_API_MODEL_NAME
+    policies = list(OutputPolicy.objects.order_by("-is_default", "slug"))
+    default = next((p for p in policies if p.is_default), None)
+    started = int(time.time())
+    listed = [
+        model_object(
+            name,
+            created=int(default.updated_at.timestamp()) if default else started,
+            description=f"the default policy ({default.slug if default else 'built in'})",
+        )
+    ]
+    listed += [
+        model_object(
+            f"{name}:{p.slug}",
+            created=int(p.updated_at.timestamp()),
+            description=f"{p.name}: {p.effective_mode}",
+        )
+        for p in policies
+    ]
+    return listed
+
+
+@csrf_exempt
+async def models(request):
+    """Every output policy as a model."""
+    if request.method != "GET":
+        return _method_not_allowed("GET")
+    try:
+        await _authenticate(request)
+    except OpenAIError as exc:
+        return _error_response(exc)
+    return JsonResponse(model_list(await sync_to_async(_models)()))
+
+
+class _Reply:
+    """One turn's events as an OpenAI client sees them: text deltas, then the end."""
+
+    def __init__(self, chat: ChatRequest, completion_id: str):
+        self.chat = chat
+        self.id = completion_id
+        self.created = int(time.time())
+        self.shown = ""
+        self.done: dict | None = None  # the `done` event's wire fields
+        self.error: OpenAIError | None = None
+
+    def take(self, event: events.Event) -> str:
+        """Note one event; the text it adds to the answer now ("" for none)."""
+        if isinstance(event, events.Chunk):
+            self.shown += event.text
+            return event.text
+        if isinstance(event, events.Done):
+            self.done = events.event_fields(event)
+        elif isinstance(event, events.Error):
+            if event.code == "storage_failed":  # the answer still reaches the client
+                log.warning("API answer %s not stored: %s", self.id, event.message)
+            else:
+                self.error = turn_error(event.code, event.message)
+        return ""
+
+    def failure(self) -> OpenAIError:
+        return self.error or turn_error("model_error", "the answer ended without a result")
+
+    def chunk(self, **fields) -> str:
+        body = chunk(completion_id=self.id, created=self.created, model=self.chat.model, **fields)
+        return _sse(body)
+
+    def ending(self) -> list[str]:
+        """The last server-sent events of a stream, after every delta."""
+        if self.done is None:
+            return [_sse(self.failure().body())]
+        answer = answer_of(self.done, shown=self.shown)
+        delta = {}
+        if answer.delta:
+            delta["content"] = answer.delta
+        if answer.refusal:
+            delta["refusal"] = answer.refusal
+        events = [self.chunk(delta=delta)] if delta else []
+        events.append(
+            self.chunk(
+                delta={},
+                finish_reason=answer.finish_reason,
+                native_finish_reason=answer.native_finish_reason,
+            )
+        )
+        if self.chat.include_usage:
+            events.append(self.chunk(usage=usage_of(self.done)))
+        return events
+
+    def completion(self) -> dict:
+        answer = answer_of(self.done, shown=self.shown)
+        return completion(
+            completion_id=self.id,
+            created=self.created,
+            model=self.chat.model,
+            answer=answer,
+            usage=usage_of(self.done),
+            done=self.done,
+        )
+
+
+def _sse(body: dict) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+
+async def _start(request, feed: TurnFeed) -> tuple[ChatRequest, str]:
+    """Authenticate, check and start the turn; OpenAIError if it was refused."""
+    key = await _authenticate(request)
+    chat = parse_chat_request(
+        request.body,
+        model_name=settings.CHAT_API_MODEL_NAME,
+        max_prompt_chars=settings.CHAT_MAX_PROMPT_CHARS,
+    )
+    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+    prompt = Prompt(request_id=completion_id, text=chat.text, conversation=None, policy=chat.policy)
+    try:
+        turn = await turns.admit(
+            owner=owner_of_api_key(key),
+            prompt=prompt,
+            send=feed.send,
+            given=turns.Given(history=chat.history, override=chat.override, api_key_id=key.pk),
+        )
+    except turns.TurnError as exc:
+        raise turn_error(exc.code, exc.message) from None
+    feed.follow(turn)
+    return chat, completion_id
+
+
+@csrf_exempt
+async def chat_completions(request):
+    """One chat turn in OpenAI's shape, streamed or whole."""
+    if request.method != "POST":
+        return _method_not_allowed("POST")
+    feed = TurnFeed()
+    try:
+        chat, completion_id = await _start(request, feed)
+    except OpenAIError as exc:
+        return _error_response(exc)
+    reply = _Reply(chat, completion_id)
+    if not chat.stream:
+        try:
+            for event in await feed.all_events():
+                reply.take(event)
+        finally:
+            feed.abandon()  # Django cancels this view when the client goes away
+        if reply.done is None:
+            return _error_response(reply.failure())
+        return JsonResponse(reply.completion())
+
+    async def stream():
+        try:
+            yield reply.chunk(delta={"role": "assistant", "content": ""})
+            async for event in feed.until_end():
+                if event is KEEPALIVE:
+                    yield event
+                elif text := reply.take(event):
+                    yield reply.chunk(delta={"content": text})
+            for event in reply.ending():
+                yield event
+            yield "data: [DONE]\n\n"
+        finally:
+            feed.abandon()  # the client closed the stream: stop the model
+
+    response = StreamingHttpResponse(stream(), content_type="text/event-stream; charset=utf-8")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+@csrf_exempt
+async def not_found(request, rest: str = ""):
+    """Any other /v1/ path: OpenAI's 404, not an HTML page."""
+    return _error_response(
+        OpenAIError(
+            404,
+            f"no endpoint {request.path}; this server offers /v1/models and /v1/chat/completions",
+            code="unknown_url",
+        )
+    )

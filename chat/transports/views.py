@@ -1,0 +1,129 @@
+"""The chat page, the conversation JSON API and /healthz."""
+
+import json
+
+from django.conf import settings
+from django.http import HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_GET, require_http_methods
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from ..infra.health import health
+from ..infra.runtime import runtime
+from ..models import OutputPolicy
+from ..protocol import error_fields
+from ..stores import selectors
+from ..stores.conversations import (
+    BadTitle,
+    conversation_delete,
+    conversation_rename,
+    export_json,
+    export_markdown,
+)
+
+
+@require_GET
+def index(request):
+    owner = selectors.owner_of_request(request)
+    current = request.GET.get("c")
+    current_id = int(current) if current and current.isdigit() else None
+    if current_id is not None and selectors.conversation_detail(owner, current_id) is None:
+        current_id = None
+    conversations = selectors.conversation_list(owner)
+    model_name = (
+        runtime.backend.model_id
+        if runtime.backend
+        else (settings.CHAT_MODEL_PATH or "SmolLM2-135M-Instruct")
+    )
+    return render(
+        request,
+        "chat/index.html",
+        {
+            "conversations": conversations,
+            "current_conversation_id": current_id,
+            "max_prompt_chars": settings.CHAT_MAX_PROMPT_CHARS,
+            "policies": OutputPolicy.objects.only("slug", "name", "mode", "is_default"),
+            "model_name": model_name,
+            "signup_open": settings.CHAT_SIGNUP == "open",
+            "chat_config": {
+                "maxPromptChars": settings.CHAT_MAX_PROMPT_CHARS,
+                "conversation": current_id,
+                "wsPath": "/ws/chat/",
+            },
+        },
+    )
+
+
+@require_GET
+def conversations(request):
+    """The caller's conversations; `?q=` searches their titles and message text."""
+    owner = selectors.owner_of_request(request)
+    query = request.GET.get("q", "")[:200]
+    return JsonResponse({"conversations": selectors.conversation_list(owner, query=query)})
+
+
+def _error(status: int, code: str, message: str) -> JsonResponse:
+    return JsonResponse(error_fields(code, message), status=status)
+
+
+def _not_found(conversation_id: int) -> JsonResponse:
+    return _error(404, "unknown_conversation", f"conversation {conversation_id} does not exist")
+
+
+@require_http_methods(["GET", "PATCH", "DELETE"])
+def conversation(request, conversation_id: int):
+    """GET one of the caller's conversations; PATCH {"title": ...} renames it; DELETE deletes it."""
+    owner = selectors.owner_of_request(request)
+    if request.method == "DELETE":
+        if not conversation_delete(owner=owner, conversation_id=conversation_id):
+            return _not_found(conversation_id)
+        return HttpResponse(status=204)
+    if request.method == "PATCH":
+        try:
+            body = json.loads(request.body or b"{}")
+            renamed = conversation_rename(
+                owner=owner, conversation_id=conversation_id, title=body.get("title")
+            )
+        except (ValueError, AttributeError) as exc:
+            message = str(exc) if isinstance(exc, BadTitle) else 'send JSON {"title": "..."}'
+            return _error(400, "bad_title", message)
+        if not renamed:
+            return _not_found(conversation_id)
+    detail = selectors.conversation_detail(owner, conversation_id)
+    if detail is None:
+        return _not_found(conversation_id)
+    return JsonResponse(detail)
+
+
+EXPORTS = {
+    "markdown": (export_markdown, "text/markdown; charset=utf-8", "md"),
+    "json": (export_json, "application/json", "json"),
+}
+
+
+@require_GET
+def conversation_export(request, conversation_id: int):
+    """One conversation as a Markdown or JSON file (`?format=markdown|json`)."""
+    kind = request.GET.get("format", "markdown")
+    if kind not in EXPORTS:
+        return _error(400, "bad_format", "format must be markdown or json")
+    export, content_type, extension = EXPORTS[kind]
+    text = export(selectors.owner_of_request(request), conversation_id)
+    if text is None:
+        return _not_found(conversation_id)
+    response = HttpResponse(text, content_type=content_type)
+    name = f"conversation-{conversation_id}.{extension}"
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    return response
+
+
+@require_GET
+def metrics(request):
+    """Prometheus text format; scrape it, or read the plots in the admin."""
+    return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)
+
+
+@require_GET
+def healthz(request):
+    ready, report = health()
+    return JsonResponse(report, status=200 if ready else 503)
