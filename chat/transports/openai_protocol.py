@@ -1,4 +1,4 @@
-"""The OpenAI chat-completions wire format: requests parsed and checked, responses built.
+"""The OpenAI chat-completions wire format: requests as pydantic models, responses built.
 
 Every shape the OpenAI-compatible API sends is built here (the model list, a completion, a
 stream chunk, usage, an error), so the views in chat/transports/openai_api.py cannot disagree about a
@@ -9,8 +9,23 @@ and OpenAI's error body `{"error": {"message", "type", "param", "code"}}`.
 from __future__ import annotations
 
 import json
-import math
+import re
 from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from ..engine.types import penalty_errors
 from ..policy import schema_errors
@@ -82,6 +97,226 @@ def turn_error(code: str, message: str) -> OpenAIError:
 
 
 # -- requests -------------------------------------------------------------------------
+#
+# The body of `POST /v1/chat/completions` as pydantic models, in the manner of vLLM's
+# (vllm/entrypoints/openai/protocol.py): types, ranges and shapes are declared on the fields;
+# what needs more than one field or the server's settings (the model name, the conversation's
+# size, a schema's validity) is checked in `parse_chat_request`. Unknown fields are ignored, as
+# OpenAI's clients send many. A ValidationError becomes OpenAI's 400 through `_validation_error`.
+
+
+class _Body(BaseModel):
+    # strict: JSON's true is not 1, "1" is not a number; unknown fields are ignored.
+    model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
+
+
+class ChatMessage(_Body):
+    role: Any = None  # checked in `_check`, which knows tools and says which roles there are
+    content: Any = None  # a string, or a list of text parts (images and audio are refused)
+    tool_calls: Any = None
+    function_call: Any = None
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.role in ("tool", "function") or self.tool_calls or self.function_call:
+            raise _unsupported("tools are not supported")
+        if self.role not in ROLES:
+            raise _problem("role must be system, developer, user or assistant", field="role")
+        content = self.content
+        if content is not None and not isinstance(content, (str, list)):
+            raise _problem("content must be a string or a list of text parts", field="content")
+        for part in content if isinstance(content, list) else ():
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise _problem("only text content parts are supported", field="content")
+            if not isinstance(part.get("text"), str):
+                raise _problem("a text content part needs a string `text`", field="content")
+        return self
+
+    @property
+    def text(self) -> str:
+        content = self.content
+        if isinstance(content, list):
+            return "".join(part["text"] for part in content)
+        return content or ""
+
+
+class JsonSchemaFormat(_Body):
+    name: StrictStr
+    schema_: Any = Field(default_factory=dict, alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StreamOptions(_Body):
+    include_usage: StrictBool = False
+
+
+_PENALTY_FIELDS = ("frequency_penalty", "presence_penalty", "repetition_penalty")
+_Number = Annotated[float, Field(allow_inf_nan=False)]
+_Positive = Annotated[int, Field(ge=1)]
+_Slug = Annotated[str, Field(min_length=1, max_length=MAX_POLICY_SLUG)]
+_Stop = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+
+
+class ChatCompletionRequest(_Body):
+    """OpenAI's chat-completions request, as far as this server reads it.
+
+    Fields are checked in the order declared, and the first problem is the one reported, so the
+    order is the one a client fixes its request in: the model, unsupported features, the
+    messages, then the sampling parameters. `model_validate` needs the context `model_name` and
+    `max_prompt_chars` (the server's settings).
+    """
+
+    model: Annotated[str, Field(min_length=1)]
+    policy: _Slug | None = None  # ours: a policy slug; it wins over the model's suffix
+    n: Any = None
+    tools: Any = None
+    functions: Any = None
+    tool_choice: Any = None
+    function_call: Any = None
+    logprobs: Any = None
+    top_logprobs: Any = None
+    modalities: Any = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
+    stream: StrictBool | None = None
+    stream_options: StreamOptions | None = None
+    seed: StrictInt | None = None
+    response_format: ResponseFormat | None = None
+    stop: _Stop | Annotated[list[_Stop], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    max_completion_tokens: _Positive | None = None
+    max_tokens: _Positive | None = None
+    temperature: Annotated[_Number, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[_Number, Field(gt=0, le=1)] | None = None
+    # OpenAI's frequency/presence penalties and vLLM's repetition_penalty, in the engine's ranges
+    # (`penalty_errors`). no_repeat_ngram_size stays a policy setting: no OpenAI client sends it.
+    frequency_penalty: Any = None
+    presence_penalty: Any = None
+    repetition_penalty: Any = None
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, model: str, info: ValidationInfo) -> str:
+        """`<name>` or `<name>:<policy>`; anything else is OpenAI's 404 model_not_found."""
+        name = info.context["model_name"]
+        if model != name:
+            base, _, slug = model.partition(":")
+            if base != name or not slug or len(slug) > MAX_POLICY_SLUG:
+                raise PydanticCustomError(
+                    "model_not_found",
+                    "The model `{model}` does not exist; GET /v1/models lists them",
+                    {"model": model[:200]},
+                )
+        return model
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n):
+        if n is not None and n != 1 or isinstance(n, (bool, float)):
+            raise _unsupported("only n=1 is supported")
+        return n
+
+    @field_validator("tools", "functions")
+    @classmethod
+    def _no_tools(cls, value):
+        if value:
+            raise _unsupported("tools are not supported")
+        return value
+
+    @field_validator("tool_choice", "function_call")
+    @classmethod
+    def _no_tool_choice(cls, value):
+        if value not in (None, "none"):
+            raise _unsupported("tools are not supported")
+        return value
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, value):
+        if value not in (None, False):
+            raise _unsupported("logprobs are not supported")
+        return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _no_top_logprobs(cls, value):
+        if value is not None:
+            raise _unsupported("logprobs are not supported")
+        return value
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_only(cls, value):
+        if value is not None and value != ["text"]:
+            raise _unsupported("only text output is supported")
+        return value
+
+    @field_validator("messages")
+    @classmethod
+    def _fits(cls, messages: list[ChatMessage], info: ValidationInfo) -> list[ChatMessage]:
+        """Bounded in size, and ending with the user's prompt."""
+        total = sum(len(m.text) for m in messages)
+        if total > MAX_CONVERSATION_CHARS:
+            raise _too_long(
+                f"the messages hold {total} characters; the limit is {MAX_CONVERSATION_CHARS}"
+            )
+        turns = [m for m in messages if m.role in ("user", "assistant")]
+        if not turns or turns[-1].role != "user" or not turns[-1].text.strip():
+            raise _problem("the last message must be a non-empty user message")
+        limit, text = info.context["max_prompt_chars"], turns[-1].text
+        if len(text) > limit:
+            raise _too_long(f"the last message is {len(text)} characters; the limit is {limit}")
+        return messages
+
+    @field_validator("response_format")
+    @classmethod
+    def _valid_schema(cls, response_format: ResponseFormat | None) -> ResponseFormat | None:
+        if response_format is None or response_format.type != "json_schema":
+            return response_format
+        spec = response_format.json_schema
+        if spec is None:
+            raise _problem(
+                "response_format.json_schema must be an object with a name and a schema",
+                field="json_schema",
+            )
+        schema = spec.schema_
+        problems = schema_errors(schema) if isinstance(schema, dict) else ["must be an object"]
+        if problems:
+            raise _problem(f"not a valid JSON Schema: {problems[0]}", field="json_schema.schema")
+        return response_format
+
+    @field_validator(*_PENALTY_FIELDS)
+    @classmethod
+    def _penalty_in_range(cls, value, info: ValidationInfo):
+        if value is not None:
+            for problem in penalty_errors(**{info.field_name: value}).values():
+                raise _problem(f"{info.field_name} {problem}")
+        return value
+
+    @property
+    def penalties(self) -> dict[str, float]:
+        given = {name: getattr(self, name) for name in _PENALTY_FIELDS}
+        return {name: float(value) for name, value in given.items() if value is not None}
+
+
+ROLES = ("system", "developer", "user", "assistant")
+
+
+# Our own checks' errors: `field` names what lies below the field that raised it (a message's
+# `role`). _validation_error turns them into OpenAI's 400, with `code` when OpenAI has one.
+def _problem(message: str, *, field: str = "", code: str | None = None) -> PydanticCustomError:
+    return PydanticCustomError("problem", message, {"field": field, "code": code})
+
+
+def _unsupported(message: str) -> PydanticCustomError:
+    return _problem(message, code="unsupported")
+
+
+def _too_long(message: str) -> PydanticCustomError:
+    return _problem(message, code="context_length_exceeded")
 
 
 @dataclass(frozen=True)
@@ -101,254 +336,146 @@ class ChatRequest:
     include_usage: bool
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value) -> bool:
-    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
-
-
-def _number(body: dict, name: str, low: float, high: float, *, low_open: bool = False):
-    value = body.get(name)
-    if value is None:
-        return None
-    if not _is_number(value) or value > high or value < low or (low_open and value == low):
-        bracket = "(" if low_open else "["
-        raise bad_request(f"{name} must be a number in {bracket}{low}, {high}]", name)
-    return float(value)
-
-
-def _penalties(body: dict) -> dict[str, float]:
-    """OpenAI's frequency/presence penalties and vLLM's repetition_penalty, when given."""
-    given = {name: body[name] for name in _PENALTY_FIELDS if body.get(name) is not None}
-    for name, problem in penalty_errors(**given).items():
-        raise bad_request(f"{name} {problem}", name)
-    return {name: float(value) for name, value in given.items()}
-
-
-# no_repeat_ngram_size stays a policy setting: no OpenAI-style client sends it.
-_PENALTY_FIELDS = ("frequency_penalty", "presence_penalty", "repetition_penalty")
-
-
-def _content(message: dict, index: int) -> str:
-    """A message's text: a string, or a list of text parts (images and audio are refused)."""
-    param = f"messages[{index}].content"
-    content = message.get("content")
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text":
-                raise bad_request("only text content parts are supported", param)
-            if not isinstance(part.get("text"), str):
-                raise bad_request("a text content part needs a string `text`", param)
-            texts.append(part["text"])
-        return "".join(texts)
-    raise bad_request("content must be a string or a list of text parts", param)
-
-
-def _messages(body: dict) -> tuple[str | None, list[dict], str]:
-    """(system prompt or None, earlier turns, last user text) from `messages`."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("messages must be a non-empty list", "messages")
-    if len(messages) > MAX_MESSAGES:
-        raise bad_request(f"at most {MAX_MESSAGES} messages", "messages")
-    system: list[str] = []
-    turns: list[dict] = []
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise bad_request("each message must be an object", f"messages[{index}]")
-        role = message.get("role")
-        if (
-            role in ("tool", "function")
-            or message.get("tool_calls")
-            or message.get("function_call")
-        ):
-            raise bad_request("tools are not supported", f"messages[{index}]", "unsupported")
-        if role not in ("system", "developer", "user", "assistant"):
-            raise bad_request(
-                "role must be system, developer, user or assistant", f"messages[{index}].role"
-            )
-        text = _content(message, index)
-        if role in ("system", "developer"):
-            system.append(text)
-        else:
-            turns.append({"role": role, "content": text})
-    total = sum(len(t["content"]) for t in turns) + sum(len(text) for text in system)
-    if total > MAX_CONVERSATION_CHARS:
-        raise bad_request(
-            f"the messages hold {total} characters; the limit is {MAX_CONVERSATION_CHARS}",
-            "messages",
-            "context_length_exceeded",
-        )
-    if not turns or turns[-1]["role"] != "user" or not turns[-1]["content"].strip():
-        raise bad_request("the last message must be a non-empty user message", "messages")
-    return ("\n\n".join(system) if system else None), turns[:-1], turns[-1]["content"]
-
-
-def _model(body: dict, model_name: str) -> tuple[str, str | None]:
-    """(model, policy slug or None for the default): `<name>` or `<name>:<policy>`."""
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad_request("model must be a non-empty string", "model")
-    slug = None
-    if model != model_name:
-        base, _, slug = model.partition(":")
-        if base != model_name or not slug or len(slug) > MAX_POLICY_SLUG:
-            raise OpenAIError(
-                404,
-                f"The model `{model[:200]}` does not exist; GET /v1/models lists them",
-                param="model",
-                code="model_not_found",
-            )
-    policy = body.get("policy")  # our extra body field; it wins over the model's suffix
-    if policy is not None:
-        if not isinstance(policy, str) or not policy or len(policy) > MAX_POLICY_SLUG:
-            raise bad_request("policy must be a policy slug", "policy")
-        slug = policy
-    return model, slug
-
-
-def _unsupported(body: dict) -> None:
-    """OpenAI features this server does not offer: a clear 400 rather than a silent ignore."""
-    n = body.get("n")
-    if n is not None and n != 1 or isinstance(n, bool) or isinstance(n, float):
-        raise bad_request("only n=1 is supported", "n", "unsupported")
-    for name in ("tools", "functions"):
-        if body.get(name):
-            raise bad_request("tools are not supported", name, "unsupported")
-    for name in ("tool_choice", "function_call"):
-        if body.get(name) not in (None, "none"):
-            raise bad_request("tools are not supported", name, "unsupported")
-    if body.get("logprobs") not in (None, False):
-        raise bad_request("logprobs are not supported", "logprobs", "unsupported")
-    if body.get("top_logprobs") is not None:
-        raise bad_request("logprobs are not supported", "top_logprobs", "unsupported")
-    modalities = body.get("modalities")
-    if modalities is not None and modalities != ["text"]:
-        raise bad_request("only text output is supported", "modalities", "unsupported")
-
-
-def _stop(body: dict) -> tuple[str, ...]:
-    stop = body.get("stop")
-    if stop is None:
-        return ()
-    stops = [stop] if isinstance(stop, str) else stop
-    if (
-        not isinstance(stops, list)
-        or len(stops) > MAX_STOP_STRINGS
-        or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in stops)
-    ):
-        raise bad_request(
-            f"stop must be a string or a list of at most {MAX_STOP_STRINGS} non-empty "
-            f"strings of at most {MAX_STOP_CHARS} characters",
-            "stop",
-        )
-    return tuple(stops)
-
-
-def _max_tokens(body: dict) -> int | None:
-    found = []
-    for name in ("max_completion_tokens", "max_tokens"):
-        value = body.get(name)
-        if value is None:
-            continue
-        if not _is_int(value) or value < 1:
-            raise bad_request(f"{name} must be a positive integer", name)
-        found.append(value)
-    return min(found) if found else None
-
-
-def _response_format(body: dict) -> tuple[dict | None, bool]:
-    """(schema or None, strict) from `response_format`."""
-    response_format = body.get("response_format")
-    if response_format is None:
-        return None, False
-    if not isinstance(response_format, dict):
-        raise bad_request("response_format must be an object", "response_format")
-    kind = response_format.get("type")
-    if kind == "text":
-        return None, False
-    if kind == "json_object":
-        return JSON_OBJECT_SCHEMA, False
-    if kind != "json_schema":
-        raise bad_request(
-            "response_format.type must be text, json_object or json_schema",
-            "response_format.type",
-        )
-    spec = response_format.get("json_schema")
-    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-        raise bad_request(
-            "response_format.json_schema must be an object with a name and a schema",
-            "response_format.json_schema",
-        )
-    schema = spec.get("schema", {})
-    problems = schema_errors(schema) if isinstance(schema, dict) else ["must be an object"]
-    if problems:
-        raise bad_request(
-            f"not a valid JSON Schema: {problems[0]}", "response_format.json_schema.schema"
-        )
-    strict = spec.get("strict")
-    if strict is not None and not isinstance(strict, bool):
-        raise bad_request("strict must be a boolean", "response_format.json_schema.strict")
-    return schema, bool(strict)
-
-
-def parse_chat_request(body: bytes, *, model_name: str, max_prompt_chars: int) -> ChatRequest:
-    """Check a `POST /v1/chat/completions` body; OpenAIError says what is wrong with it."""
+def json_body(body: bytes) -> dict:
+    """The request body as a JSON object, or OpenAIError: the one place /v1 reads raw JSON."""
     if len(body) > MAX_BODY_BYTES:
         raise OpenAIError(413, f"the request body is limited to {MAX_BODY_BYTES} bytes")
     try:
         data = json.loads(body)
     except ValueError as exc:
         raise bad_request(f"the body is not valid JSON: {exc}") from None
+    except RecursionError:  # "[[[[...": the decoder recurses once per level
+        raise bad_request("the body's JSON is nested too deeply") from None
     if not isinstance(data, dict):
         raise bad_request("the body must be a JSON object")
-    model, policy = _model(data, model_name)
-    _unsupported(data)
-    system, history, text = _messages(data)
-    if len(text) > max_prompt_chars:
-        raise bad_request(
-            f"the last message is {len(text)} characters; the limit is {max_prompt_chars}",
-            "messages",
-            "context_length_exceeded",
+    return data
+
+
+# What a field's own validation error says, by its param with list indexes as [].
+_FIELD_MESSAGES = {
+    "model": "model must be a non-empty string",
+    "messages": "messages must be a non-empty list",
+    "messages[]": "each message must be an object",
+    "stream": "stream must be a boolean",
+    "stream_options": 'stream_options must be {"include_usage": <bool>}',
+    "seed": "seed must be an integer",
+    "response_format": "response_format must be an object",
+    "response_format.type": "response_format.type must be text, json_object or json_schema",
+    "response_format.json_schema": (
+        "response_format.json_schema must be an object with a name and a schema"
+    ),
+    "response_format.json_schema.name": (
+        "response_format.json_schema must be an object with a name and a schema"
+    ),
+    "response_format.json_schema.strict": "strict must be a boolean",
+    "stop": (
+        f"stop must be a string or a list of at most {MAX_STOP_STRINGS} non-empty "
+        f"strings of at most {MAX_STOP_CHARS} characters"
+    ),
+    "max_completion_tokens": "max_completion_tokens must be a positive integer",
+    "max_tokens": "max_tokens must be a positive integer",
+    "temperature": "temperature must be a number in [0, 2]",
+    "top_p": "top_p must be a number in (0, 1]",
+    "policy": "policy must be a policy slug",
+}
+
+
+def _param(loc: tuple) -> str:
+    """OpenAI's `param` for a pydantic error location: messages[0].content; union branch names
+    (pydantic's "str", "list[...]") and what lies below them are left out."""
+    param = ""
+    for part in loc:
+        if isinstance(part, int):
+            param += f"[{part}]"
+        elif part in _FIELD_NAMES:
+            param += f".{part}" if param else part
+        else:
+            break
+    return param
+
+
+def _validation_error(exc: ValidationError) -> OpenAIError:
+    """The first problem pydantic found, as OpenAI's error with the field at fault as `param`."""
+    error = exc.errors(include_url=False)[0]
+    param = _param(error["loc"])
+    kind = error["type"]
+    if kind == "model_not_found":
+        return OpenAIError(404, error["msg"], param="model", code="model_not_found")
+    if kind == "problem":
+        context = error["ctx"]
+        param = ".".join(p for p in (param, context["field"]) if p)
+        return bad_request(error["msg"], param or None, context["code"])
+    pattern = re.sub(r"\[\d+\]", "[]", param)
+    if pattern == "messages" and kind == "too_long":
+        return bad_request(f"at most {MAX_MESSAGES} messages", param)
+    message = _FIELD_MESSAGES.get(pattern) or f"{param or 'the body'}: {error['msg']}"
+    return bad_request(message, param or None)
+
+
+def parse_chat_request(body: bytes, *, model_name: str, max_prompt_chars: int) -> ChatRequest:
+    """Check a `POST /v1/chat/completions` body; OpenAIError says what is wrong with it."""
+    data = json_body(body)
+    try:
+        request = ChatCompletionRequest.model_validate(
+            data, context={"model_name": model_name, "max_prompt_chars": max_prompt_chars}
         )
-    stream = data.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise bad_request("stream must be a boolean", "stream")
-    options = data.get("stream_options")
-    if options is not None and (
-        not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool)
-    ):
-        raise bad_request('stream_options must be {"include_usage": <bool>}', "stream_options")
-    seed = data.get("seed")
-    if seed is not None and not _is_int(seed):
-        raise bad_request("seed must be an integer", "seed")
-    schema, strict = _response_format(data)
+    except ValidationError as exc:
+        raise _validation_error(exc) from None
+    system = [m.text for m in request.messages if m.role in ("system", "developer")]
+    turns = [
+        {"role": m.role, "content": m.text}
+        for m in request.messages
+        if m.role in ("user", "assistant")
+    ]
+    schema, strict = _response_format(request.response_format)
+    stop = request.stop
+    max_tokens = [t for t in (request.max_completion_tokens, request.max_tokens) if t is not None]
     override = PolicyOverride(
-        system_prompt=system,
+        system_prompt="\n\n".join(system) if system else None,
         schema=schema,
         strict=strict,
-        stop_strings=_stop(data),
-        max_new_tokens=_max_tokens(data),
-        temperature=_number(data, "temperature", 0, 2),
-        top_p=_number(data, "top_p", 0, 1, low_open=True),
-        penalties=_penalties(data),
+        stop_strings=() if stop is None else (stop,) if isinstance(stop, str) else tuple(stop),
+        max_new_tokens=min(max_tokens) if max_tokens else None,
+        temperature=None if request.temperature is None else float(request.temperature),
+        top_p=None if request.top_p is None else float(request.top_p),
+        penalties=request.penalties,
     )
+    options = request.stream_options
+    model = request.model
     return ChatRequest(
         model=model,
-        policy=policy,
-        text=text,
-        history=history,
+        policy=request.policy or (model.partition(":")[2] if model != model_name else None),
+        text=turns[-1]["content"],
+        history=turns[:-1],
         override=override,
-        stream=bool(stream),
-        include_usage=bool(stream and options and options.get("include_usage")),
+        stream=bool(request.stream),
+        include_usage=bool(request.stream and options and options.include_usage),
     )
+
+
+def _response_format(response_format: ResponseFormat | None) -> tuple[dict | None, bool]:
+    """(schema or None, strict) from a checked `response_format`."""
+    if response_format is None or response_format.type == "text":
+        return None, False
+    if response_format.type == "json_object":
+        return JSON_OBJECT_SCHEMA, False
+    spec = response_format.json_schema
+    return spec.schema_, bool(spec.strict)
+
+
+_FIELD_NAMES = {
+    name
+    for model in (
+        ChatCompletionRequest,
+        ChatMessage,
+        ResponseFormat,
+        JsonSchemaFormat,
+        StreamOptions,
+    )
+    for name, field in model.model_fields.items()
+    for name in (name, field.alias)
+    if name
+}
 
 
 # -- responses ------------------------------------------------------------------------
