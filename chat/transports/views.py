@@ -8,7 +8,6 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_http_methods
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ..infra.health import health
 from ..infra.runtime import runtime
 from ..models import OutputPolicy
 from ..protocol import error_fields
@@ -20,6 +19,7 @@ from ..stores.conversations import (
     export_json,
     export_markdown,
 )
+from .health import health
 
 
 @require_GET

@@ -6,18 +6,24 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from ..engine.types import GenerationRequest
 from ..protocol.events import Event
 from ..stores.selectors import Owner
-
-if TYPE_CHECKING:
-    from .run import TurnRun
 
 log = logging.getLogger(__name__)
 
 # How a transport takes the turn's events: it serializes each for its client.
 Send = Callable[[Event], Awaitable[None]]
+
+
+class Stoppable(Protocol):
+    """What a Turn needs of the run behind it (chat/turns/run.py `TurnRun`)."""
+
+    request: GenerationRequest
+
+    def stop(self, reason: str = "") -> None: ...
 
 
 @dataclass(eq=False)
@@ -31,7 +37,7 @@ class Turn:
     send: Send | None
     task: asyncio.Task | None = None
     finished: bool = False
-    _run: TurnRun | None = field(default=None, repr=False)
+    _run: Stoppable | None = field(default=None, repr=False)
 
     def cancel(self, reason: str = "") -> None:
         """Stop generating within one decode step; the partial answer is still stored.

@@ -6,9 +6,9 @@ import redis
 from django.conf import settings
 from django.db import connection
 
+from ..infra.ratelimit import prompt_limiter
+from ..infra.runtime import runtime
 from ..stores.cache import completion_cache
-from .ratelimit import prompt_limiter
-from .runtime import runtime
 
 
 def redis_status() -> str:
