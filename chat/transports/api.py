@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 
 def _error_response(code: str, message: str, request_id: str | None = None) -> JsonResponse:
-    """The `error` event with the status chat/turns/errors.py gives its code."""
+    """The `error` event with the status chat/protocol/errors.py gives its code."""
     known = error_code(code)
     response = JsonResponse(error_fields(code, message, request_id), status=known.status)
     if known.retry_after is not None:

@@ -89,7 +89,7 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 
 def turn_error(code: str, message: str) -> OpenAIError:
     """The OpenAI error for a refused turn's (or an `error` event's) `code`: its status, type,
-    param and OpenAI code from the one table in chat/turns/errors.py."""
+    param and OpenAI code from the one table in chat/protocol/errors.py."""
     known = error_code(code)
     return OpenAIError(
         known.status, message, type=known.openai_type, param=known.param, code=known.openai

@@ -7,7 +7,8 @@ handed; none touches the model or the database itself. The modules, in a turn's 
 - prepare.py, continuation.py: a new prompt's or a Continue's stored messages and model input.
 - run.py: the engine's events through the policy gate; re-asks; the answer stored and cached.
 - handle.py: the `Turn` a transport holds (cancel, detach).
-- running.py: the turns running here; drain at shutdown; cancel from any process.
+- running.py, cancel_bus.py: the turns running here; drain at shutdown; cancel from any process.
+- prompting.py, limits.py: the chat fitted to the model's context; the per-minute rate checks.
 - errors.py: TurnError. The events a turn emits and the table of error codes are the wire
   contract, in chat/protocol/ (events.py, errors.py).
 """

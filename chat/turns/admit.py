@@ -2,7 +2,8 @@
 
 Rate checks, the connection's one-answer-at-a-time limit, the model's readiness, then the turn
 prepared (policy resolved, prompt limits checked, messages stored), served from the cache or
-queued, and started. A refusal at any step is a TurnError whose code is in chat/turns/errors.py.
+queued, and started. A refusal at any step is a TurnError whose code has its row in
+chat/protocol/errors.py.
 """
 
 from __future__ import annotations
