@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-# Why an engine generation ended. A chat turn adds its own reasons on top (chat/protocol.py).
+# Why an engine generation ended. A chat turn adds its own reasons on top (chat/protocol/events.py, `Finish`).
 FINISH_REASONS = ("eos", "stop_string", "length", "cancelled")
 
 Progress = Callable[[str], None]  # one line of human-readable progress (loading, converting)
