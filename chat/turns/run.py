@@ -1,5 +1,6 @@
 """Running one turn (async): the engine's events through the policy gate to the client, re-asks,
-then the answer stored and cached. Branches on typed values (`Verdict`, `Mode`, `Finish`)."""
+then the answer stored and cached. Branches on typed values (`Verdict`, `Finish`, the policy's
+`OutputPolicy.Mode` and `FailureAction`), not strings."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from ..engine.types import (
     Ticket,
 )
 from ..infra import metrics as prometheus
-from ..models import Message
+from ..models import Message, OutputPolicy
 from ..policy import Cut, Emit, Hold, Retract, gate_for, reask_message
 from ..protocol import Prompt, events, metrics
 from ..protocol.events import Finish
@@ -44,14 +45,6 @@ class Verdict(StrEnum):
     OK = "ok"
     INVALID = "invalid"
     MODERATED = "moderated"
-
-
-class Mode(StrEnum):
-    """A policy's output mode: shown as it comes, held until it passes, or chosen per answer."""
-
-    STREAM = "stream"
-    BUFFER = "buffer"
-    AUTO = "auto"
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -228,13 +221,14 @@ class TurnRun:
             prometheus.VALIDATION_FAILURES.inc()
             # invalid: nothing was shown in buffer mode, so the model may try again
             if (
-                Mode(policy.mode) is Mode.BUFFER
+                policy.mode == OutputPolicy.Mode.BUFFER
                 and self.retries < policy.max_retries
                 and self._reask(gate.text, outcome.reason)
             ):
                 self.retries += 1
                 continue
-            text = policy.fallback_text if policy.failure_action == "fallback" else gate.shown
+            fallback = policy.failure_action == OutputPolicy.FailureAction.FALLBACK
+            text = policy.fallback_text if fallback else gate.shown
             return await self._finish(
                 result,
                 Finish.INVALID,
