@@ -31,7 +31,7 @@ from django.views.csrf import csrf_failure as django_csrf_failure
 from django.views.decorators.http import require_GET, require_POST
 from django.views.defaults import bad_request as django_bad_request
 
-from . import services
+from . import inputs, services
 from .protocol import (
     MAX_FRAME_BYTES,
     ProtocolError,
@@ -76,14 +76,12 @@ def _error_response(code: str, message: str, request_id: str | None = None) -> J
 
 
 def _body(request) -> bytes:
-    """The request body, or ProtocolError `frame_too_large` past DATA_UPLOAD_MAX_MEMORY_SIZE."""
+    """The request body (chat/inputs.py), or ProtocolError `frame_too_large` past a frame's size."""
     try:
-        return request.body
-    except RequestDataTooBig:
+        return inputs.body_read(request, limit=MAX_FRAME_BYTES)
+    except inputs.InputError:
         raise ProtocolError(
-            "frame_too_large",
-            f"the body is over {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes; "
-            f"a prompt frame is limited to {MAX_FRAME_BYTES}",
+            "frame_too_large", f"the body is over {MAX_FRAME_BYTES} bytes, a prompt frame's limit"
         ) from None
 
 

@@ -6,6 +6,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
 from .apikeys import apikey_create, apikey_revoke, keys_of
+from .inputs import id_parse
 
 
 @login_required
@@ -18,8 +19,8 @@ def api_keys(request):
         if "create" in request.POST:
             _, new_key = apikey_create(user=request.user, name=request.POST.get("name", "").strip())
         elif "revoke" in request.POST:
-            key_id = request.POST.get("key", "")
-            if not (key_id.isdigit() and apikey_revoke(key_id=int(key_id), user=request.user)):
+            key_id = id_parse(request.POST.get("key"))
+            if not (key_id and apikey_revoke(key_id=key_id, user=request.user)):
                 error = "That key is not one of your active keys."
             else:
                 return redirect("account-api-keys")

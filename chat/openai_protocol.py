@@ -12,6 +12,7 @@ import json
 import math
 from dataclasses import dataclass
 
+from . import inputs
 from .engine.types import penalty_errors
 from .policy import schema_errors
 from .policy_store import PolicyOverride
@@ -310,14 +311,21 @@ def _response_format(body: dict) -> tuple[dict | None, bool]:
     return schema, bool(strict)
 
 
+def input_error(exc: inputs.InputError) -> OpenAIError:
+    """A request refused at the input edge (chat/inputs.py) as OpenAI's error."""
+    if exc.code == inputs.TOO_LARGE:
+        return OpenAIError(413, f"the request body is limited to {MAX_BODY_BYTES} bytes")
+    if exc.code == inputs.BAD_JSON:
+        return bad_request(f"the body {exc.message}")
+    return bad_request(exc.message, exc.param)
+
+
 def parse_chat_request(body: bytes, *, model_name: str, max_prompt_chars: int) -> ChatRequest:
     """Check a `POST /v1/chat/completions` body; OpenAIError says what is wrong with it."""
-    if len(body) > MAX_BODY_BYTES:
-        raise OpenAIError(413, f"the request body is limited to {MAX_BODY_BYTES} bytes")
     try:
-        data = json.loads(body)
-    except ValueError as exc:
-        raise bad_request(f"the body is not valid JSON: {exc}") from None
+        data = inputs.json_parse(body, limit=MAX_BODY_BYTES)
+    except inputs.InputError as exc:
+        raise input_error(exc) from None
     if not isinstance(data, dict):
         raise bad_request("the body must be a JSON object")
     model, policy = _model(data, model_name)

@@ -1,14 +1,12 @@
 """The chat page, the conversation JSON API and /healthz."""
 
-import json
-
 from django.conf import settings
 from django.http import HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_http_methods
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from . import selectors
+from . import inputs, selectors
 from .conversations import (
     BadTitle,
     conversation_delete,
@@ -25,8 +23,7 @@ from .runtime import runtime
 @require_GET
 def index(request):
     owner = selectors.owner_of_request(request)
-    current = request.GET.get("c")
-    current_id = int(current) if current and current.isdigit() else None
+    current_id = inputs.id_parse(request.GET.get("c"))
     if current_id is not None and selectors.conversation_detail(owner, current_id) is None:
         current_id = None
     conversations = selectors.conversation_list(owner)
@@ -59,11 +56,17 @@ def conversations(request):
     """The caller's conversations; `?q=` searches their titles and message text."""
     owner = selectors.owner_of_request(request)
     query = request.GET.get("q", "")[:200]
+    if problem := inputs.text_problem(query):
+        return _error(400, "bad_query", f"q {problem}")
     return JsonResponse({"conversations": selectors.conversation_list(owner, query=query)})
 
 
 def _error(status: int, code: str, message: str) -> JsonResponse:
     return JsonResponse(error_event(code, message), status=status)
+
+
+# A rename's body: a title of at most MAX_TITLE characters and little else.
+MAX_TITLE_BODY = 4096
 
 
 def _not_found(conversation_id: int) -> JsonResponse:
@@ -80,11 +83,17 @@ def conversation(request, conversation_id: int):
         return HttpResponse(status=204)
     if request.method == "PATCH":
         try:
-            body = json.loads(request.body or b"{}")
+            body = inputs.json_parse(
+                inputs.body_read(request, limit=MAX_TITLE_BODY) or b"{}", limit=MAX_TITLE_BODY
+            )
             renamed = conversation_rename(
                 owner=owner, conversation_id=conversation_id, title=body.get("title")
             )
-        except (ValueError, AttributeError) as exc:
+        except inputs.InputError as exc:
+            if exc.code == inputs.TOO_LARGE:
+                return _error(413, "frame_too_large", f"the body {exc.message}")
+            return _error(400, "bad_title", f'send JSON {{"title": "..."}}: {exc.message}')
+        except (BadTitle, AttributeError) as exc:
             message = str(exc) if isinstance(exc, BadTitle) else 'send JSON {"title": "..."}'
             return _error(400, "bad_title", message)
         if not renamed:
