@@ -24,12 +24,10 @@ import logging
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.core.exceptions import RequestDataTooBig
 from django.http import JsonResponse, StreamingHttpResponse
 from django.middleware.csrf import get_token
 from django.views.csrf import csrf_failure as django_csrf_failure
 from django.views.decorators.http import require_GET, require_POST
-from django.views.defaults import bad_request as django_bad_request
 
 from . import inputs, services
 from .protocol import (
@@ -230,15 +228,3 @@ def csrf_failure(request, reason: str = ""):
             status=403,
         )
     return django_csrf_failure(request, reason)
-
-
-def bad_request(request, exception=None):
-    """handler400 (DEBUG off): an `error` event for API clients, Django's page for everything else.
-
-    Reached when Django itself refuses a request before the view, e.g. a form-encoded body
-    over DATA_UPLOAD_MAX_MEMORY_SIZE read by the CSRF check.
-    """
-    if request.path.startswith("/api/"):
-        code = "frame_too_large" if isinstance(exception, RequestDataTooBig) else "bad_request"
-        return _error_response(code, f"the request was refused: {exception or 'bad request'}")
-    return django_bad_request(request, exception)

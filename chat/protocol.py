@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from . import inputs
 from .engine.types import FINISH_REASONS as ENGINE_FINISH_REASONS
 
+# Far below daphne's --websocket-max-message-size (1 MiB by default), so a frame between the two
+# gets `frame_too_large` and the socket stays open; past daphne's limit project/websocket_limits.py
+# sends the same event, then closes with CLOSE_MESSAGE_TOO_BIG.
 MAX_FRAME_BYTES = 64 * 1024
 MAX_REQUEST_ID = 100
 
@@ -328,6 +331,8 @@ CONVERSATION_DELETED = "conversation_deleted"
 CLOSE_SERVER_RESTARTING = 4012
 # The socket's close code when the database is unavailable: "try again later".
 CLOSE_TRY_LATER = 4503
+# RFC 6455's "message too big": a message past daphne's own limit (project/websocket_limits.py).
+CLOSE_MESSAGE_TOO_BIG = 1009
 
 
 def error_event(code: str, message: str, request_id: str | None = None) -> dict:

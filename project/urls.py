@@ -5,7 +5,11 @@ from django.urls import path
 from chat import account_views, accounts, api, apikey_views, openai_api, views
 from chat.admin_views import latency_view
 
-handler400 = "chat.api.bad_request"  # JSON for /api/ clients
+# The product's own error pages; JSON in the API's shape on /api/ and /v1/ (chat/error_pages.py).
+handler400 = "chat.error_pages.bad_request"
+handler403 = "chat.error_pages.permission_denied"
+handler404 = "chat.error_pages.page_not_found"
+handler500 = "chat.error_pages.server_error"
 
 # Django's own auth views, with the chat's look (the admin keeps its own templates).
 ACCOUNTS = "accounts/"
