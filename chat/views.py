@@ -41,7 +41,7 @@ def index(request):
             "max_prompt_chars": settings.CHAT_MAX_PROMPT_CHARS,
             "policies": OutputPolicy.objects.only("slug", "name", "mode", "is_default"),
             "model_name": model_name,
-            "signup_open": settings.CHAT_SIGNUP == "open",
+            "signup_open": settings.CHAT_SIGNUP != "closed",
             "chat_config": {
                 "maxPromptChars": settings.CHAT_MAX_PROMPT_CHARS,
                 "conversation": current_id,

@@ -18,6 +18,7 @@ urlpatterns = [
     path("", views.index, name="index"),
     path("accounts/login/", accounts.SignInView.as_view(), name="login"),
     path("accounts/signup/", accounts.sign_up, name="signup"),
+    path("accounts/confirm/<uidb64>/<token>/", accounts.sign_up_confirm, name="signup-confirm"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path(
         "accounts/password_change/",
