@@ -40,6 +40,9 @@ class InputError(ValueError):
         self.code = code
         self.message = message
         self.param = param
+        # BAD_TEXT from json_parse: the decoded value, so a transport can still answer with
+        # the request's (clean) id.
+        self.value = None
 
 
 def body_read(request, *, limit: int) -> bytes:
@@ -89,7 +92,11 @@ def json_parse(raw: bytes | str, *, limit: int, max_depth: int = MAX_JSON_DEPTH)
         raise InputError(BAD_JSON, f"is not valid JSON: {exc}") from None
     except RecursionError:  # unreachable past the depth scan; kept as the last line of defence
         raise InputError(BAD_JSON, "is nested too deeply") from None
-    strings_check(value)
+    try:
+        strings_check(value)
+    except InputError as exc:
+        exc.value = value
+        raise
     return value
 
 

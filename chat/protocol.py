@@ -94,7 +94,10 @@ def _protocol_error(exc: inputs.InputError) -> ProtocolError:
     if exc.code == inputs.BAD_JSON:
         return ProtocolError("bad_json", f"the frame {exc.message}")
     field = (exc.param or "").split(".")[0].split("[")[0]
-    return ProtocolError(_TEXT_CODES.get(field, "bad_frame"), exc.message)
+    request_id = exc.value.get("request_id") if isinstance(exc.value, dict) else None
+    if field == "request_id" or not isinstance(request_id, str) or inputs.text_problem(request_id):
+        request_id = None  # the reply names the request only by an id that is clean text
+    return ProtocolError(_TEXT_CODES.get(field, "bad_frame"), exc.message, request_id)
 
 
 def parse_frame(text: str | None, *, max_prompt_chars: int) -> Prompt | Cancel | Ping:
