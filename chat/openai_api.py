@@ -193,9 +193,10 @@ def _body(request) -> bytes:
 
 async def _start(request, feed: TurnFeed) -> tuple[ChatRequest, str]:
     """Authenticate, check and start the turn; OpenAIError if it was refused."""
+    body = _body(request)  # an oversized body is a 413 before anything else is read
     key = await _authenticate(request)
     chat = parse_chat_request(
-        _body(request),
+        body,
         model_name=settings.CHAT_API_MODEL_NAME,
         max_prompt_chars=settings.CHAT_MAX_PROMPT_CHARS,
     )
