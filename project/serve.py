@@ -2,9 +2,12 @@
 
 Starts (or joins) the checkout's embedded Redis when REDIS_URL is unset, migrates, converts
 the bundled model once, runs the system checks (the eos check warns here) and serves.
+DEBUG is off unless DEBUG=1 is set: a stranger gets the product's error pages, never a
+traceback (docs/security.md).
 """
 
 import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +19,7 @@ def main(argv: list[str]) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
     base = Path(__file__).resolve().parent.parent
     data_dir = Path(os.environ.get("DATA_DIR", base / "var"))
+    serve_defaults(data_dir)
     if os.environ.get("REDIS_URL"):
         serve(argv)
         return
@@ -32,6 +36,34 @@ def main(argv: list[str]) -> None:
     finally:
         # Stopped only if no other process of this checkout still uses it.
         embedded.release()
+
+
+def serve_defaults(data_dir: Path) -> None:
+    """DEBUG off unless asked for; then a secret key kept in `data_dir`, and cookies that work
+    over the plain http this serves (unless a TLS proxy is in front)."""
+    if not os.environ.get("DEBUG"):
+        os.environ["DEBUG"] = "0"
+    if os.environ["DEBUG"].lower() in {"1", "true", "yes", "on"}:
+        return
+    if not os.environ.get("SECRET_KEY"):
+        os.environ["SECRET_KEY"] = kept_secret_key(data_dir / "secret_key")
+    if os.environ.get("BEHIND_TLS_PROXY", "").lower() not in {"1", "true", "yes", "on"}:
+        os.environ.setdefault("SESSION_COOKIE_SECURE", "0")
+        os.environ.setdefault("CSRF_COOKIE_SECURE", "0")
+
+
+def kept_secret_key(path: Path) -> str:
+    """The key in `path`, made (readable by this user only) the first time: sessions and
+    password-reset links outlive a restart."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_text().strip()
+    with os.fdopen(fd, "w") as file:
+        key = secrets.token_urlsafe(50)
+        file.write(key + "\n")
+    return key
 
 
 def prepare_bundled_model(settings) -> None:

@@ -156,10 +156,14 @@ AUTH_PASSWORD_VALIDATORS = [
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/"
-# open: anyone may sign up; closed: staff create users in the admin.
+# open: anyone may sign up; confirm: the same, but an account stays inactive until the link
+# mailed to its address is followed; closed: staff create users in the admin.
 CHAT_SIGNUP = env("CHAT_SIGNUP", "open")
-if CHAT_SIGNUP not in {"open", "closed"}:
-    raise ImproperlyConfigured(f"CHAT_SIGNUP={CHAT_SIGNUP!r} must be open or closed")
+if CHAT_SIGNUP not in {"open", "confirm", "closed"}:
+    raise ImproperlyConfigured(f"CHAT_SIGNUP={CHAT_SIGNUP!r} must be open, confirm or closed")
+# Accounts one client address may make in a window (chat/infra/signup_throttle.py); 0 = no limit.
+CHAT_SIGNUPS_PER_ADDRESS = envint("CHAT_SIGNUPS_PER_ADDRESS", 5)
+CHAT_SIGNUP_WINDOW_MINUTES = envint("CHAT_SIGNUP_WINDOW_MINUTES", 60)
 # Failed sign-ins (the page's and /admin/login/) allowed per account and per client address
 # in a window; beyond them every attempt is refused until the window ends.
 CHAT_SIGNIN_FAILURES_PER_ACCOUNT = envint("CHAT_SIGNIN_FAILURES_PER_ACCOUNT", 5)
@@ -170,7 +174,7 @@ CHAT_SIGNIN_WINDOW_MINUTES = envint("CHAT_SIGNIN_WINDOW_MINUTES", 15)
 CHAT_RETENTION_DAYS = envint("CHAT_RETENTION_DAYS", 0)
 if CHAT_RETENTION_DAYS < 0:
     raise ImproperlyConfigured("CHAT_RETENTION_DAYS must be 0 (keep) or a number of days")
-# Password-reset mail: printed to the console unless EMAIL_HOST names an SMTP server.
+# Password-reset and sign-up confirmation mail: printed to the console unless EMAIL_HOST names an SMTP server.
 EMAIL_HOST = env("EMAIL_HOST", "")
 EMAIL_BACKEND = env(
     "EMAIL_BACKEND",

@@ -5,7 +5,12 @@ from django.urls import path
 from chat.transports import account_views, accounts, api, apikey_views, openai_api, views
 from chat.transports.admin_views import latency_view
 
-handler400 = "chat.transports.api.bad_request"  # JSON for /api/ clients
+# The product's own error pages; JSON in the API's shape on /api/ and /v1/
+# (chat/transports/error_pages.py).
+handler400 = "chat.transports.error_pages.bad_request"
+handler403 = "chat.transports.error_pages.permission_denied"
+handler404 = "chat.transports.error_pages.page_not_found"
+handler500 = "chat.transports.error_pages.server_error"
 
 # Django's own auth views, with the chat's look (the admin keeps its own templates).
 ACCOUNTS = "accounts/"
@@ -14,6 +19,7 @@ urlpatterns = [
     path("", views.index, name="index"),
     path("accounts/login/", accounts.SignInView.as_view(), name="login"),
     path("accounts/signup/", accounts.sign_up, name="signup"),
+    path("accounts/confirm/<uidb64>/<token>/", accounts.sign_up_confirm, name="signup-confirm"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path(
         "accounts/password_change/",

@@ -148,7 +148,10 @@ def daphne_server(tmp_path_factory):
     from bench.liveserver import LiveServer
 
     server = LiveServer(
-        tmp_path_factory.mktemp("live"), CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL
+        tmp_path_factory.mktemp("live"),
+        CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL,
+        # Every browser test signs up from 127.0.0.1; the sign-up throttle has tests/test_accounts.py.
+        CHAT_SIGNUPS_PER_ADDRESS="0",
     ).start()
     yield server
     server.stop()

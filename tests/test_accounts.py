@@ -171,3 +171,68 @@ def test_a_right_password_clears_the_accounts_count():
         browser().post("/accounts/login/", {"username": "kay", "password": PASSWORD}).status_code
         == 302
     )
+
+
+def sign_up(client: Client, username: str, **extra):
+    return client.post(
+        "/accounts/signup/",
+        {"username": username, "password1": PASSWORD, "password2": PASSWORD, **extra},
+    )
+
+
+def test_one_address_makes_five_accounts_an_hour_then_is_refused(settings):
+    """The probe made 5 accounts in 2.4 s from one address, each with its own prompt limit; now
+    the sixth is refused (429, the form with how long to wait) and the count is per address."""
+    assert (settings.CHAT_SIGNUPS_PER_ADDRESS, settings.CHAT_SIGNUP_WINDOW_MINUTES) == (5, 60)
+    address = browser().defaults["REMOTE_ADDR"]
+    for n in range(5):
+        assert sign_up(Client(REMOTE_ADDR=address), f"mass{n}").status_code == 302
+    refused = sign_up(Client(REMOTE_ADDR=address), "mass5")
+    assert refused.status_code == 429
+    assert "Too many accounts were made from your address; try again in 60 minutes." in (
+        refused.content.decode()
+    )
+    assert not User.objects.filter(username="mass5").exists()
+    assert sign_up(browser(), "elsewhere").status_code == 302  # another address is not counted
+
+
+def test_a_form_with_errors_does_not_count_against_the_address(settings):
+    settings.CHAT_SIGNUPS_PER_ADDRESS = 1
+    client = browser()
+    bad = client.post("/accounts/signup/", {"username": "x", "password1": "a", "password2": "b"})
+    assert bad.status_code == 200
+    assert sign_up(client, "counted").status_code == 302
+
+
+def test_confirm_mode_mails_a_link_and_the_account_opens_only_through_it(settings):
+    """CHAT_SIGNUP=confirm: the account is inactive (cannot sign in) until the mailed link is
+    followed; the link signs in, adopts the browser's chats, and works once."""
+    settings.CHAT_SIGNUP = "confirm"
+    client = browser()
+    conversation = visitor_with_a_conversation(client)
+    assert 'id="sign-up"' in client.get("/").content.decode()
+    missing = sign_up(client, "rosa")
+    assert missing.status_code == 200 and not User.objects.filter(username="rosa").exists()
+    sent = sign_up(client, "rosa", email="rosa@example.org")
+    assert sent.status_code == 200 and b"rosa@example.org" in sent.content
+    user = User.objects.get(username="rosa")
+    assert not user.is_active and user.email == "rosa@example.org"
+    assert not browser().login(username="rosa", password=PASSWORD)
+    assert len(mail.outbox) == 1 and mail.outbox[0].to == ["rosa@example.org"]
+    link = re.search(r"http://testserver(/accounts/confirm/\S+/)", mail.outbox[0].body).group(1)
+    assert client.get(link.replace("/confirm/", "/confirm/x")).status_code == 400
+    opened = client.get(link)
+    assert opened.status_code == 302 and opened["Location"] == "/"
+    user.refresh_from_db()
+    conversation.refresh_from_db()
+    assert user.is_active and conversation.user == user
+    assert 'id="signed-in-as">rosa<' in client.get("/").content.decode()
+    assert browser().get(link).status_code == 400  # used once
+    assert browser().login(username="rosa", password=PASSWORD)
+
+
+@pytest.mark.parametrize("uid", ["MTIz", "wrI", "OTk5OTk5OTk5OTk5OTk5OTk5OTk5OTk5", "%%%"])
+def test_a_forged_confirmation_link_is_refused_not_a_500(settings, uid):
+    """ "wrI" is "²" in base64, the last a uid past any database id."""
+    settings.CHAT_SIGNUP = "confirm"
+    assert browser().get(f"/accounts/confirm/{uid}/abc-def/").status_code in (400, 404)

@@ -1,15 +1,25 @@
 """Hostile input (docs/security.md) over the real socket and HTTP, in process: crashing frames, lone surrogates,
-cookie dropping, foreign origins, oversized bodies, and the Content-Security-Policy header."""
+cookie dropping, foreign origins, oversized bodies, the Content-Security-Policy header, and one hostile
+corpus (tests/hostile_inputs.py) through the socket, /api and /v1 alike."""
 
 import json
 
 import pytest
+from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import AsyncClient
 
 from chat.infra.ratelimit import client_address
 from chat.stores.selectors import Owner
 from tests.conftest import ChatClient
+from tests.hostile_inputs import (
+    API_CANCEL_CORPUS,
+    API_CORPUS,
+    RAW_BODIES,
+    SOCKET_CORPUS,
+    V1_CORPUS,
+    V1_SERVED,
+)
 from tests.test_consumer import LONG, new_session_key, wait_stored
 from tests.test_http_api import HttpVisitor
 
@@ -236,3 +246,164 @@ async def test_every_page_carries_a_strict_content_security_policy():
         policy = response.headers.get("Content-Security-Policy", "")
         assert "script-src 'self'" in policy and "style-src 'self'" in policy, path
         assert "unsafe-inline" not in policy and "frame-ancestors 'none'" in policy
+
+
+# -- one hostile corpus through every transport (tests/hostile_inputs.py) ---------------------
+
+
+async def test_the_hostile_corpus_gets_an_error_event_on_the_socket(client):
+    """Surrogates and NULs in every string, deep values, Unicode digits and wrong types in every
+    id, 10 MB, 100,000 unclosed brackets: each frame gets an `error` event, the socket stays open."""
+    codes = {}
+    for what, frame in SOCKET_CORPUS:
+        await client.communicator.send_to(text_data=frame)
+        event = await client.receive(timeout=30)
+        assert event["type"] == "error" and event["code"] and event["message"], (what, event)
+        codes[what] = event["code"]
+    assert codes["lone high surrogate in ('text',)"] == "bad_prompt"
+    assert codes["NUL in ('request_id',)"] == "bad_request_id"
+    assert codes["superscript two as ('conversation',)"] == "bad_conversation"
+    assert codes["past a bigint as ('replace',)"] == "bad_message"
+    assert codes["nested 5,000 deep"] == codes["objects nested 5,000 deep"] == "bad_json"
+    assert codes["10 MB"] == codes["100,000 unclosed ["] == "frame_too_large"  # past 64 KiB
+    await client.send({"type": "ping"})
+    assert await client.receive() == {"type": "pong"}
+
+
+async def test_the_hostile_corpus_gets_a_json_error_event_over_http(application):
+    """The same corpus (and a body that is not UTF-8) to /api/chat, /api/chat/stream and
+    /api/chat/cancel: a 4xx whose JSON body is the `error` event, never a 5xx."""
+    visitor = HttpVisitor(application, await new_session_key())
+    not_utf8 = [("not UTF-8", b'{"text": "\xff\xfe"}')]
+    cases = [
+        *(
+            (path, what, body.encode())
+            for path in ("/api/chat", "/api/chat/stream")
+            for what, body in API_CORPUS
+        ),
+        *(("/api/chat/cancel", what, body.encode()) for what, body in API_CANCEL_CORPUS),
+        *(("/api/chat", what, body) for what, body in not_utf8),
+    ]
+    for path, what, body in cases:
+        status, payload, headers = await visitor.post(path, body)
+        assert 400 <= status < 500 and headers["content-type"] == "application/json", (
+            path,
+            what,
+            status,
+            str(payload)[:200],
+        )
+        assert payload["type"] == "error" and payload["code"] and payload["message"], (path, what)
+        if what == "10 MB":
+            assert (status, payload["code"]) == (413, "frame_too_large")
+
+
+async def test_the_hostile_corpus_gets_an_openai_error_on_v1(scripted, example_policies):
+    """The same corpus for /v1/chat/completions (system, history, text parts, stop, model and
+    policy names, the schema's name; numbers for n and max_tokens): each a 4xx in OpenAI's
+    shape with the `param` it is about, never a 5xx; 10 MB is a 413 JSON, not Django's page."""
+    from tests.scripted import Answer
+    from tests.test_openai_views import _user_with_key, assert_openai_error, post
+
+    scripted(*[Answer(("ok",)) for _ in V1_CORPUS])
+    _, key = await sync_to_async(_user_with_key)("hostile")
+    served = set()
+    for what, body in V1_CORPUS:
+        response, payload = await post(key, body.encode())
+        if response.status_code == 200:  # a valid request after all (a seed may be any integer)
+            served.add(what)
+            continue
+        error = assert_openai_error(response, payload, response.status_code)
+        assert 400 <= response.status_code < 500, (what, payload)
+        if "in ('" in what and "deep" not in what and "number" not in what:
+            path = what.split(" in ")[1]
+            assert error["param"] and error["param"].split(".")[0].split("[")[0] in path, (
+                what,
+                error,
+            )
+    assert served == V1_SERVED
+    response, payload = await post(key, RAW_BODIES["10 MB"].encode())
+    assert response.status_code == 413 and payload["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/?c=%C2%B2",
+        "/?c=%D9%A3",
+        "/?c=99999999999999999999999",
+        "/?c=-1",
+        "/?c=%00",
+    ],
+)
+def test_unicode_digits_and_huge_numbers_in_the_query_are_no_conversation(url):
+    """`GET /?c=²` was a 500: str.isdigit() takes "²" and int() refuses it."""
+    from django.test import Client
+
+    response = Client().get(url)
+    assert response.status_code == 200
+    assert b'"conversation": null' in response.content
+
+
+@pytest.mark.parametrize(
+    ("method", "url", "body", "status", "code"),
+    [
+        ("get", "/api/conversations/%C2%B2/", None, 404, "not_found"),
+        ("get", "/api/conversations/99999999999999999999999/", None, 404, "unknown_conversation"),
+        ("get", "/api/conversations/0/export?format=%C2%B2", None, 400, "bad_format"),
+        ("get", "/api/conversations/?q=%00", None, 400, "bad_query"),
+        ("patch", "/api/conversations/1/", '{"title": "\\ud800"}', 400, "bad_title"),
+        ("patch", "/api/conversations/1/", "[" * 4000, 400, "bad_title"),
+        ("patch", "/api/conversations/1/", '{"title": "' + "x" * 10_000 + '"}', 413, None),
+        ("get", "/api/nothing-here", None, 404, "not_found"),
+    ],
+)
+def test_the_conversation_api_answers_json_errors_to_hostile_ids_and_bodies(
+    method, url, body, status, code
+):
+    from django.test import Client
+
+    client = Client()
+    client.get("/")
+    kwargs = {"data": body, "content_type": "application/json"} if body is not None else {}
+    response = getattr(client, method)(url, **kwargs)
+    assert response.status_code == status and response["Content-Type"] == "application/json"
+    payload = response.json()
+    assert payload["type"] == "error" and payload["message"]
+    if code:
+        assert payload["code"] == code
+
+
+def test_revoking_a_key_named_by_unicode_digits_is_a_400_not_a_500(django_user_model):
+    """`key=²` was a 500 (isdigit() then int()); now the page says the key is not one of yours."""
+    from django.test import Client
+
+    user = django_user_model.objects.create_user("keyholder")
+    client = Client()
+    client.force_login(user)
+    for key in ("²", "٣", "99999999999999999999999", "", "-1"):
+        response = client.post("/account/api-keys/", {"revoke": "1", "key": key})
+        assert response.status_code == 400, key
+        assert b"not one of your active keys" in response.content
+
+
+def test_error_pages_are_the_products_and_leak_nothing():
+    """404 and 500 with DEBUG off (as in `make run`): the product's page for the browser, the
+    API's error shape on /api/ and /v1/; no traceback, no settings, no path echoed."""
+    from django.test import Client, RequestFactory
+
+    from chat.transports.error_pages import server_error
+
+    page = Client().get("/no-such-page-<script>")
+    assert page.status_code == 404 and b"Not found" in page.content
+    assert b"<script>" not in page.content and b"Traceback" not in page.content
+    v1 = Client().get("/v1/nothing")
+    assert v1.status_code == 404 and set(v1.json()["error"]) == {"message", "type", "param", "code"}
+    for path, shape in (("/", "html"), ("/api/chat", "api"), ("/v1/chat/completions", "v1")):
+        response = server_error(RequestFactory().get(path))
+        assert response.status_code == 500
+        if shape == "html":
+            assert b"Something went wrong" in response.content
+        elif shape == "api":
+            assert json.loads(response.content)["code"] == "server_error"
+        else:
+            assert json.loads(response.content)["error"]["type"] == "server_error"

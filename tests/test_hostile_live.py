@@ -7,6 +7,7 @@ and a prompt that passes the rate limit is answered `model_loading`, cheaply.
 import asyncio
 import http.cookiejar
 import json
+import re
 import urllib.error
 import urllib.request
 
@@ -166,3 +167,84 @@ def test_production_pages_carry_the_content_security_policy(production_server):
     with pytest.raises(urllib.error.HTTPError) as loading:  # 503: no model in this server
         urllib.request.urlopen(production_server.url + "/healthz", timeout=10)
     assert "default-src 'self'" in loading.value.headers["Content-Security-Policy"]
+
+
+async def test_a_frame_past_daphnes_limit_gets_frame_too_large_and_1009_not_a_drop(dev_server):
+    """1,048,630 bytes (past daphne's 1 MiB message limit) used to drop the connection without a
+    close frame; now the `error` event frame_too_large comes first, then the close code 1009.
+    A frame past the chat's own 64 KiB limit but under daphne's gets the event and stays open."""
+    async with websockets.connect(dev_server.ws_url, origin=dev_server.url) as ws:
+        await ws.send(json.dumps({"type": "prompt", "request_id": "big", "text": "x" * 100_000}))
+        event = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        assert (event["type"], event["code"]) == ("error", "frame_too_large")
+        await ws.send('{"type": "ping"}')
+        assert json.loads(await asyncio.wait_for(ws.recv(), 10)) == {"type": "pong"}
+        await ws.send("x" * 1_048_630)
+        event = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        assert (event["type"], event["code"]) == ("error", "frame_too_large")
+        with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
+            await asyncio.wait_for(ws.recv(), 10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+
+
+@pytest.mark.parametrize("which", ["dev", "production"])
+def test_a_10_mb_body_to_v1_is_a_413_in_openais_shape(which, dev_server, production_server):
+    """It was Django's HTML debug page (RequestDataTooBig, 400); the key is not even looked at."""
+    server = dev_server if which == "dev" else production_server
+    body = json.dumps({"model": "smollm2", "messages": [{"role": "user", "content": "x" * 10**7}]})
+    status, headers, raw = post(
+        server.url + "/v1/chat/completions",
+        body.encode(),
+        {"Content-Type": "application/json", "Authorization": "Bearer sk-none"},
+    )
+    assert status == 413 and headers["Content-Type"] == "application/json", raw[:200]
+    assert json.loads(raw)["error"]["type"] == "invalid_request_error"
+
+
+@pytest.fixture(scope="module")
+def make_run_server(tmp_path_factory):
+    """`make run` as a newcomer runs it (`python -m project.serve`, no DEBUG, no SECRET_KEY),
+    on this test's Redis and a data directory of its own."""
+    from bench.liveserver import ROOT
+
+    workdir = tmp_path_factory.mktemp("make-run")
+    server = LiveServer(
+        workdir,
+        serve=True,
+        DATA_DIR=str(workdir / "data"),
+        CHAT_MODEL_PATH=str(ROOT / "var" / "models" / "SmolLM2-135M-Instruct"),
+        CHAT_LOAD_MODEL="0",
+    )
+    for name in ("DEBUG", "SECRET_KEY", "STATIC_ROOT"):
+        server.env.pop(name, None)
+    server.start(wait_for_model=False)
+    yield server, workdir / "data"
+    server.stop()
+
+
+def get(url: str) -> tuple[int, dict, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def test_make_run_serves_with_debug_off_its_own_error_pages_and_static_files(make_run_server):
+    """No traceback for strangers: a secret key is made once (owner-only) under var/; the page and
+    its static files are served; errors are the product's page, or JSON on /api/ and /v1/;
+    `?c=²`, once a 500, is the page."""
+    server, data = make_run_server
+    key = data / "secret_key"
+    assert key.exists() and oct(key.stat().st_mode & 0o777) == "0o600"
+    status, _, page = get(server.url + "/?c=%C2%B2")
+    assert status == 200
+    for asset in re.findall(rb'(?:src|href)="(/static/[^"]+)"', page):
+        assert get(server.url + asset.decode())[0] == 200, asset
+    status, headers, body = get(server.url + "/no-such-page")
+    assert status == 404 and headers["Content-Type"].startswith("text/html")
+    assert b"Not found" in body and b"Traceback" not in body and b"DEBUG" not in body
+    status, headers, body = get(server.url + "/api/conversations/%C2%B2/")
+    assert (status, json.loads(body)["code"]) == (404, "not_found")
+    status, _, body = get(server.url + "/v1/nothing")
+    assert status == 404 and json.loads(body)["error"]["code"] == "unknown_url"

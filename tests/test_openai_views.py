@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -93,7 +94,8 @@ async def request(method: str, path: str, body: bytes = b"", headers: dict | Non
 
 async def post(key: str | None, body, **headers):
     raw = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    raw = raw.encode() if isinstance(raw, str) else raw
+    # surrogatepass: a raw body with a lone surrogate goes out as the bytes no UTF-8 encoder makes.
+    raw = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
     if key is not None:
         headers["Authorization"] = f"Bearer {key}"
     response = await request("POST", URL, raw, headers)
@@ -361,11 +363,15 @@ async def test_csrf_does_not_apply_to_bearer_calls(scripted, alice):
 
 # -- hostile bodies ---------------------------------------------------------------------
 
+# Strings with lone surrogates (valid JSON as "\\ud800", not Unicode) and NULs, beside plain ones.
+texts = st.text(max_size=20) | st.text(
+    st.characters(categories=["Cs"]) | st.characters(codec="utf-8") | st.just("\x00"),
+    min_size=1,
+    max_size=8,
+)
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    ),
+    st.none() | st.booleans() | st.integers() | st.floats() | texts,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(texts, inner, max_size=4),
     max_leaves=12,
 )
 messages = (
@@ -375,7 +381,7 @@ messages = (
             optional={
                 "role": st.sampled_from(["system", "user", "assistant", "tool", "developer"])
                 | json_values,
-                "content": st.text(max_size=20)
+                "content": texts
                 | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": json_values}))
                 | json_values,
                 "tool_calls": json_values,
@@ -398,7 +404,7 @@ bodies = st.fixed_dictionaries(
         "temperature": st.floats() | json_values,
         "top_p": st.floats() | json_values,
         "seed": json_values,
-        "stop": json_values | st.lists(st.text(max_size=120), max_size=6),
+        "stop": json_values | st.lists(texts, max_size=6),
         "response_format": st.fixed_dictionaries(
             {"type": st.sampled_from(["json_schema", "json_object", "text", "x"])},
             optional={
@@ -414,10 +420,37 @@ bodies = st.fixed_dictionaries(
         "policy": json_values,
     },
 )
+# Nesting past any decoder's recursion limit, whole or as one field's value, closed or not.
+_CLOSER = {"[": "]", '{"a":': "}"}
+deep = st.builds(
+    lambda depth, opener, closed: (
+        opener * depth + ("1" + _CLOSER[opener] * depth if closed else "")
+    ),
+    st.integers(1, 6000),
+    st.sampled_from(list(_CLOSER)),
+    st.booleans(),
+)
+_MARK = "\x00deep"
+deep_field = st.builds(
+    lambda body, field, inner: json.dumps({**body, field: _MARK}).replace(json.dumps(_MARK), inner),
+    bodies,
+    st.sampled_from(["messages", "stop", "model", "response_format", "n", "policy"]),
+    deep,
+)
 raw_bodies = (
     bodies.map(lambda b: json.dumps(b, allow_nan=True))
+    | deep
+    | deep_field
     | st.text(max_size=200)
     | (json_values.map(json.dumps))
+)
+# CHAT_FUZZ_EXAMPLES: how many bodies (1,200 by default; raise it for a long run).
+settings.register_profile(
+    "hostile_v1",
+    max_examples=int(os.environ.get("CHAT_FUZZ_EXAMPLES", "1200")),
+    deadline=None,
+    database=None,
+    suppress_health_check=list(HealthCheck),
 )
 
 
@@ -435,11 +468,12 @@ def fuzz_key(scripted, monkeypatch):
     return apikey_create(user=user)[1]
 
 
-@settings(max_examples=1200, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@settings(settings.get_profile("hostile_v1"))
 @given(raw=raw_bodies)
 def test_hostile_bodies_get_an_openai_shaped_4xx_never_a_traceback(fuzz_key, raw):
-    """Every body is a 4xx in OpenAI's error shape, or (rarely, when it happens to be a valid
-    request) a completion; never a 5xx or an HTML page."""
+    """Every body (lone surrogates and NULs in any string, nesting up to 6,000 deep whole or in
+    a field, closed or not) is a 4xx in OpenAI's error shape, or (rarely, when it happens to be
+    a valid request) a completion; never a 5xx or an HTML page."""
     status, payload = asyncio.run(_fire(fuzz_key, raw))
     if status == 200:
         assert (

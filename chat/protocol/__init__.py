@@ -11,8 +11,12 @@ import json
 import uuid
 from dataclasses import dataclass
 
+from . import inputs
 from .events import Error, Event, Finish, event_fields
 
+# Far below daphne's --websocket-max-message-size (1 MiB by default), so a frame between the two
+# gets `frame_too_large` and the socket stays open; past daphne's limit project/websocket_limits.py
+# sends the same event, then closes with CLOSE_MESSAGE_TOO_BIG.
 MAX_FRAME_BYTES = 64 * 1024
 MAX_REQUEST_ID = 100
 
@@ -52,23 +56,9 @@ class Ping:
     pass
 
 
-def is_unicode(text: str) -> bool:
-    """False for a str holding a lone surrogate (JSON allows "\\ud800"; UTF-8 and the tokenizer do not)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _request_id(frame: dict) -> str:
     value = frame.get("request_id")
-    if (
-        not isinstance(value, str)
-        or not value
-        or len(value) > MAX_REQUEST_ID
-        or not is_unicode(value)
-    ):
+    if not isinstance(value, str) or not value or len(value) > MAX_REQUEST_ID:
         raise ProtocolError(
             "bad_request_id",
             f"request_id must be a non-empty string of at most {MAX_REQUEST_ID} characters",
@@ -76,18 +66,39 @@ def _request_id(frame: dict) -> str:
     return value
 
 
+# The error code for a frame whose string at this top-level field is not clean text.
+_TEXT_CODES = {
+    "text": "bad_prompt",
+    "request_id": "bad_request_id",
+    "policy": "bad_policy",
+    "type": "unknown_type",
+    "conversation": "bad_conversation",
+    "message": "bad_message",
+    "replace": "bad_message",
+}
+
+
 def _json_object(text: str | bytes) -> dict:
-    if len(text) > MAX_FRAME_BYTES:
-        raise ProtocolError("frame_too_large", f"frames are limited to {MAX_FRAME_BYTES} bytes")
+    """The frame's JSON object, through the input edge (chat/protocol/inputs.py): size, depth, text."""
     try:
-        frame = json.loads(text)
-    except ValueError as exc:
-        raise ProtocolError("bad_json", f"the frame is not valid JSON: {exc}") from None
-    except RecursionError:  # "[[[[...": the decoder recurses once per level
-        raise ProtocolError("bad_json", "the frame's JSON is nested too deeply") from None
+        frame = inputs.json_parse(text, limit=MAX_FRAME_BYTES)
+    except inputs.InputError as exc:
+        raise _protocol_error(exc) from None
     if not isinstance(frame, dict):
         raise ProtocolError("bad_frame", "a frame must be a JSON object")
     return frame
+
+
+def _protocol_error(exc: inputs.InputError) -> ProtocolError:
+    if exc.code == inputs.TOO_LARGE:
+        return ProtocolError("frame_too_large", f"the frame {exc.message}")
+    if exc.code == inputs.BAD_JSON:
+        return ProtocolError("bad_json", f"the frame {exc.message}")
+    field = (exc.param or "").split(".")[0].split("[")[0]
+    request_id = exc.value.get("request_id") if isinstance(exc.value, dict) else None
+    if field == "request_id" or not isinstance(request_id, str) or inputs.text_problem(request_id):
+        request_id = None  # the reply names the request only by an id that is clean text
+    return ProtocolError(_TEXT_CODES.get(field, "bad_frame"), exc.message, request_id)
 
 
 def parse_frame(text: str | None, *, max_prompt_chars: int) -> Prompt | Cancel | Ping:
@@ -124,7 +135,7 @@ def _cancel(frame: dict) -> Cancel:
 
 def message_id(value, request_id: str | None = None) -> int:
     """A message id from a client (the `message` of `accepted`), or ProtocolError."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    if not isinstance(value, int) or inputs.id_parse(value) is None:
         raise ProtocolError(
             "bad_message",
             "message must be the id of an answer (the `message` of `accepted`)",
@@ -138,12 +149,6 @@ def parse_prompt(frame: dict, *, request_id: str, max_prompt_chars: int) -> Prom
     prompt_text = frame.get("text")
     if not isinstance(prompt_text, str) or not prompt_text.strip():
         raise ProtocolError("bad_prompt", "text must be a non-empty string", request_id)
-    if not is_unicode(prompt_text):
-        raise ProtocolError(
-            "bad_prompt",
-            "text is not valid Unicode: it holds a lone surrogate (such as \\ud800 in the JSON)",
-            request_id,
-        )
     if len(prompt_text) > max_prompt_chars:
         raise ProtocolError(
             "prompt_too_long",
@@ -152,15 +157,13 @@ def parse_prompt(frame: dict, *, request_id: str, max_prompt_chars: int) -> Prom
         )
     conversation = frame.get("conversation")
     if conversation is not None and (
-        not isinstance(conversation, int) or isinstance(conversation, bool) or conversation < 1
+        not isinstance(conversation, int) or inputs.id_parse(conversation) is None
     ):
         raise ProtocolError(
             "bad_conversation", "conversation must be a conversation id or null", request_id
         )
     policy = frame.get("policy")
-    if policy is not None and (
-        not isinstance(policy, str) or not policy or len(policy) > 50 or not is_unicode(policy)
-    ):
+    if policy is not None and (not isinstance(policy, str) or not policy or len(policy) > 50):
         raise ProtocolError("bad_policy", "policy must be a policy slug or omitted", request_id)
     replace = frame.get("replace")
     if replace is not None:
@@ -274,6 +277,8 @@ CONVERSATION_DELETED = "conversation_deleted"
 CLOSE_SERVER_RESTARTING = 4012
 # The socket's close code when the database is unavailable: "try again later".
 CLOSE_TRY_LATER = 4503
+# RFC 6455's "message too big": a message past daphne's own limit (project/websocket_limits.py).
+CLOSE_MESSAGE_TOO_BIG = 1009
 
 
 def error_fields(code: str, message: str, request_id: str | None = None) -> dict:

@@ -45,6 +45,12 @@ ERROR_CODES: dict[str, ErrorCode] = {
         ErrorCode("bad_policy", 400, "policy is not a slug"),
         ErrorCode("bad_message", 400, "message does not name an answer that can be used so"),
         ErrorCode("bad_request", 400, "Django refused the request before the view"),
+        # HTTP only: the page's conversation API (chat/transports/views.py) and the error
+        # pages (chat/transports/error_pages.py) for /api and /v1 paths.
+        ErrorCode("bad_query", 400, "a ?q= with a NUL"),
+        ErrorCode("bad_title", 400, "a rename's body"),
+        ErrorCode("forbidden", 403, "the request is not allowed", openai_type="permission_error"),
+        ErrorCode("not_found", 404, "nothing at this address", openai_code="unknown_url"),
         ErrorCode(
             "prompt_too_long",
             400,
@@ -95,6 +101,7 @@ ERROR_CODES: dict[str, ErrorCode] = {
             openai_type=_SERVICE,
         ),
         ErrorCode("model_error", 500, "the model failed while answering", openai_type=_SERVICE),
+        ErrorCode("server_error", 500, "the server failed (error pages)", openai_type=_SERVICE),
     )
 }
 

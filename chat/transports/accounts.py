@@ -6,19 +6,30 @@ project/urls.py, with the templates in templates/accounts/.
 
 from __future__ import annotations
 
+import math
+
+from django import forms
 from django.conf import settings
 from django.contrib import auth
 from django.contrib.admin.forms import AdminAuthenticationForm
+from django.contrib.auth import get_user_model
 from django.contrib.auth.forms import AuthenticationForm, UserCreationForm
+from django.contrib.auth.tokens import default_token_generator
 from django.contrib.auth.views import LoginView
 from django.core.exceptions import PermissionDenied
+from django.core.mail import send_mail
 from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.encoding import force_bytes
+from django.utils.http import urlsafe_base64_decode, urlsafe_base64_encode
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_protect
 from django.views.decorators.debug import sensitive_post_parameters
 
 from ..infra.signin_throttle import ThrottledSignInMixin
+from ..infra.signup_throttle import signup_count, signup_wait
 from ..models import Conversation
+from ..protocol.inputs import id_parse
 
 
 class SignInForm(ThrottledSignInMixin, AuthenticationForm):
@@ -54,23 +65,90 @@ class SignInView(LoginView):
 
 
 def signup_open() -> bool:
-    return settings.CHAT_SIGNUP == "open"
+    """Anyone may make an account (CHAT_SIGNUP open, or confirm: after following a mailed link)."""
+    return settings.CHAT_SIGNUP in {"open", "confirm"}
+
+
+class ConfirmedSignUpForm(UserCreationForm):
+    """Sign-up with CHAT_SIGNUP=confirm: the e-mail address the confirmation link goes to."""
+
+    email = forms.EmailField(help_text="The link that opens your account is sent here.")
+
+    class Meta(UserCreationForm.Meta):
+        fields = ("username", "email")
 
 
 @sensitive_post_parameters("password1", "password2")
 @csrf_protect
 @never_cache
 def sign_up(request):
-    """A new account (Django's UserCreationForm); signed in at once, with the visitor's chats."""
+    """A new account (Django's UserCreationForm), throttled per address; signed in at once with
+    the visitor's chats, or (CHAT_SIGNUP=confirm) inactive until its mailed link is followed."""
     if not signup_open():
         raise PermissionDenied("Sign-up is closed; ask an administrator for an account.")
     if request.user.is_authenticated:
         return redirect(settings.LOGIN_REDIRECT_URL)
-    form = UserCreationForm(request.POST or None)
-    if request.method == "POST" and form.is_valid():
-        user = form.save()
-        visitor_session = request.session.session_key
-        auth.login(request, user, backend="django.contrib.auth.backends.ModelBackend")
-        adopt_conversations(session_key=visitor_session, user=user)
-        return redirect(settings.LOGIN_REDIRECT_URL)
+    confirm = settings.CHAT_SIGNUP == "confirm"
+    form = (ConfirmedSignUpForm if confirm else UserCreationForm)(request.POST or None)
+    if request.method == "POST":
+        if wait := signup_wait(request):
+            minutes = math.ceil(wait / 60)
+            form.is_valid()  # so the page shows the fields as sent
+            form.add_error(
+                None,
+                f"Too many accounts were made from your address; try again in {minutes} "
+                f"minute{'' if minutes == 1 else 's'}.",
+            )
+            return render(request, "accounts/signup.html", {"form": form}, status=429)
+        if form.is_valid():
+            user = form.save(commit=False)
+            user.is_active = not confirm
+            user.save()
+            signup_count(request)
+            if confirm:
+                _confirmation_send(request, user)
+                return render(request, "accounts/signup_sent.html", {"email": user.email})
+            visitor_session = request.session.session_key
+            auth.login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+            adopt_conversations(session_key=visitor_session, user=user)
+            return redirect(settings.LOGIN_REDIRECT_URL)
     return render(request, "accounts/signup.html", {"form": form})
+
+
+def _confirmation_send(request, user) -> None:
+    """Mail the link that activates `user` (Django's password-reset tokens: one use, expiring
+    after PASSWORD_RESET_TIMEOUT; signing in changes the hash they cover)."""
+    link = request.build_absolute_uri(
+        reverse(
+            "signup-confirm",
+            args=[
+                urlsafe_base64_encode(force_bytes(user.pk)),
+                default_token_generator.make_token(user),
+            ],
+        )
+    )
+    send_mail(
+        "Confirm your chat account",
+        f"Open this link to start using the account {user.get_username()}:\n\n{link}\n\n"
+        "If you did not sign up, ignore this mail; the account stays closed.",
+        None,
+        [user.email],
+    )
+
+
+@never_cache
+def sign_up_confirm(request, uidb64: str, token: str):
+    """The mailed link: the account opens, is signed in, and takes this browser's chats."""
+    try:
+        user_id = id_parse(urlsafe_base64_decode(uidb64).decode("ascii"))
+    except (ValueError, UnicodeDecodeError):
+        user_id = None
+    user = get_user_model().objects.filter(pk=user_id).first() if user_id else None
+    if user is None or user.is_active or not default_token_generator.check_token(user, token):
+        return render(request, "accounts/signup_confirm_failed.html", status=400)
+    user.is_active = True
+    user.save(update_fields=["is_active"])
+    visitor_session = request.session.session_key
+    auth.login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+    adopt_conversations(session_key=visitor_session, user=user)
+    return redirect(settings.LOGIN_REDIRECT_URL)

@@ -22,12 +22,10 @@ import logging
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.core.exceptions import RequestDataTooBig
 from django.http import JsonResponse, StreamingHttpResponse
 from django.middleware.csrf import get_token
 from django.views.csrf import csrf_failure as django_csrf_failure
 from django.views.decorators.http import require_GET, require_POST
-from django.views.defaults import bad_request as django_bad_request
 
 from .. import turns
 from ..infra.ratelimit import client_address
@@ -37,6 +35,7 @@ from ..protocol import (
     error_fields,
     event_json,
     events,
+    inputs,
     parse_http_cancel,
     parse_http_prompt,
 )
@@ -57,14 +56,12 @@ def _error_response(code: str, message: str, request_id: str | None = None) -> J
 
 
 def _body(request) -> bytes:
-    """The request body, or ProtocolError `frame_too_large` past DATA_UPLOAD_MAX_MEMORY_SIZE."""
+    """The request body (chat/protocol/inputs.py), or ProtocolError `frame_too_large` past a frame's size."""
     try:
-        return request.body
-    except RequestDataTooBig:
+        return inputs.body_read(request, limit=MAX_FRAME_BYTES)
+    except inputs.InputError:
         raise ProtocolError(
-            "frame_too_large",
-            f"the body is over {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes; "
-            f"a prompt frame is limited to {MAX_FRAME_BYTES}",
+            "frame_too_large", f"the body is over {MAX_FRAME_BYTES} bytes, a prompt frame's limit"
         ) from None
 
 
@@ -169,15 +166,3 @@ def csrf_failure(request, reason: str = ""):
             status=403,
         )
     return django_csrf_failure(request, reason)
-
-
-def bad_request(request, exception=None):
-    """handler400 (DEBUG off): an `error` event for API clients, Django's page for everything else.
-
-    Reached when Django itself refuses a request before the view, e.g. a form-encoded body
-    over DATA_UPLOAD_MAX_MEMORY_SIZE read by the CSRF check.
-    """
-    if request.path.startswith("/api/"):
-        code = "frame_too_large" if isinstance(exception, RequestDataTooBig) else "bad_request"
-        return _error_response(code, f"the request was refused: {exception or 'bad request'}")
-    return django_bad_request(request, exception)

@@ -5,6 +5,7 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
+from ..protocol.inputs import id_parse
 from ..stores.apikeys import apikey_create, apikey_revoke, keys_of
 
 
@@ -18,8 +19,8 @@ def api_keys(request):
         if "create" in request.POST:
             _, new_key = apikey_create(user=request.user, name=request.POST.get("name", "").strip())
         elif "revoke" in request.POST:
-            key_id = request.POST.get("key", "")
-            if not (key_id.isdigit() and apikey_revoke(key_id=int(key_id), user=request.user)):
+            key_id = id_parse(request.POST.get("key"))
+            if not (key_id and apikey_revoke(key_id=key_id, user=request.user)):
                 error = "That key is not one of your active keys."
             else:
                 return redirect("account-api-keys")

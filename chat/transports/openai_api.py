@@ -26,16 +26,18 @@ from django.views.decorators.csrf import csrf_exempt
 
 from .. import turns
 from ..models import ApiKey, OutputPolicy
-from ..protocol import Prompt, events
+from ..protocol import Prompt, events, inputs
 from ..stores import apikeys
 from ..stores.selectors import owner_of_api_key
 from .feed import KEEPALIVE, TurnFeed
 from .openai_protocol import (
+    MAX_BODY_BYTES,
     ChatRequest,
     OpenAIError,
     answer_of,
     chunk,
     completion,
+    input_error,
     model_list,
     model_object,
     parse_chat_request,
@@ -181,11 +183,20 @@ def _sse(body: dict) -> str:
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
+def _body(request) -> bytes:
+    """The request body through the input edge: 413 in OpenAI's shape past MAX_BODY_BYTES."""
+    try:
+        return inputs.body_read(request, limit=MAX_BODY_BYTES)
+    except inputs.InputError as exc:
+        raise input_error(exc) from None
+
+
 async def _start(request, feed: TurnFeed) -> tuple[ChatRequest, str]:
     """Authenticate, check and start the turn; OpenAIError if it was refused."""
+    body = _body(request)  # an oversized body is a 413 before anything else is read
     key = await _authenticate(request)
     chat = parse_chat_request(
-        request.body,
+        body,
         model_name=settings.CHAT_API_MODEL_NAME,
         max_prompt_chars=settings.CHAT_MAX_PROMPT_CHARS,
     )

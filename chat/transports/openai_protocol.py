@@ -29,6 +29,7 @@ from pydantic_core import PydanticCustomError
 
 from ..engine.types import penalty_errors
 from ..policy import schema_errors
+from ..protocol import inputs
 from ..protocol.errors import error_code
 from ..stores.policy_store import PolicyOverride
 
@@ -336,16 +337,22 @@ class ChatRequest:
     include_usage: bool
 
 
+def input_error(exc: inputs.InputError) -> OpenAIError:
+    """A request refused at the input edge (chat/protocol/inputs.py) as OpenAI's error."""
+    if exc.code == inputs.TOO_LARGE:
+        return OpenAIError(413, f"the request body is limited to {MAX_BODY_BYTES} bytes")
+    if exc.code == inputs.BAD_JSON:
+        return bad_request(f"the body {exc.message}")
+    return bad_request(exc.message, exc.param)
+
+
 def json_body(body: bytes) -> dict:
-    """The request body as a JSON object, or OpenAIError: the one place /v1 reads raw JSON."""
-    if len(body) > MAX_BODY_BYTES:
-        raise OpenAIError(413, f"the request body is limited to {MAX_BODY_BYTES} bytes")
+    """The request body as a JSON object, or OpenAIError: the one place /v1 reads raw JSON,
+    through the input edge (size, depth scanned before parsing, clean text in every string)."""
     try:
-        data = json.loads(body)
-    except ValueError as exc:
-        raise bad_request(f"the body is not valid JSON: {exc}") from None
-    except RecursionError:  # "[[[[...": the decoder recurses once per level
-        raise bad_request("the body's JSON is nested too deeply") from None
+        data = inputs.json_parse(body, limit=MAX_BODY_BYTES)
+    except inputs.InputError as exc:
+        raise input_error(exc) from None
     if not isinstance(data, dict):
         raise bad_request("the body must be a JSON object")
     return data

@@ -1,7 +1,5 @@
 """The chat page, the conversation JSON API and /healthz."""
 
-import json
-
 from django.conf import settings
 from django.http import HttpResponse, JsonResponse
 from django.shortcuts import render
@@ -10,7 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..infra.runtime import runtime
 from ..models import OutputPolicy
-from ..protocol import error_fields
+from ..protocol import error_fields, inputs
 from ..stores import selectors
 from ..stores.conversations import (
     BadTitle,
@@ -25,8 +23,7 @@ from .health import health
 @require_GET
 def index(request):
     owner = selectors.owner_of_request(request)
-    current = request.GET.get("c")
-    current_id = int(current) if current and current.isdigit() else None
+    current_id = inputs.id_parse(request.GET.get("c"))
     if current_id is not None and selectors.conversation_detail(owner, current_id) is None:
         current_id = None
     conversations = selectors.conversation_list(owner)
@@ -44,7 +41,7 @@ def index(request):
             "max_prompt_chars": settings.CHAT_MAX_PROMPT_CHARS,
             "policies": OutputPolicy.objects.only("slug", "name", "mode", "is_default"),
             "model_name": model_name,
-            "signup_open": settings.CHAT_SIGNUP == "open",
+            "signup_open": settings.CHAT_SIGNUP != "closed",
             "chat_config": {
                 "maxPromptChars": settings.CHAT_MAX_PROMPT_CHARS,
                 "conversation": current_id,
@@ -59,11 +56,17 @@ def conversations(request):
     """The caller's conversations; `?q=` searches their titles and message text."""
     owner = selectors.owner_of_request(request)
     query = request.GET.get("q", "")[:200]
+    if problem := inputs.text_problem(query):
+        return _error(400, "bad_query", f"q {problem}")
     return JsonResponse({"conversations": selectors.conversation_list(owner, query=query)})
 
 
 def _error(status: int, code: str, message: str) -> JsonResponse:
     return JsonResponse(error_fields(code, message), status=status)
+
+
+# A rename's body: a title of at most MAX_TITLE characters and little else.
+MAX_TITLE_BODY = 4096
 
 
 def _not_found(conversation_id: int) -> JsonResponse:
@@ -80,11 +83,17 @@ def conversation(request, conversation_id: int):
         return HttpResponse(status=204)
     if request.method == "PATCH":
         try:
-            body = json.loads(request.body or b"{}")
+            body = inputs.json_parse(
+                inputs.body_read(request, limit=MAX_TITLE_BODY) or b"{}", limit=MAX_TITLE_BODY
+            )
             renamed = conversation_rename(
                 owner=owner, conversation_id=conversation_id, title=body.get("title")
             )
-        except (ValueError, AttributeError) as exc:
+        except inputs.InputError as exc:
+            if exc.code == inputs.TOO_LARGE:
+                return _error(413, "frame_too_large", f"the body {exc.message}")
+            return _error(400, "bad_title", f'send JSON {{"title": "..."}}: {exc.message}')
+        except (BadTitle, AttributeError) as exc:
             message = str(exc) if isinstance(exc, BadTitle) else 'send JSON {"title": "..."}'
             return _error(400, "bad_title", message)
         if not renamed:
