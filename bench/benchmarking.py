@@ -439,7 +439,7 @@ def daphne(workdir: Path, label: str, *, premigrate: bool, timeout: float = 120,
     With `premigrate`, the database is migrated first, untimed, so start() meets a migrated
     database as a restarted server would (its own no-op migrate is still inside the timing).
     """
-    from .liveserver import LiveServer
+    from testing.liveserver import LiveServer
 
     env.setdefault("REDIS_URL", loopback_url(os.environ.get("REDIS_URL"), CHANNEL_REDIS_URL))
     env.setdefault("CHAT_CACHE_REDIS_URL", CACHE_REDIS_URL)

@@ -145,7 +145,7 @@ def chunks_text(events: list[dict]) -> str:
 @pytest.fixture(scope="session")
 def daphne_server(tmp_path_factory):
     """One real daphne for the session (its own database, the already converted model)."""
-    from bench.liveserver import LiveServer
+    from testing.liveserver import LiveServer
 
     server = LiveServer(
         tmp_path_factory.mktemp("live"), CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL
@@ -157,8 +157,8 @@ def daphne_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def peer(tmp_path_factory):
     """The real engine: `transformers serve --continuous-batching` on loopback with the bundled
-    model folder (bench/peer.py), started once for the session and always stopped."""
-    from bench.peer import TransformersServe
+    model folder (testing/peer.py), started once for the session and always stopped."""
+    from testing.peer import TransformersServe
 
     with TransformersServe(log_path=tmp_path_factory.mktemp("peer") / "peer.log") as server:
         yield server
@@ -235,11 +235,11 @@ def make_policy(db):
 
 @pytest.fixture
 def scripted(monkeypatch):
-    """A scripted backend (tests/scripted.py) behind the process's runtime, for unit tests of
+    """A scripted backend (testing/scripted.py) behind the process's runtime, for unit tests of
     what services does around generation; returns a function taking the answers to play."""
     from chat.engine.concurrent import ConcurrentScheduler
     from chat.runtime import runtime
-    from tests.scripted import ScriptedBackend
+    from testing.scripted import ScriptedBackend
 
     made = []
 

@@ -10,9 +10,9 @@ from asgiref.sync import sync_to_async
 from django.contrib.auth.models import Permission, User
 from django.test import AsyncClient
 
-from bench.liveserver import free_port
 from chat.cache import cache_key, completion_cache
 from chat.models import CachedAnswer, Message
+from testing.liveserver import free_port
 
 PROMPT = "Count from 1 to 10, separated by commas."
 BASE = dict(

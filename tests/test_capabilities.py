@@ -117,7 +117,7 @@ def test_discovery_against_a_server_that_honours_stop(serve, backend):
 
 
 def test_an_unreachable_server_leaves_everything_unknown_and_does_not_fail(backend):
-    from bench.liveserver import free_port
+    from testing.liveserver import free_port
 
     remote = OpenAIBackend(
         RemoteConfig(base_url=f"http://127.0.0.1:{free_port()}/v1", model="m", timeout=5),

@@ -2,7 +2,7 @@
 (Redis) and the review list. Real Redis, the test database (SQLite or PostgreSQL), the socket
 through Channels' communicator and the views through Django's test client.
 
-Answers are scripted (tests/scripted.py) where what matters is what services do around them;
+Answers are scripted (testing/scripted.py) where what matters is what services do around them;
 the deletion while an answer streams runs on the real model (a few tokens before the cancel).
 """
 
@@ -27,7 +27,6 @@ from django.core.management import CommandError, call_command
 from django.test import AsyncClient
 from django.utils import timezone
 
-from bench.liveserver import free_port
 from chat import erasure, services
 from chat.apikeys import apikey_authenticate, apikey_create
 from chat.cache import KEY_PREFIX, completion_cache
@@ -42,8 +41,9 @@ from chat.models import (
     PendingEviction,
 )
 from chat.protocol import CONVERSATION_DELETED
+from testing.liveserver import free_port
+from testing.scripted import Answer, ScriptedBackend
 from tests.conftest import TEST_CACHE_URL, ChatClient
-from tests.scripted import Answer, ScriptedBackend
 from tests.test_cache import RedisServer
 
 ws_db = pytest.mark.django_db(transaction=True)

@@ -8,9 +8,9 @@ import pytest
 import websockets
 from asgiref.sync import sync_to_async
 
-from bench.liveserver import LiveServer
 from chat.models import Conversation, Message
 from chat.recovery import INTERRUPTED
+from testing.liveserver import LiveServer
 from tests.conftest import LIVE_CACHE_URL
 from tests.test_cache import RedisServer
 

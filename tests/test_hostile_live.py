@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 import websockets
 
-from bench.liveserver import LiveServer
+from testing.liveserver import LiveServer
 
 TOKEN = "t" * 32  # any well-formed CSRF secret
 

@@ -18,7 +18,7 @@ from chat import selectors
 from chat.apikeys import apikey_create, apikey_revoke
 from chat.models import Message, OutputPolicy
 from chat.ratelimit import prompt_limiter
-from tests.scripted import Answer
+from testing.scripted import Answer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,7 +15,7 @@ from chat.engine.types import GenerationRequest, penalty_errors
 from chat.models import OutputPolicy
 from chat.policy_store import builtin_policy, policy_errors
 from chat.prompting import turn_cache_key
-from tests.scripted import Answer, ScriptedBackend
+from testing.scripted import Answer, ScriptedBackend
 from tests.test_openai_views import alice, ask, assert_openai_error, post  # noqa: F401
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.liveserver import LiveServer
+from testing.liveserver import LiveServer
 
 STATIC_SOURCE = Path(__file__).resolve().parent.parent / "static" / "chat" / "chat.js"
 

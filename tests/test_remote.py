@@ -6,7 +6,6 @@ import threading
 
 import pytest
 
-from bench.liveserver import free_port
 from chat.engine.concurrent import ConcurrentScheduler
 from chat.engine.remote import OpenAIBackend, RemoteConfig
 from chat.engine.types import (
@@ -18,6 +17,7 @@ from chat.engine.types import (
     Started,
     TextChunk,
 )
+from testing.liveserver import free_port
 
 from .openai_server import FakeOpenAIServer
 
@@ -223,7 +223,7 @@ def test_a_misconfigured_remote_backend_fails_at_start_up_with_a_clear_message()
     import subprocess
     import sys
 
-    from bench.liveserver import ROOT
+    from testing.liveserver import ROOT
 
     def start(**env) -> str:
         done = subprocess.run(

@@ -8,10 +8,10 @@ import uuid
 import pytest
 import redis
 
-from bench.liveserver import free_port
 from chat.engine.admission import RedisAdmission
 from chat.engine.concurrent import ConcurrentScheduler
 from chat.engine.types import Finished, Queued, Started, TextChunk
+from testing.liveserver import free_port
 
 from .conftest import TEST_CACHE_URL
 from .openai_server import FakeOpenAIServer

@@ -21,7 +21,7 @@ def fake(backend):
 
 @pytest.fixture(scope="module")
 def remote_daphne(fake, tmp_path_factory):
-    from bench.liveserver import LiveServer
+    from testing.liveserver import LiveServer
 
     server = LiveServer(
         tmp_path_factory.mktemp("remote-live"),

@@ -14,8 +14,8 @@ from chat.engine.scheduler import ContinuousScheduler
 from chat.engine.types import Backend, Scheduler
 from chat.models import Message
 from chat.protocol import FINISH_REASONS, METRIC_KEYS
+from testing.scripted import Answer, ScriptedBackend
 from tests.conftest import ChatClient, chunks_text
-from tests.scripted import Answer, ScriptedBackend
 
 ws_db = pytest.mark.django_db(transaction=True)
 

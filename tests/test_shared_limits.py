@@ -9,8 +9,8 @@ import urllib.request
 import pytest
 import websockets
 
-from bench.liveserver import LiveServer, free_port
 from chat.ratelimit import SharedRateLimiter
+from testing.liveserver import LiveServer, free_port
 
 
 def test_two_processes_limiters_share_one_window(settings):

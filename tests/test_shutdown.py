@@ -14,10 +14,10 @@ import websockets
 from django.test import AsyncClient
 from websockets.exceptions import ConnectionClosed
 
-from bench.liveserver import LiveServer
 from chat import services
 from chat.protocol import CLOSE_SERVER_RESTARTING
 from chat.runtime import runtime as chat_runtime
+from testing.liveserver import LiveServer
 from tests.conftest import LIVE_CACHE_URL
 from tests.test_consumer import LONG, SHORT, wait_stored
 from tests.test_openai_api import MAKE_KEYS

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from bench.liveserver import ROOT
+from testing.liveserver import ROOT
 
 from .conftest import LIVE_CACHE_URL
 from .openai_server import FakeOpenAIServer
