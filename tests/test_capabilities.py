@@ -10,8 +10,7 @@ import pytest
 from chat.engine.capabilities import discover
 from chat.engine.remote import OpenAIBackend, RemoteConfig
 from chat.engine.types import EngineError
-
-from .openai_server import FakeOpenAIServer
+from testing.openai_server import FakeOpenAIServer
 
 COUNT = [{"role": "user", "content": "Count from 1 to 10, separated by commas."}]
 # What `transformers serve --continuous-batching` does (measured): its model list fails, it

@@ -18,8 +18,7 @@ from chat.engine.types import (
     TextChunk,
 )
 from testing.liveserver import free_port
-
-from .openai_server import FakeOpenAIServer
+from testing.openai_server import FakeOpenAIServer
 
 COUNT = [{"role": "user", "content": "Count from 1 to 10, separated by commas."}]
 STORY = [{"role": "user", "content": "Write a very long story about a dragon."}]

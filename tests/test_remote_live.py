@@ -7,8 +7,9 @@ import json
 import pytest
 import websockets
 
+from testing.openai_server import FakeOpenAIServer
+
 from .conftest import LIVE_CACHE_URL
-from .openai_server import FakeOpenAIServer
 from .test_live import receive_until_done
 
 

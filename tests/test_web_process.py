@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from testing.liveserver import ROOT
+from testing.openai_server import FakeOpenAIServer
 
 from .conftest import LIVE_CACHE_URL
-from .openai_server import FakeOpenAIServer
 
 # Migrate (which runs the system checks, the eos check among them), load the app as daphne
 # does, serve one turn over the app's WebSocket route, and say what got imported.
