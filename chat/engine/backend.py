@@ -23,6 +23,7 @@ from .types import (
     OnText,
     Progress,
     PromptTooLong,
+    SteppedBackend,
 )
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ def bf16_pays_on_this_cpu(flags: set[str]) -> bool:
 BF16_ON_AVX512 = False
 
 
-class LocalBackend:
+class LocalBackend(SteppedBackend):
     """A Hugging Face causal LM held in this process.
 
     Args:

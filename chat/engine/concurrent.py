@@ -31,6 +31,7 @@ from .types import (
     GenerationRequest,
     Queued,
     QueueFull,
+    Scheduler,
     Sink,
     Started,
     TextChunk,
@@ -49,7 +50,7 @@ class RemoteTicket(Ticket):
     position: int = 0
 
 
-class ConcurrentScheduler:
+class ConcurrentScheduler(Scheduler):
     """Streams up to `max_running` requests at once through `backend.generate`, the rest wait in order.
 
     A cancelled waiter leaves the queue at once (the server never hears of it); a

@@ -45,6 +45,7 @@ from .template import (
     special_token_pattern,
 )
 from .types import (
+    Backend,
     EngineError,
     GenerationRequest,
     GenerationResult,
@@ -93,7 +94,7 @@ def canonical_messages(messages: list[dict]) -> str:
     return json.dumps(messages, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
-class OpenAIBackend:
+class OpenAIBackend(Backend):
     """Streams answers from an OpenAI-compatible chat completions endpoint.
 
     Args:
