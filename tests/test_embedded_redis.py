@@ -15,6 +15,8 @@ from project.embedded_redis import EmbeddedRedis
 from testing.liveserver import ROOT, LiveServer
 from tests.test_live import receive_until_done
 
+pytestmark = pytest.mark.integration
+
 SHORT = "Count from 1 to 5, separated by commas."
 
 

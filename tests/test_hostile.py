@@ -19,6 +19,7 @@ NESTED = "[" * 1000 + "]" * 1000  # 2,000 bytes: past the JSON decoder's recursi
 SURROGATE = '{"type": "prompt", "request_id": "s1", "text": "hi \\ud800"}'
 
 
+@pytest.mark.integration
 async def test_a_deeply_nested_frame_gets_bad_json_and_the_socket_stays_open(client):
     """`[[[...]]]` and a nested value inside a frame each get an `error`, not a 1011 close."""
     for frame in (NESTED, '{"type": ' + "[" * 990 + "]" * 990 + "}"):
@@ -30,6 +31,7 @@ async def test_a_deeply_nested_frame_gets_bad_json_and_the_socket_stays_open(cli
     assert await client.receive() == {"type": "pong"}
 
 
+@pytest.mark.integration
 async def test_a_lone_surrogate_is_a_bad_prompt_on_the_socket(client):
     """ "hi \\ud800" used to make token counting raise; now the prompt is refused, and so are such ids and slugs."""
     await client.communicator.send_to(text_data=SURROGATE)
@@ -48,6 +50,7 @@ async def test_a_lone_surrogate_is_a_bad_prompt_on_the_socket(client):
     assert await client.receive() == {"type": "pong"}
 
 
+@pytest.mark.integration
 async def test_a_socket_that_crashes_cancels_its_running_answer(application, monkeypatch, settings):
     """Whatever ends a socket, its answer stops: a handler that raises (daphne then closes with 1011) used to
     leave the answer generating for nobody."""
@@ -75,6 +78,7 @@ async def test_a_socket_that_crashes_cancels_its_running_answer(application, mon
     assert message.finish_reason == "cancelled", (request_id, message.finish_reason)
 
 
+@pytest.mark.integration
 async def test_http_bodies_that_crashed_the_api_get_their_error_event(application):
     """The same bodies over HTTP: 400 with the `error` event instead of a 500."""
     visitor = HttpVisitor(application, await new_session_key())
@@ -85,6 +89,7 @@ async def test_http_bodies_that_crashed_the_api_get_their_error_event(applicatio
     assert (status, body["code"]) == (400, "bad_prompt")
 
 
+@pytest.mark.integration
 async def test_an_oversized_http_body_gets_frame_too_large_as_json(application, settings):
     """Past DATA_UPLOAD_MAX_MEMORY_SIZE Django raised RequestDataTooBig (its HTML 400 page); now 413 and the
     `error` event; a body over the frame limit but under Django's is the same 413."""
@@ -107,6 +112,7 @@ async def test_an_oversized_http_body_gets_frame_too_large_as_json(application, 
     assert (status, body["code"]) == (413, "frame_too_large")
 
 
+@pytest.mark.integration
 async def test_anonymous_visitors_are_also_limited_per_address(application, monkeypatch):
     """35 cookieless sockets from one address used to be served 35 prompts; now the address's limit refuses
     the rest, on the socket and over HTTP alike, while another address is still served."""
@@ -138,6 +144,7 @@ async def test_anonymous_visitors_are_also_limited_per_address(application, monk
     assert (status, body["code"], headers["retry-after"]) == (429, "rate_limited", "60")
 
 
+@pytest.mark.unit
 def test_the_client_address_trusts_x_forwarded_for_only_when_told(settings):
     """By default X-Forwarded-For is ignored (a client can write anything there); with N trusted proxies
     the N-th address from the right counts; IPv6 counts by /64."""
@@ -155,6 +162,7 @@ def test_the_client_address_trusts_x_forwarded_for_only_when_told(settings):
     assert client_address(None, None) is None
 
 
+@pytest.mark.unit
 def test_signed_in_users_are_limited_per_user_not_per_address(monkeypatch):
     """An office behind one address: its signed-in users are not counted against the address."""
     from chat import ratelimit, services
@@ -169,6 +177,7 @@ def test_signed_in_users_are_limited_per_user_not_per_address(monkeypatch):
     assert ratelimit.prompt_limiter.wait("session:visitor-2") == 0  # a refusal counts nothing
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("origin", "host", "extra", "accepted"),
     [
@@ -192,6 +201,7 @@ async def test_the_socket_accepts_only_its_own_origin(application, origin, host,
     await communicator.disconnect()
 
 
+@pytest.mark.integration
 async def test_behind_a_tls_proxy_the_https_page_and_trusted_origins_are_accepted(
     application, settings
 ):
@@ -227,6 +237,7 @@ async def test_behind_a_tls_proxy_the_https_page_and_trusted_origins_are_accepte
     await communicator.disconnect()
 
 
+@pytest.mark.unit
 async def test_every_page_carries_a_strict_content_security_policy():
     """The chat page, the admin and the API answer with a CSP allowing no inline script or style."""
     client = AsyncClient()

@@ -15,6 +15,8 @@ import websockets
 
 from testing.liveserver import LiveServer
 
+pytestmark = pytest.mark.integration
+
 TOKEN = "t" * 32  # any well-formed CSRF secret
 
 

@@ -22,6 +22,8 @@ from chat import latency
 from chat.admin_views import build_chart, format_duration, format_ms, latency_view, nice_ceiling
 from chat.models import Conversation, Message
 
+pytestmark = pytest.mark.unit
+
 URL = "/admin/latency/"
 UNTIL = datetime(2025, 1, 2, 0, 0, tzinfo=UTC)
 

@@ -18,9 +18,10 @@ from chat import selectors
 from chat.apikeys import apikey_create, apikey_revoke
 from chat.models import Message, OutputPolicy
 from chat.ratelimit import prompt_limiter
+from testing.examples import fuzz_examples
 from testing.scripted import Answer
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.unit, pytest.mark.django_db(transaction=True)]
 
 URL = "/v1/chat/completions"
 ANSWER_SCHEMA = {
@@ -435,7 +436,12 @@ def fuzz_key(scripted, monkeypatch):
     return apikey_create(user=user)[1]
 
 
-@settings(max_examples=1200, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=fuzz_examples(1200),
+    deadline=None,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
 @given(raw=raw_bodies)
 def test_hostile_bodies_get_an_openai_shaped_4xx_never_a_traceback(fuzz_key, raw):
     """Every body is a 4xx in OpenAI's error shape, or (rarely, when it happens to be a valid

@@ -32,6 +32,8 @@ from chat.policy import (
     schema_errors,
 )
 
+pytestmark = pytest.mark.unit
+
 ANSWER_SCHEMA = {
     "type": "object",
     "required": ["answer"],

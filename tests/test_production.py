@@ -9,6 +9,8 @@ import pytest
 
 from testing.liveserver import LiveServer
 
+pytestmark = pytest.mark.integration
+
 STATIC_SOURCE = Path(__file__).resolve().parent.parent / "static" / "chat" / "chat.js"
 
 

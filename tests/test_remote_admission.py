@@ -17,6 +17,8 @@ from testing.openai_server import FakeOpenAIServer
 from .conftest import TEST_CACHE_URL
 from .test_remote import COUNT, STORY, Events, remote_for
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def fake(backend):

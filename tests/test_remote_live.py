@@ -12,6 +12,8 @@ from testing.openai_server import FakeOpenAIServer
 from .conftest import LIVE_CACHE_URL
 from .test_live import receive_until_done
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def fake(backend):

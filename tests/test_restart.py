@@ -9,6 +9,8 @@ from testing.liveserver import LiveServer
 from tests.conftest import LIVE_CACHE_URL
 from tests.test_browser import open_chat
 
+pytestmark = pytest.mark.browser
+
 LONG = "Write a very long story about a dragon who learns to bake bread."
 
 

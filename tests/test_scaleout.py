@@ -18,6 +18,8 @@ from testing.liveserver import LiveServer
 from tests.conftest import LIVE_CACHE_URL
 from tests.test_consumer import LONG, SHORT
 
+pytestmark = pytest.mark.integration
+
 PG = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 
 

@@ -12,6 +12,8 @@ import websockets
 from chat.ratelimit import SharedRateLimiter
 from testing.liveserver import LiveServer, free_port
 
+pytestmark = pytest.mark.integration
+
 
 def test_two_processes_limiters_share_one_window(settings):
     """Two limiters, as two processes hold them, on the same Redis: 3 prompts in all, not 3 each."""

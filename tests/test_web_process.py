@@ -53,6 +53,7 @@ def fake(backend):
     server.stop()
 
 
+@pytest.mark.integration
 def test_a_web_process_on_the_openai_backend_serves_a_turn_without_torch(fake, tmp_path):
     env = {
         **os.environ,
@@ -74,6 +75,7 @@ def test_a_web_process_on_the_openai_backend_serves_a_turn_without_torch(fake, t
     assert fake.served and fake.served[-1].body["messages"][-1]["content"] == "Hi"
 
 
+@pytest.mark.unit
 def test_make_run_in_front_of_a_server_prepares_the_tokenizer_folder_in_a_child_process():
     """`python -m project.serve` converts the bundled model (the tokenizer for token counts) in
     a child process on CHAT_BACKEND=openai, so the serving process stays torch-free."""
