@@ -103,11 +103,11 @@ class GenerationRequest:
     no_repeat_ngram_size: int = 0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
-    json_schema: dict | None = None
+    json_schema: dict[str, Any] | None = None
     min_new_tokens: int = 0
     cancel: threading.Event = field(default_factory=threading.Event)
     label: str = ""
-    messages: list[dict] | None = None
+    messages: list[dict[str, Any]] | None = None
 
 
 @dataclass
@@ -214,7 +214,9 @@ def finish_cancelled(ticket: Ticket) -> None:
 
 
 class BackendConfig(Protocol):
-    max_new_tokens_cap: int  # the server-side ceiling on any request's max_new_tokens
+    @property
+    def max_new_tokens_cap(self) -> int:
+        """The server-side ceiling on any request's max_new_tokens."""
 
 
 @runtime_checkable
@@ -228,10 +230,10 @@ class Backend(Protocol):
     context_length: int
     eos_token_ids: list[int]
 
-    def render(self, messages: list[dict]) -> str:
+    def render(self, messages: list[dict[str, Any]]) -> str:
         """The exact model input for a conversation (the chat template applied)."""
 
-    def encode(self, messages: list[dict]) -> list[int]:
+    def encode(self, messages: list[dict[str, Any]]) -> list[int]:
         """Token ids of the rendered chat, where only the template's own markers become special
         tokens: text a user typed never does."""
 
