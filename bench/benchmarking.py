@@ -84,7 +84,7 @@ def flush_cache_db(url: str = CACHE_REDIS_URL) -> int:
 
     client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
     try:
-        keys = client.dbsize()
+        keys: int = client.dbsize()  # type: ignore[assignment]  # sync client; redis-py types both
         client.flushdb()
         return keys
     finally:
@@ -96,7 +96,8 @@ def cache_db_size(url: str = CACHE_REDIS_URL) -> int | None:
 
     client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
     try:
-        return client.dbsize()
+        size: int = client.dbsize()  # type: ignore[assignment]  # sync client; redis-py types both
+        return size
     except (redis.RedisError, OSError):
         return None
     finally:
