@@ -13,6 +13,7 @@ from django.test import AsyncClient
 from chat.cache import cache_key, completion_cache
 from chat.models import CachedAnswer, Message
 from testing.liveserver import free_port
+from testing.scripted import Answer
 
 PROMPT = "Count from 1 to 10, separated by commas."
 BASE = dict(
@@ -144,19 +145,27 @@ async def run_action(admin, action: str, record_id: int):
 
 @pytest.mark.integration
 @ws_db
-async def test_admin_review_decides_what_is_served(make_client, runtime, make_policy, monkeypatch):
-    """Approval gates serving; reject evicts and stops re-caching until reset; an edit is what is served."""
+async def test_admin_review_decides_what_is_served(
+    make_client, runtime, make_policy, scripted, monkeypatch
+):
+    """Approval gates serving; reject evicts and stops re-caching until reset; an edit is what is served.
+
+    Cache logic only, so the answers are scripted (the real model's path is tested above): each
+    generation says something else, so a served text is the stored one, not a new generation."""
     await sync_to_async(make_policy)(slug="reviewed", require_review=True, max_new_tokens=40)
+    scripted(*(Answer((f"Answer {n}.",)) for n in range(1, 6)))
     asker = await make_client()
-    first = await ask(asker, policy="reviewed")
+    await ask(asker, policy="reviewed")
     record = await sync_to_async(CachedAnswer.objects.get)()
     assert record.status == "pending"
     assert not (await ask(asker, policy="reviewed"))[-1]["cached"]  # pending answers are not served
+    # (asked again while pending, it was generated again and the record holds the newer answer)
+    approved = (await sync_to_async(CachedAnswer.objects.get)(pk=record.pk)).answer
 
     reviewer = await admin_client(review=True)
     assert (await run_action(reviewer, "approve", record.pk)).status_code == 302
     served = await ask(await make_client(), policy="reviewed")
-    assert served[-1]["cached"] and served[-1]["text"] == first[-1]["text"]
+    assert served[-1]["cached"] and served[-1]["text"] == approved  # what the reviewer approved
 
     change = await reviewer.post(
         f"/admin/chat/cachedanswer/{record.pk}/change/", {"answer": "Edited by a reviewer."}
@@ -180,7 +189,8 @@ async def test_admin_review_decides_what_is_served(make_client, runtime, make_po
 
 @pytest.mark.integration
 @ws_db
-async def test_evict_removes_an_answer_from_the_cache(make_client, example_policies):
+async def test_evict_removes_an_answer_from_the_cache(make_client, example_policies, scripted):
+    scripted(Answer(("Answer 1.",)), Answer(("Answer 2.",)))  # cache logic: scripted answers
     await ask(await make_client())
     record = await sync_to_async(CachedAnswer.objects.get)()
     assert (await ask(await make_client()))[-1]["cached"]

@@ -23,10 +23,16 @@ def test_chunks_concatenate_to_the_result_text(backend):
     assert result.first_token_at is not None and result.new_tokens > 5
 
 
+@pytest.fixture(scope="module")
+def count_answer(backend) -> str:
+    """The greedy answer to COUNT, generated once for the tests that cut it somewhere."""
+    return backend.generate(backend.request(COUNT, max_new_tokens=60)).text
+
+
 @pytest.mark.integration
-def test_stop_string_ends_with_stop_string_and_is_never_shown(backend):
+def test_stop_string_ends_with_stop_string_and_is_never_shown(backend, count_answer):
     """A stop string cuts the answer; neither it nor a prefix of it reaches the user."""
-    plain = backend.generate(backend.request(COUNT, max_new_tokens=60)).text
+    plain = count_answer
     # A stop string taken from the greedy answer itself, so no wording is assumed.
     middle = len(plain) // 2
     stop = plain[middle : middle + 3]
@@ -41,10 +47,10 @@ def test_stop_string_ends_with_stop_string_and_is_never_shown(backend):
 
 
 @pytest.mark.integration
-def test_extra_eos_id_ends_with_eos(backend):
+def test_extra_eos_id_ends_with_eos(backend, count_answer):
     """An extra end-of-sequence id from a list stops generation where that token appears."""
     comma = backend.token_id(",")
-    plain = backend.generate(backend.request(COUNT, max_new_tokens=60)).text
+    plain = count_answer
     assert "," in plain, plain  # the prompt asks for a comma-separated list
     result = backend.generate(backend.request(COUNT, max_new_tokens=60, eos_token_ids=(comma,)))
     assert result.finish_reason == "eos"

@@ -39,16 +39,19 @@ def row(db_path, message_id: int) -> dict:
     return dict(found)
 
 
-@pytest.fixture
-def locked_db_server(tmp_path):
+@pytest.fixture(scope="module")
+def locked_db_server(tmp_path_factory):
     """A daphne whose SQLite writes give up after 0.2 s of waiting for a lock (the default is 5 s).
 
     Its cache is the one emptied before every test: a cache hit is stored after its `done`, by design.
+    Shared by the module's tests (a daphne start each saved): each releases its lock and leaves the
+    chat answering, which is what the next one starts from.
     """
+    workdir = tmp_path_factory.mktemp("locked")
     server = LiveServer(
-        tmp_path, SQLITE_BUSY_TIMEOUT="0.2", CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL
+        workdir, SQLITE_BUSY_TIMEOUT="0.2", CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL
     ).start()
-    yield server, tmp_path / "live.sqlite3"
+    yield server, workdir / "live.sqlite3"
     server.stop()
 
 
