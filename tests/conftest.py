@@ -97,8 +97,12 @@ def empty_cache(settings):
 @pytest.fixture(autouse=True)
 def fast_password_hashing(settings):
     """A cheap hasher in this process: tests that sign in 30 times measure throttling, not PBKDF2
-    (live daphne processes keep the real one)."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    (live daphne processes keep the real one). PBKDF2 stays second, so a password hashed before
+    this fixture ran (a module-scoped account) still verifies."""
+    settings.PASSWORD_HASHERS = [
+        "django.contrib.auth.hashers.MD5PasswordHasher",
+        "django.contrib.auth.hashers.PBKDF2PasswordHasher",
+    ]
 
 
 @pytest.fixture(autouse=True)
