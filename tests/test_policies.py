@@ -243,7 +243,7 @@ async def test_constrained_decoding_yields_valid_json_without_examples(client, m
     )
     request_id = await client.prompt("How many legs does a spider have?", policy="cjson")
     done = (await client.receive_until("done", request_id))[-1]
-    assert done["finish_reason"] == "eos", done
+    assert done["finish_reason"] in ("eos", "length"), done
     assert instance_errors(done["json"], ANSWER_SCHEMA) == []
 
 
@@ -287,7 +287,8 @@ async def test_auto_mode_streams_prose_and_holds_back_the_json_block(client, mak
     streamed_before_hold = chunks_text(events[: order.index("buffering")])
     assert "`" not in streamed_before_hold and streamed_before_hold.strip()
     done = events[-1]
-    assert done["finish_reason"] == "eos" and instance_errors(done["json"], ANSWER_SCHEMA) == []
+    assert done["finish_reason"] in ("eos", "length")
+    assert instance_errors(done["json"], ANSWER_SCHEMA) == []
     assert done["text"].startswith(streamed_before_hold) and "```json" in done["text"]
     assert chunks_text(events) == streamed_before_hold  # the held part arrives with `done` only
 

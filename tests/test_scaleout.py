@@ -181,7 +181,7 @@ async def test_another_visitors_cancel_on_the_other_process_does_not_stop_the_tu
         )
         assert status == 404 and refused["code"] == "unknown_request"
         done = (await receive_until(on_a, "done"))[-1]
-    assert done["finish_reason"] == "eos"
+    assert done["finish_reason"] in ("eos", "length")  # not cancelled by the stranger
 
 
 def test_closing_an_sse_stream_under_daphne_cancels_the_turn(servers):
