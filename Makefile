@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint setup benchmark loadtest clean
+.PHONY: run test test-unit lint setup benchmark loadtest clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,10 +26,12 @@ run: $(STAMP)
 # (production's database). `make test TEST_DATABASES=sqlite` runs the SQLite pass alone.
 TEST_DATABASES ?= sqlite postgres://postgres@127.0.0.1:5432/chat
 
-# ruff (pyflakes, import order, bugbear, pyupgrade; and the format check) before the suite.
+# ruff (pyflakes, import order, bugbear, pyupgrade; and the format check), then mypy (mypy.ini:
+# strict on chat/engine and chat/policy, lenient elsewhere) before the suite.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 test: lint
 	$(PY) -m chat.engine.prepare
@@ -40,6 +42,13 @@ test: lint
 	    echo "== make test: the suite on $$db"; DATABASE_URL=$$db $(PY) -m pytest $(PYTEST_ARGS); \
 	  fi; \
 	done
+
+# The unit layer alone (docs/development.md): no model, no server, no browser, on SQLite, in
+# under a minute. CHAT_TEST_NO_MODEL=1 makes loading the model (or starting daphne) fail the
+# test, and the fuzzers draw a tenth of their examples.
+test-unit: $(STAMP)
+	$(PY) -m chat.engine.prepare
+	env -u DATABASE_URL CHAT_TEST_NO_MODEL=1 CHAT_TEST_FUZZ_SCALE=0.1 $(PY) -m pytest -m unit $(PYTEST_ARGS)
 
 benchmark: $(STAMP)
 	$(PY) -m chat.engine.prepare

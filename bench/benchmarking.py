@@ -76,7 +76,7 @@ def flush_cache_db(url: str = CACHE_REDIS_URL) -> int:
 
     client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
     try:
-        keys = client.dbsize()
+        keys: int = client.dbsize()  # type: ignore[assignment]  # sync client; redis-py types both
         client.flushdb()
         return keys
     finally:
@@ -88,7 +88,8 @@ def cache_db_size(url: str = CACHE_REDIS_URL) -> int | None:
 
     client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
     try:
-        return client.dbsize()
+        size: int = client.dbsize()  # type: ignore[assignment]  # sync client; redis-py types both
+        return size
     except (redis.RedisError, OSError):
         return None
     finally:
@@ -431,7 +432,7 @@ def daphne(workdir: Path, label: str, *, premigrate: bool, timeout: float = 120,
     With `premigrate`, the database is migrated first, untimed, so start() meets a migrated
     database as a restarted server would (its own no-op migrate is still inside the timing).
     """
-    from .liveserver import LiveServer
+    from testing.liveserver import LiveServer
 
     env.setdefault("REDIS_URL", loopback_url(os.environ.get("REDIS_URL"), CHANNEL_REDIS_URL))
     env.setdefault("CHAT_CACHE_REDIS_URL", CACHE_REDIS_URL)

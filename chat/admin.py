@@ -214,7 +214,7 @@ class CachedAnswerAdmin(admin.ModelAdmin):
     list_display_links = ("prompt_excerpt",)
     list_filter = ("status", "policy_slug", "finish_reason", "model_id")
     search_fields = ("prompt", "answer", "key")
-    readonly_fields = (
+    readonly_fields: tuple[str, ...] = (
         "key",
         "prompt",
         "rendered_prompt",

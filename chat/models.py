@@ -194,7 +194,7 @@ class OutputPolicy(models.Model):
     def effective_mode(self) -> str:
         """A schema cannot be checked on text already shown, so a schema turns stream into buffer."""
         if self.mode == self.Mode.STREAM and self.json_schema is not None:
-            return self.Mode.BUFFER
+            return str(self.Mode.BUFFER)
         return self.mode
 
     def snapshot(self) -> dict:

@@ -10,6 +10,71 @@ from channels.testing import WebsocketCommunicator
 
 ORIGIN = (b"origin", b"http://localhost")
 
+# The three layers (docs/development.md): every test names exactly one, in its own file.
+LAYERS = ("unit", "integration", "browser")
+# Fixtures that start the real model or a server: a unit test never asks for them.
+MODEL_FIXTURES = {
+    "runtime",
+    "backend",
+    "application",
+    "client",
+    "make_client",
+    "daphne_server",
+    "peer",
+}
+BROWSER_FIXTURES = {"browser", "page"}
+# `make test-unit` sets it: anything that would load the model fails instead (the env guard).
+NO_MODEL = os.environ.get("CHAT_TEST_NO_MODEL") == "1"
+
+
+def pytest_collection_modifyitems(config, items):
+    """The layer contract, checked on every run: one layer a test, and a unit test asks for no
+    model, server or browser; a browser fixture only in the browser layer."""
+    errors = []
+    for item in items:
+        layers = [name for name in LAYERS if item.get_closest_marker(name)]
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if len(layers) != 1:
+            errors.append(
+                f"{item.nodeid}: marks {layers or 'no layer'}; mark exactly one of {LAYERS}"
+            )
+        elif layers == ["unit"] and fixtures & (MODEL_FIXTURES | BROWSER_FIXTURES):
+            errors.append(
+                f"{item.nodeid}: a unit test using {sorted(fixtures & (MODEL_FIXTURES | BROWSER_FIXTURES))}"
+            )
+        elif layers != ["browser"] and fixtures & BROWSER_FIXTURES:
+            errors.append(f"{item.nodeid}: uses a browser but is not marked browser")
+    if errors:
+        raise pytest.UsageError("test layers:\n  " + "\n  ".join(errors))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def model_guard():
+    """Under CHAT_TEST_NO_MODEL=1 loading the model, starting a live daphne or the peer raises:
+    a unit run (`make test-unit`) thereby proves it never loads the model."""
+    if not NO_MODEL:
+        yield
+        return
+    from chat.engine import loading
+    from testing.liveserver import LiveServer
+    from testing.peer import TransformersServe
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("CHAT_TEST_NO_MODEL=1: this test needs the model; mark it integration")
+
+    patched = [
+        (loading, "load_backend"),
+        (LiveServer, "start"),
+        (TransformersServe, "start"),
+    ]
+    originals = [getattr(owner, name) for owner, name in patched]
+    for owner, name in patched:
+        setattr(owner, name, refuse)
+    yield
+    for (owner, name), original in zip(patched, originals, strict=True):
+        setattr(owner, name, original)
+
+
 # Tests keep their cached answers apart from anything else on the machine's Redis,
 # and start every test with an empty cache so an earlier answer is never served.
 # TEST_REDIS_DB moves them (to db N and N-1), so two suites can run side by side.
@@ -27,6 +92,17 @@ def empty_cache(settings):
         client = redis.Redis.from_url(url)
         client.flushdb()
         client.close()
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings):
+    """A cheap hasher in this process: tests that sign in 30 times measure throttling, not PBKDF2
+    (live daphne processes keep the real one). PBKDF2 stays second, so a password hashed before
+    this fixture ran (a module-scoped account) still verifies."""
+    settings.PASSWORD_HASHERS = [
+        "django.contrib.auth.hashers.MD5PasswordHasher",
+        "django.contrib.auth.hashers.PBKDF2PasswordHasher",
+    ]
 
 
 @pytest.fixture(autouse=True)
@@ -145,7 +221,7 @@ def chunks_text(events: list[dict]) -> str:
 @pytest.fixture(scope="session")
 def daphne_server(tmp_path_factory):
     """One real daphne for the session (its own database, the already converted model)."""
-    from bench.liveserver import LiveServer
+    from testing.liveserver import LiveServer
 
     server = LiveServer(
         tmp_path_factory.mktemp("live"),
@@ -160,8 +236,8 @@ def daphne_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def peer(tmp_path_factory):
     """The real engine: `transformers serve --continuous-batching` on loopback with the bundled
-    model folder (bench/peer.py), started once for the session and always stopped."""
-    from bench.peer import TransformersServe
+    model folder (testing/peer.py), started once for the session and always stopped."""
+    from testing.peer import TransformersServe
 
     with TransformersServe(log_path=tmp_path_factory.mktemp("peer") / "peer.log") as server:
         yield server
@@ -238,11 +314,11 @@ def make_policy(db):
 
 @pytest.fixture
 def scripted(monkeypatch):
-    """A scripted backend (tests/scripted.py) behind the process's runtime, for unit tests of
+    """A scripted backend (testing/scripted.py) behind the process's runtime, for unit tests of
     what the turn (chat/turns/) does around generation; returns a function taking the answers to play."""
     from chat.engine.concurrent import ConcurrentScheduler
     from chat.infra.runtime import runtime
-    from tests.scripted import ScriptedBackend
+    from testing.scripted import ScriptedBackend
 
     made = []
 

@@ -12,7 +12,7 @@ from django.test import Client
 from chat.models import Conversation, Message
 from tests.conftest import TEST_CACHE_URL
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.unit, pytest.mark.django_db]
 
 
 @pytest.fixture(autouse=True)

@@ -10,8 +10,8 @@ from asgiref.sync import sync_to_async
 from chat.engine.template import render_pieces
 from chat.models import Message
 from chat.policy import BufferGate, Cut, RepetitionHook, StreamGate, gate_for
+from testing.scripted import Answer
 from tests.conftest import ChatClient, chunks_text
-from tests.scripted import Answer
 
 ws_db = pytest.mark.django_db(transaction=True)
 
@@ -39,6 +39,7 @@ async def continue_answer(chat: ChatClient, message: int, request_id: str) -> li
 # -- the hook and the gate -------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_a_loop_is_cut_after_its_first_copy_between_words():
     """The verdict keeps the text before the loop and one copy of it, never half a word."""
     verdict = RepetitionHook(max_repeats=2).check(GOOD + LOOP, final=False)
@@ -51,6 +52,7 @@ def test_a_loop_is_cut_after_its_first_copy_between_words():
     assert runaway.categories == ("runaway",) and runaway.cut_at == len("Sure, here it is.")
 
 
+@pytest.mark.unit
 def test_the_stream_gate_cuts_keeps_the_raw_text_and_ignores_the_rest():
     """Cut once, with the text to keep; later chunks change nothing; the outcome stands."""
     gate = StreamGate([RepetitionHook(max_repeats=2)], window_chars=16)
@@ -67,6 +69,7 @@ def test_the_stream_gate_cuts_keeps_the_raw_text_and_ignores_the_rest():
     assert len(gate.raw) > len(gate.shown)
 
 
+@pytest.mark.unit
 def test_a_loop_only_the_final_check_sees_is_cut_too():
     """The last window is checked at the end: the loop there is cut, not shown."""
     gate = StreamGate([RepetitionHook(max_repeats=2)], window_chars=10_000)
@@ -77,6 +80,7 @@ def test_a_loop_only_the_final_check_sees_is_cut_too():
     assert outcome.text == actions[0].text == gate.shown
 
 
+@pytest.mark.unit
 def test_a_buffered_cut_answer_is_still_validated():
     """In buffer mode nothing was shown; the cut text is judged as the whole answer."""
     gate = BufferGate([RepetitionHook(max_repeats=2)], {"type": "object"}, window_chars=16)
@@ -86,6 +90,7 @@ def test_a_buffered_cut_answer_is_still_validated():
     assert gate.cut and outcome.status == "ok" and outcome.json == {"a": "x"}
 
 
+@pytest.mark.unit
 def test_a_continued_answers_gate_starts_from_what_was_shown():
     """The rest of an answer is judged with its start: a loop across the two parts is found."""
     gate = gate_for("stream", hooks=[RepetitionHook(max_repeats=2)], shown=GOOD + LOOP[:50])
@@ -95,6 +100,7 @@ def test_a_continued_answers_gate_starts_from_what_was_shown():
     assert gate.cut and outcome.text.startswith(GOOD) and len(outcome.text) < len(GOOD + LOOP)
 
 
+@pytest.mark.integration
 def test_a_chat_ending_on_an_assistant_message_renders_open_like_transformers(backend):
     """The continuation prompt is the template cut after the answer so far, as transformers'
     continue_final_message renders it; markers typed in that answer stay text."""
@@ -113,6 +119,7 @@ def test_a_chat_ending_on_an_assistant_message_renders_open_like_transformers(ba
 # -- over the socket, scripted -----------------------------------------------------------
 
 
+@pytest.mark.integration
 @ws_db
 async def test_a_looping_answer_is_cut_at_its_loop_kept_and_not_cached(scripted, chat, make_policy):
     """`cut` with the good part, generation stopped, `done` "cut"; stored cut, raw kept for
@@ -142,6 +149,7 @@ async def test_a_looping_answer_is_cut_at_its_loop_kept_and_not_cached(scripted,
     assert again["cached"] is False and len(backend.requests) == 2
 
 
+@pytest.mark.integration
 @ws_db
 async def test_a_continued_answer_grows_in_place_and_is_then_cached_whole(
     scripted, chat, make_policy
@@ -170,6 +178,7 @@ async def test_a_continued_answer_grows_in_place_and_is_then_cached_whole(
     assert repeat["cached"] is True and repeat["text"] == "Once upon a time."
 
 
+@pytest.mark.integration
 @ws_db
 async def test_stopping_a_continuation_keeps_the_answer_so_far(scripted, chat, make_policy):
     """A Stop during Continue loses nothing: the earlier text stays, with what was added."""
@@ -185,6 +194,7 @@ async def test_stopping_a_continuation_keeps_the_answer_so_far(scripted, chat, m
     assert stored.text == done["text"]
 
 
+@pytest.mark.integration
 @ws_db
 async def test_only_the_last_answer_cut_at_the_limit_can_be_continued(
     scripted, chat, make_client, make_policy
@@ -216,6 +226,7 @@ async def test_only_the_last_answer_cut_at_the_limit_can_be_continued(
 # -- over the socket, the real model ----------------------------------------------------------
 
 
+@pytest.mark.integration
 @ws_db
 async def test_the_real_model_continues_an_answer_it_was_cut_off_in(chat, make_policy):
     """A 4-token limit cuts a story off; Continue writes more into the same message and the
@@ -234,6 +245,7 @@ async def test_the_real_model_continues_an_answer_it_was_cut_off_in(chat, make_p
     assert stored.status == Message.Status.DONE
 
 
+@pytest.mark.integration
 @ws_db
 async def test_the_real_models_answer_is_cut_where_a_hook_says_and_kept(chat, make_policy):
     """The path of a cut on the real model: the hook's verdict stops generation, the user keeps
@@ -253,6 +265,7 @@ async def test_the_real_models_answer_is_cut_where_a_hook_says_and_kept(chat, ma
     assert stored.text == done["text"] and stored.outcome == "ok"
 
 
+@pytest.mark.unit
 def test_a_short_loop_keeps_one_copy_completed_to_its_pause():
     """A loop shorter than the hook's min_span is found as several copies; one is kept, and a
     copy that starts mid-item is completed to its punctuation or line end."""

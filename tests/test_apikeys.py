@@ -13,7 +13,7 @@ from django.test import Client
 from chat.models import ApiKey
 from chat.stores.apikeys import apikey_authenticate, apikey_create
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.unit, pytest.mark.django_db]
 
 
 @pytest.fixture

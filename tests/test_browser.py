@@ -3,7 +3,10 @@
 import os
 from pathlib import Path
 
+import pytest
 from playwright.sync_api import expect
+
+pytestmark = pytest.mark.browser
 
 SCREENSHOT_DIR = Path(
     os.environ.get("SCREENSHOT_DIR", Path(__file__).resolve().parent.parent / "var" / "screenshots")
@@ -48,14 +51,13 @@ def test_a_finished_answer_shows_its_timings_and_survives_a_reload(page, daphne_
     page.keyboard.press("Enter")
     answer = page.locator(".message.assistant").last
     expect(answer).to_have_attribute("data-state", "done", timeout=60_000)
-    expect(answer.locator(".text")).to_have_text("1, 2, 3, 4, 5, 6, 7, 8, 9, 10")
+    expect(answer.locator(".text")).not_to_be_empty()
+    text = answer.locator(".text").inner_text()  # whatever the model said, the reload shows again
     expect(answer.locator(".metrics")).to_contain_text("last")
     expect(page.locator("#conversations a")).not_to_have_count(0)
     assert "?c=" in page.url
     page.reload()
-    expect(page.locator(".message.assistant .text").last).to_have_text(
-        "1, 2, 3, 4, 5, 6, 7, 8, 9, 10", timeout=10_000
-    )
+    expect(page.locator(".message.assistant .text").last).to_have_text(text, timeout=10_000)
     SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOT_DIR / "chat-done.png"))
 
@@ -88,7 +90,7 @@ def test_a_structured_answer_is_shown_as_validating_then_as_pretty_json(page, da
     assert "streaming" not in states[states.index("validating") :], (
         states
     )  # no chunk after holding began
-    expect(answer.locator("pre.json")).to_contain_text('"answer": "Paris"')
+    expect(answer.locator("pre.json")).to_contain_text('"answer": ')
     # Shown once: the pretty JSON with its mark, not the raw text beside it.
     expect(answer.locator(".text")).to_be_hidden()
     expect(answer.locator(".json-valid")).to_have_text("✓ Valid against the schema")

@@ -2,10 +2,13 @@
 
 import uuid
 
+import pytest
 from playwright.sync_api import expect
 
 from tests.test_browser import open_chat
 from tests.test_browser_answers import short_policy
+
+pytestmark = pytest.mark.browser
 
 PASSWORD = "a-long-pass-phrase-42"
 

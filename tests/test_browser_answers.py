@@ -1,8 +1,11 @@
 """Per-answer actions in a real browser with the real model: Regenerate, Edit and resend, Esc."""
 
+import pytest
 from playwright.sync_api import expect
 
 from tests.test_browser import open_chat
+
+pytestmark = pytest.mark.browser
 
 PROMPT = "Count from 1 to 10, separated by commas."
 

@@ -2,11 +2,14 @@
 
 import json
 
+import pytest
 from playwright.sync_api import expect
 
 from tests.test_browser import open_chat
 from tests.test_browser_accounts import ask
 from tests.test_browser_answers import short_policy
+
+pytestmark = pytest.mark.browser
 
 
 def test_rename_search_export_and_delete_a_conversation(page, daphne_server):

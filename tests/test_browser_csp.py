@@ -1,8 +1,11 @@
 """The strict Content-Security-Policy breaks nothing: the chat page and the admin in real Chromium."""
 
+import pytest
 from playwright.sync_api import expect
 
 from tests.test_browser import open_chat
+
+pytestmark = pytest.mark.browser
 
 RECORD_VIOLATIONS = """
 window.__violations = [];

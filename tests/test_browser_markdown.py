@@ -2,10 +2,13 @@
 
 import json
 
+import pytest
 from playwright.sync_api import expect
 
 from tests.hostile_markdown import PAYLOADS
 from tests.test_browser import open_chat
+
+pytestmark = pytest.mark.browser
 
 # A stand-in WebSocket for the page: answers each prompt with the chunks in
 # window.__script, `window.__chunkGapMs` apart (0: as fast as the event loop goes).

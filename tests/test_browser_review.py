@@ -3,6 +3,7 @@ approve and reject per row, and the detail page's rendered answer."""
 
 import uuid
 
+import pytest
 from playwright.sync_api import expect
 
 PASSWORD = "review-pass-phrase-42"
@@ -19,6 +20,7 @@ for n, status in enumerate(["pending", "pending", "approved"]):
 """
 
 
+@pytest.mark.browser
 def test_review_list_rows_approve_and_reject_and_the_detail_renders_the_answer(page, daphne_server):
     tag = uuid.uuid4().hex[:10]
     name = f"admin{tag}"
@@ -58,6 +60,7 @@ def test_review_list_rows_approve_and_reject_and_the_detail_renders_the_answer(p
     expect(rendered.locator("code.language-python")).to_have_text("print(2)\n")
 
 
+@pytest.mark.unit
 def test_row_review_needs_post_and_the_review_permission(db):
     """A GET changes nothing; staff without "Can review cached answers" are refused."""
     from django.contrib.auth.models import Permission, User

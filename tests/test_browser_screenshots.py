@@ -8,9 +8,12 @@ import re
 import uuid
 from pathlib import Path
 
+import pytest
 from playwright.sync_api import expect
 
 from tests.test_browser import SCREENSHOT_DIR, open_chat
+
+pytestmark = pytest.mark.browser
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 PASSWORD = "a-long-pass-phrase-42"

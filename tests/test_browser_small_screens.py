@@ -1,9 +1,12 @@
 """Phones and keyboards: the sidebar is a drawer on a phone; the page works from the keyboard alone."""
 
+import pytest
 from playwright.sync_api import expect
 
 from tests.test_browser import open_chat
 from tests.test_browser_answers import short_policy
+
+pytestmark = pytest.mark.browser
 
 
 def test_on_a_phone_the_sidebar_is_a_drawer_that_opens_and_closes(browser, daphne_server):

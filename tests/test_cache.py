@@ -10,9 +10,10 @@ from asgiref.sync import sync_to_async
 from django.contrib.auth.models import Permission, User
 from django.test import AsyncClient
 
-from bench.liveserver import free_port
 from chat.models import CachedAnswer, Message
 from chat.stores.cache import cache_key, completion_cache
+from testing.liveserver import free_port
+from testing.scripted import Answer
 
 PROMPT = "Count from 1 to 10, separated by commas."
 BASE = dict(
@@ -31,6 +32,7 @@ def kinds(events):
     return [e["type"] for e in events]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "change",
     [
@@ -64,6 +66,7 @@ def count_submits(runtime, monkeypatch) -> list:
     return calls
 
 
+@pytest.mark.integration
 @ws_db
 async def test_a_repeated_prompt_is_served_from_the_cache_without_generation(
     client, make_client, runtime, example_policies, monkeypatch
@@ -79,7 +82,7 @@ async def test_a_repeated_prompt_is_served_from_the_cache_without_generation(
     assert (
         done["cached"] is True
         and done["text"] == first[-1]["text"]
-        and done["finish_reason"] == "eos"
+        and done["finish_reason"] == first[-1]["finish_reason"]
     )
     assert done["metrics"]["new_tokens"] == 0 and done["metrics"]["total_ms"] < 1000
     message = await sync_to_async(Message.objects.get)(pk=done["message"])
@@ -92,6 +95,7 @@ async def test_a_repeated_prompt_is_served_from_the_cache_without_generation(
     assert record.first_served_at is not None and record.prompt == PROMPT
 
 
+@pytest.mark.integration
 @ws_db
 async def test_cancelled_length_and_invalid_answers_are_never_cached(
     client, runtime, make_policy, monkeypatch
@@ -139,20 +143,29 @@ async def run_action(admin, action: str, record_id: int):
     )
 
 
+@pytest.mark.integration
 @ws_db
-async def test_admin_review_decides_what_is_served(make_client, runtime, make_policy, monkeypatch):
-    """Approval gates serving; reject evicts and stops re-caching until reset; an edit is what is served."""
+async def test_admin_review_decides_what_is_served(
+    make_client, runtime, make_policy, scripted, monkeypatch
+):
+    """Approval gates serving; reject evicts and stops re-caching until reset; an edit is what is served.
+
+    Cache logic only, so the answers are scripted (the real model's path is tested above): each
+    generation says something else, so a served text is the stored one, not a new generation."""
     await sync_to_async(make_policy)(slug="reviewed", require_review=True, max_new_tokens=40)
+    scripted(*(Answer((f"Answer {n}.",)) for n in range(1, 6)))
     asker = await make_client()
-    first = await ask(asker, policy="reviewed")
+    await ask(asker, policy="reviewed")
     record = await sync_to_async(CachedAnswer.objects.get)()
     assert record.status == "pending"
     assert not (await ask(asker, policy="reviewed"))[-1]["cached"]  # pending answers are not served
+    # (asked again while pending, it was generated again and the record holds the newer answer)
+    approved = (await sync_to_async(CachedAnswer.objects.get)(pk=record.pk)).answer
 
     reviewer = await admin_client(review=True)
     assert (await run_action(reviewer, "approve", record.pk)).status_code == 302
     served = await ask(await make_client(), policy="reviewed")
-    assert served[-1]["cached"] and served[-1]["text"] == first[-1]["text"]
+    assert served[-1]["cached"] and served[-1]["text"] == approved  # what the reviewer approved
 
     change = await reviewer.post(
         f"/admin/chat/cachedanswer/{record.pk}/change/", {"answer": "Edited by a reviewer."}
@@ -174,8 +187,10 @@ async def test_admin_review_decides_what_is_served(make_client, runtime, make_po
     assert (await sync_to_async(CachedAnswer.objects.get)(pk=record.pk)).status == "pending"
 
 
+@pytest.mark.integration
 @ws_db
-async def test_evict_removes_an_answer_from_the_cache(make_client, example_policies):
+async def test_evict_removes_an_answer_from_the_cache(make_client, example_policies, scripted):
+    scripted(Answer(("Answer 1.",)), Answer(("Answer 2.",)))  # cache logic: scripted answers
     await ask(await make_client())
     record = await sync_to_async(CachedAnswer.objects.get)()
     assert (await ask(await make_client()))[-1]["cached"]
@@ -184,6 +199,7 @@ async def test_evict_removes_an_answer_from_the_cache(make_client, example_polic
     assert not (await ask(await make_client()))[-1]["cached"]
 
 
+@pytest.mark.integration
 @ws_db
 async def test_reviewing_cached_answers_needs_its_own_permission(example_policies, make_client):
     await ask(await make_client())
@@ -238,6 +254,7 @@ class RedisServer:
         self.process.wait(10)
 
 
+@pytest.mark.integration
 @ws_db
 async def test_chat_goes_on_uncached_while_redis_is_down_and_caching_resumes(
     client, settings, example_policies, monkeypatch

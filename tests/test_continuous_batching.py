@@ -6,9 +6,12 @@ import json
 import threading
 
 import jsonschema
+import pytest
 
 from chat.engine.scheduler import ContinuousScheduler
 from chat.engine.types import Finished, Started, TextChunk
+
+pytestmark = pytest.mark.integration
 
 COUNT = [{"role": "user", "content": "Count from 1 to 10, separated by commas."}]
 STORY = [{"role": "user", "content": "Write a long story about a dragon."}]

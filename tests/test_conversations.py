@@ -7,7 +7,7 @@ from django.test import Client
 
 from chat.models import CachedAnswer, CachedAnswerSource, Conversation, Message
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.unit, pytest.mark.django_db]
 
 
 def visitor() -> Client:

@@ -11,9 +11,11 @@ import psutil
 import pytest
 import websockets
 
-from bench.liveserver import ROOT, LiveServer
 from project.embedded_redis import EmbeddedRedis
+from testing.liveserver import ROOT, LiveServer
 from tests.test_live import receive_until_done
+
+pytestmark = pytest.mark.integration
 
 SHORT = "Count from 1 to 5, separated by commas."
 

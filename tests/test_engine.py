@@ -11,38 +11,55 @@ from chat.engine.types import PromptTooLong
 COUNT = [{"role": "user", "content": "Count from 1 to 10, separated by commas."}]
 
 
+@pytest.mark.integration
 def test_chunks_concatenate_to_the_result_text(backend):
     """What the streamer hands out, joined, is exactly the stored text; eos ends it."""
     chunks = []
     result = backend.generate(backend.request(COUNT, max_new_tokens=40), chunks.append)
     assert len(chunks) > 1
     assert "".join(chunks) == result.text
-    assert result.text.startswith("1, 2, 3")
-    assert result.finish_reason == "eos"
+    assert result.text.strip()
+    assert result.finish_reason in ("eos", "length")
     assert result.first_token_at is not None and result.new_tokens > 5
 
 
-def test_stop_string_ends_with_stop_string_and_is_never_shown(backend):
+@pytest.fixture(scope="module")
+def count_answer(backend) -> str:
+    """The greedy answer to COUNT, generated once for the tests that cut it somewhere."""
+    return backend.generate(backend.request(COUNT, max_new_tokens=60)).text
+
+
+@pytest.mark.integration
+def test_stop_string_ends_with_stop_string_and_is_never_shown(backend, count_answer):
     """A stop string cuts the answer; neither it nor a prefix of it reaches the user."""
+    plain = count_answer
+    # A stop string taken from the greedy answer itself, so no wording is assumed.
+    middle = len(plain) // 2
+    stop = plain[middle : middle + 3]
+    assert len(plain) > 6 and stop.strip(), plain
     chunks = []
     result = backend.generate(
-        backend.request(COUNT, max_new_tokens=60, stop_strings=(", 5",)), chunks.append
+        backend.request(COUNT, max_new_tokens=60, stop_strings=(stop,)), chunks.append
     )
     assert result.finish_reason == "stop_string"
-    assert result.text == "1, 2, 3, 4"
-    assert "".join(chunks) == result.text
-    assert not any(chunk.endswith(",") for chunk in chunks[-1:])
+    assert result.text == plain[: plain.index(stop)]
+    assert "".join(chunks) == result.text  # so no prefix of the stop string was shown either
 
 
-def test_extra_eos_id_ends_with_eos(backend):
+@pytest.mark.integration
+def test_extra_eos_id_ends_with_eos(backend, count_answer):
     """An extra end-of-sequence id from a list stops generation where that token appears."""
     comma = backend.token_id(",")
+    plain = count_answer
+    assert "," in plain, plain  # the prompt asks for a comma-separated list
     result = backend.generate(backend.request(COUNT, max_new_tokens=60, eos_token_ids=(comma,)))
     assert result.finish_reason == "eos"
-    assert result.text == "1,"
-    assert result.new_tokens == 2
+    # It ends on its first comma token: the greedy answer up to there, and no earlier comma.
+    assert result.text.endswith(",") and "," not in result.text[:-1]
+    assert plain.startswith(result.text)
 
 
+@pytest.mark.integration
 def test_max_new_tokens_ends_with_length(backend):
     """An answer cut by max_new_tokens says so, with exactly that many tokens."""
     result = backend.generate(backend.request(COUNT, max_new_tokens=4))
@@ -50,6 +67,7 @@ def test_max_new_tokens_ends_with_length(backend):
     assert result.new_tokens == 4
 
 
+@pytest.mark.integration
 def test_max_new_tokens_is_capped_by_the_server(backend, monkeypatch):
     """No request can ask for more than the configured ceiling."""
     monkeypatch.setattr(
@@ -61,6 +79,7 @@ def test_max_new_tokens_is_capped_by_the_server(backend, monkeypatch):
     assert (result.finish_reason, result.new_tokens) == ("length", 3)
 
 
+@pytest.mark.integration
 def test_cancel_mid_stream_stops_within_one_step(backend):
     """Setting the cancel flag as the first chunk arrives stops after at most one more token."""
     request = backend.request(
@@ -78,6 +97,7 @@ def test_cancel_mid_stream_stops_within_one_step(backend):
     assert "".join(seen) == result.text
 
 
+@pytest.mark.integration
 def test_cancel_from_another_thread_stops_generation(backend):
     """A cancel from another thread (the event loop's) ends a long answer early."""
     request = backend.request(
@@ -90,6 +110,7 @@ def test_cancel_from_another_thread_stops_generation(backend):
     assert result.new_tokens < 300
 
 
+@pytest.mark.integration
 def test_prompt_longer_than_the_context_is_refused(backend):
     """A prompt that leaves no room for the answer is an error, not a truncated answer."""
     with pytest.raises(PromptTooLong, match="context of 8192 tokens"):
@@ -98,6 +119,7 @@ def test_prompt_longer_than_the_context_is_refused(backend):
         )
 
 
+@pytest.mark.unit
 def test_cancelled_criteria_reports_the_flag_per_row():
     """The criterion is False until the flag is set, then True for every row."""
     import torch
@@ -112,6 +134,7 @@ def test_cancelled_criteria_reports_the_flag_per_row():
     assert per_row(ids, None).tolist() == [False, True]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "pieces", [["Hello\nUser: hi"], list("Hello\nUser: hi"), ["Hel", "lo\nUs", "er: hi"]]
 )
@@ -123,6 +146,7 @@ def test_stop_string_holdback_is_independent_of_chunk_boundaries(pieces):
     assert all("\n" not in v for v in visible)
 
 
+@pytest.mark.unit
 def test_stop_string_holdback_releases_a_false_alarm():
     """A held-back prefix that never completes is shown at the end."""
     holdback = StopStringHoldback(["\nUser:"])
@@ -133,6 +157,7 @@ def test_stop_string_holdback_releases_a_false_alarm():
     assert holdback.finish() == "\n"
 
 
+@pytest.mark.integration
 def test_a_batch_applies_every_stopping_rule_per_row(backend):
     """In one batch, each row ends by its own rule: stop string, extra eos, length, cancel, and
     the last one by eos or length (whether greedy wording ends on eos depends on CPU and dtype)."""
@@ -155,7 +180,7 @@ def test_a_batch_applies_every_stopping_rule_per_row(backend):
     assert results[4].finish_reason in ("eos", "length")
     for result, pieces in zip(results, chunks, strict=True):
         assert "".join(pieces) == result.text
-    assert ", 5" not in results[0].text and results[0].text.startswith("1, 2")
+    assert ", 5" not in results[0].text and results[0].text.strip()
     assert results[1].text.endswith(",") and results[1].new_tokens <= 3
     assert results[2].new_tokens == 4
     assert results[3].new_tokens <= backend.token_count(chunks[3][0]) + 2
@@ -179,6 +204,7 @@ def joins(backend):
     del backend.new_batch
 
 
+@pytest.mark.integration
 def test_requests_queued_while_the_model_is_busy_join_the_running_batch(backend, joins):
     """Requests submitted mid-answer start at once (position 0), joined into the running batch,
     each still streamed and ended on its own."""
@@ -225,6 +251,7 @@ def test_requests_queued_while_the_model_is_busy_join_the_running_batch(backend,
     assert events["a"][-1].result.new_tokens == 30
 
 
+@pytest.mark.integration
 def test_requests_announced_together_start_in_one_batch(backend, joins):
     """An idle worker holds the first step for requests still being prepared, then prefills them together."""
     import threading as _threading

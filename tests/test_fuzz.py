@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chat.protocol import Cancel, Ping, Prompt, ProtocolError, parse_frame
+from testing.examples import fuzz_examples
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -61,7 +62,8 @@ raw_frames = (
 )  # a WebSocket frame is never empty (the test communicator refuses to send one)
 
 
-@settings(max_examples=3000, deadline=None, database=None)
+@pytest.mark.unit
+@settings(max_examples=fuzz_examples(3000), deadline=None, database=None)
 @given(raw_frames)
 def test_parse_frame_either_parses_or_raises_a_protocol_error(raw):
     """Any input is a command or a ProtocolError with a code and a message, never anything else."""
@@ -101,6 +103,7 @@ async def fire(application, frames) -> int:
     return answered
 
 
+@pytest.mark.integration
 @pytest.mark.django_db(transaction=True)
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 @given(st.lists(raw_frames, min_size=40, max_size=40))

@@ -29,6 +29,7 @@ NESTED = "[" * 1000 + "]" * 1000  # 2,000 bytes: past the JSON decoder's recursi
 SURROGATE = '{"type": "prompt", "request_id": "s1", "text": "hi \\ud800"}'
 
 
+@pytest.mark.integration
 async def test_a_deeply_nested_frame_gets_bad_json_and_the_socket_stays_open(client):
     """`[[[...]]]` and a nested value inside a frame each get an `error`, not a 1011 close."""
     for frame in (NESTED, '{"type": ' + "[" * 990 + "]" * 990 + "}"):
@@ -40,6 +41,7 @@ async def test_a_deeply_nested_frame_gets_bad_json_and_the_socket_stays_open(cli
     assert await client.receive() == {"type": "pong"}
 
 
+@pytest.mark.integration
 async def test_a_lone_surrogate_is_a_bad_prompt_on_the_socket(client):
     """ "hi \\ud800" used to make token counting raise; now the prompt is refused, and so are such ids and slugs."""
     await client.communicator.send_to(text_data=SURROGATE)
@@ -58,6 +60,7 @@ async def test_a_lone_surrogate_is_a_bad_prompt_on_the_socket(client):
     assert await client.receive() == {"type": "pong"}
 
 
+@pytest.mark.integration
 async def test_a_socket_that_crashes_cancels_its_running_answer(application, monkeypatch, settings):
     """Whatever ends a socket, its answer stops: a handler that raises (daphne then closes with 1011) used to
     leave the answer generating for nobody."""
@@ -85,6 +88,7 @@ async def test_a_socket_that_crashes_cancels_its_running_answer(application, mon
     assert message.finish_reason == "cancelled", (request_id, message.finish_reason)
 
 
+@pytest.mark.integration
 async def test_http_bodies_that_crashed_the_api_get_their_error_event(application):
     """The same bodies over HTTP: 400 with the `error` event instead of a 500."""
     visitor = HttpVisitor(application, await new_session_key())
@@ -95,6 +99,7 @@ async def test_http_bodies_that_crashed_the_api_get_their_error_event(applicatio
     assert (status, body["code"]) == (400, "bad_prompt")
 
 
+@pytest.mark.integration
 async def test_an_oversized_http_body_gets_frame_too_large_as_json(application, settings):
     """Past DATA_UPLOAD_MAX_MEMORY_SIZE Django raised RequestDataTooBig (its HTML 400 page); now 413 and the
     `error` event; a body over the frame limit but under Django's is the same 413."""
@@ -117,6 +122,7 @@ async def test_an_oversized_http_body_gets_frame_too_large_as_json(application, 
     assert (status, body["code"]) == (413, "frame_too_large")
 
 
+@pytest.mark.integration
 async def test_anonymous_visitors_are_also_limited_per_address(application, monkeypatch):
     """35 cookieless sockets from one address used to be served 35 prompts; now the address's limit refuses
     the rest, on the socket and over HTTP alike, while another address is still served."""
@@ -148,6 +154,7 @@ async def test_anonymous_visitors_are_also_limited_per_address(application, monk
     assert (status, body["code"], headers["retry-after"]) == (429, "rate_limited", "60")
 
 
+@pytest.mark.unit
 def test_the_client_address_trusts_x_forwarded_for_only_when_told(settings):
     """By default X-Forwarded-For is ignored (a client can write anything there); with N trusted proxies
     the N-th address from the right counts; IPv6 counts by /64."""
@@ -165,6 +172,7 @@ def test_the_client_address_trusts_x_forwarded_for_only_when_told(settings):
     assert client_address(None, None) is None
 
 
+@pytest.mark.unit
 def test_signed_in_users_are_limited_per_user_not_per_address(monkeypatch):
     """An office behind one address: its signed-in users are not counted against the address."""
     from chat import turns
@@ -180,6 +188,7 @@ def test_signed_in_users_are_limited_per_user_not_per_address(monkeypatch):
     assert ratelimit.prompt_limiter.wait("session:visitor-2") == 0  # a refusal counts nothing
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("origin", "host", "extra", "accepted"),
     [
@@ -203,6 +212,7 @@ async def test_the_socket_accepts_only_its_own_origin(application, origin, host,
     await communicator.disconnect()
 
 
+@pytest.mark.integration
 async def test_behind_a_tls_proxy_the_https_page_and_trusted_origins_are_accepted(
     application, settings
 ):
@@ -238,6 +248,7 @@ async def test_behind_a_tls_proxy_the_https_page_and_trusted_origins_are_accepte
     await communicator.disconnect()
 
 
+@pytest.mark.unit
 async def test_every_page_carries_a_strict_content_security_policy():
     """The chat page, the admin and the API answer with a CSP allowing no inline script or style."""
     client = AsyncClient()
@@ -251,6 +262,7 @@ async def test_every_page_carries_a_strict_content_security_policy():
 # -- one hostile corpus through every transport (tests/hostile_inputs.py) ---------------------
 
 
+@pytest.mark.integration
 async def test_the_hostile_corpus_gets_an_error_event_on_the_socket(client):
     """Surrogates and NULs in every string, deep values, Unicode digits and wrong types in every
     id, 10 MB, 100,000 unclosed brackets: each frame gets an `error` event, the socket stays open."""
@@ -270,6 +282,7 @@ async def test_the_hostile_corpus_gets_an_error_event_on_the_socket(client):
     assert await client.receive() == {"type": "pong"}
 
 
+@pytest.mark.integration
 async def test_the_hostile_corpus_gets_a_json_error_event_over_http(application):
     """The same corpus (and a body that is not UTF-8) to /api/chat, /api/chat/stream and
     /api/chat/cancel: a 4xx whose JSON body is the `error` event, never a 5xx."""
@@ -297,11 +310,12 @@ async def test_the_hostile_corpus_gets_a_json_error_event_over_http(application)
             assert (status, payload["code"]) == (413, "frame_too_large")
 
 
+@pytest.mark.unit
 async def test_the_hostile_corpus_gets_an_openai_error_on_v1(scripted, example_policies):
     """The same corpus for /v1/chat/completions (system, history, text parts, stop, model and
     policy names, the schema's name; numbers for n and max_tokens): each a 4xx in OpenAI's
     shape with the `param` it is about, never a 5xx; 10 MB is a 413 JSON, not Django's page."""
-    from tests.scripted import Answer
+    from testing.scripted import Answer
     from tests.test_openai_views import _user_with_key, assert_openai_error, post
 
     scripted(*[Answer(("ok",)) for _ in V1_CORPUS])
@@ -325,6 +339,7 @@ async def test_the_hostile_corpus_gets_an_openai_error_on_v1(scripted, example_p
     assert response.status_code == 413 and payload["error"]["type"] == "invalid_request_error"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "url",
     [
@@ -344,6 +359,7 @@ def test_unicode_digits_and_huge_numbers_in_the_query_are_no_conversation(url):
     assert b'"conversation": null' in response.content
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("method", "url", "body", "status", "code"),
     [
@@ -373,6 +389,7 @@ def test_the_conversation_api_answers_json_errors_to_hostile_ids_and_bodies(
         assert payload["code"] == code
 
 
+@pytest.mark.unit
 def test_revoking_a_key_named_by_unicode_digits_is_a_400_not_a_500(django_user_model):
     """`key=²` was a 500 (isdigit() then int()); now the page says the key is not one of yours."""
     from django.test import Client
@@ -386,6 +403,7 @@ def test_revoking_a_key_named_by_unicode_digits_is_a_400_not_a_500(django_user_m
         assert b"not one of your active keys" in response.content
 
 
+@pytest.mark.unit
 def test_error_pages_are_the_products_and_leak_nothing():
     """404 and 500 with DEBUG off (as in `make run`): the product's page for the browser, the
     API's error shape on /api/ and /v1/; no traceback, no settings, no path echoed."""

@@ -14,7 +14,9 @@ import urllib.request
 import pytest
 import websockets
 
-from bench.liveserver import LiveServer
+from testing.liveserver import LiveServer
+
+pytestmark = pytest.mark.integration
 
 TOKEN = "t" * 32  # any well-formed CSRF secret
 
@@ -205,7 +207,7 @@ def test_a_10_mb_body_to_v1_is_a_413_in_openais_shape(which, dev_server, product
 def make_run_server(tmp_path_factory):
     """`make run` as a newcomer runs it (`python -m project.serve`, no DEBUG, no SECRET_KEY),
     on this test's Redis and a data directory of its own."""
-    from bench.liveserver import ROOT
+    from testing.liveserver import ROOT
 
     workdir = tmp_path_factory.mktemp("make-run")
     server = LiveServer(

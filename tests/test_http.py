@@ -26,6 +26,7 @@ def make_conversation(client, text="hello") -> Conversation:
     return conversation
 
 
+@pytest.mark.unit
 def test_page_renders_with_the_visitors_conversations(visitor):
     """The page lists the visitor's own conversations and the config the script needs."""
     conversation = make_conversation(visitor, "about owls")
@@ -36,6 +37,7 @@ def test_page_renders_with_the_visitors_conversations(visitor):
     assert f'"conversation": {conversation.pk}' in html
 
 
+@pytest.mark.unit
 def test_conversation_api_returns_messages_to_their_owner(visitor):
     conversation = make_conversation(visitor)
     body = visitor.get(f"/api/conversations/{conversation.pk}/").json()
@@ -47,6 +49,7 @@ def test_conversation_api_returns_messages_to_their_owner(visitor):
     assert [c["id"] for c in listing["conversations"]] == [conversation.pk]
 
 
+@pytest.mark.unit
 def test_another_visitor_can_neither_read_nor_list_a_conversation(visitor):
     """Someone else's conversation is a 404, and absent from their list."""
     conversation = make_conversation(visitor)
@@ -58,6 +61,7 @@ def test_another_visitor_can_neither_read_nor_list_a_conversation(visitor):
     assert '"conversation": null' in page
 
 
+@pytest.mark.integration
 def test_healthz_is_ok_once_the_model_is_ready(runtime):
     response = Client().get("/healthz")
     body = response.json()
@@ -71,6 +75,7 @@ def test_healthz_is_ok_once_the_model_is_ready(runtime):
     assert body["model_name"] == "SmolLM2-135M-Instruct"
 
 
+@pytest.mark.integration
 def test_healthz_is_503_with_the_same_shape_while_loading(runtime, monkeypatch):
     """Before the model is ready the answer is 503 and says what is not ready."""
     monkeypatch.setattr(runtime, "state", "loading")
@@ -86,6 +91,7 @@ def test_healthz_is_503_with_the_same_shape_while_loading(runtime, monkeypatch):
     )
 
 
+@pytest.mark.integration
 def test_healthz_reports_redis_unavailable_as_degraded(runtime, settings):
     """Chat answers without Redis (uncached), so a missing Redis degrades the node rather than downing it."""
     settings.REDIS_URL = "redis://127.0.0.1:1/0"

@@ -28,6 +28,8 @@ from chat.transports.admin_views import (
     nice_ceiling,
 )
 
+pytestmark = pytest.mark.unit
+
 URL = "/admin/latency/"
 UNTIL = datetime(2025, 1, 2, 0, 0, tzinfo=UTC)
 

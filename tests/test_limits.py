@@ -5,7 +5,7 @@ from asgiref.sync import sync_to_async
 
 from chat.models import Conversation
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 
 async def test_a_prompt_over_the_token_limit_is_refused_with_both_numbers(

@@ -1,6 +1,10 @@
 """A small run of the load script: many sockets, cancels, then every stored answer checked."""
 
+import pytest
+
 from bench import loadtest
+
+pytestmark = pytest.mark.integration
 
 
 def test_a_small_load_run_stores_exactly_what_each_client_assembled(tmp_path):

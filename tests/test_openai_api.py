@@ -10,6 +10,8 @@ import jsonschema
 import openai
 import pytest
 
+pytestmark = pytest.mark.integration
+
 SHORT = "Count from 1 to 10, separated by commas."
 LONG = "Write a very long story about a dragon who learns to bake bread."
 ANSWER_SCHEMA = {

@@ -14,14 +14,17 @@ from chat.transports.openai_protocol import (
     answer_of,
     parse_chat_request,
 )
+from testing.examples import fuzz_examples
 from tests.test_openai_views import raw_bodies
+
+pytestmark = pytest.mark.unit
 
 
 def parse(body: dict) -> ChatRequest:
     return parse_chat_request(json.dumps(body).encode(), model_name="smollm2", max_prompt_chars=100)
 
 
-@settings(max_examples=3000, deadline=None, database=None)
+@settings(max_examples=fuzz_examples(3000), deadline=None, database=None)
 @given(raw=raw_bodies)
 def test_any_body_parses_or_is_an_openai_error_with_a_4xx(raw):
     try:

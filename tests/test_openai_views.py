@@ -19,9 +19,10 @@ from chat.infra.ratelimit import prompt_limiter
 from chat.models import Message, OutputPolicy
 from chat.stores import selectors
 from chat.stores.apikeys import apikey_create, apikey_revoke
-from tests.scripted import Answer
+from testing.examples import fuzz_examples
+from testing.scripted import Answer
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.unit, pytest.mark.django_db(transaction=True)]
 
 URL = "/v1/chat/completions"
 ANSWER_SCHEMA = {
@@ -444,10 +445,11 @@ raw_bodies = (
     | st.text(max_size=200)
     | (json_values.map(json.dumps))
 )
-# CHAT_FUZZ_EXAMPLES: how many bodies (1,200 by default; raise it for a long run).
+# CHAT_FUZZ_EXAMPLES: how many bodies (1,200 by default; raise it for a long run), scaled down
+# by CHAT_TEST_FUZZ_SCALE in the fast unit run (testing/examples.py).
 settings.register_profile(
     "hostile_v1",
-    max_examples=int(os.environ.get("CHAT_FUZZ_EXAMPLES", "1200")),
+    max_examples=fuzz_examples(int(os.environ.get("CHAT_FUZZ_EXAMPLES", "1200"))),
     deadline=None,
     database=None,
     suppress_health_check=list(HealthCheck),

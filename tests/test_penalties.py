@@ -15,10 +15,11 @@ from chat.engine.types import GenerationRequest, penalty_errors
 from chat.models import OutputPolicy
 from chat.stores.policy_store import builtin_policy, policy_errors
 from chat.turns.prompting import turn_cache_key
-from tests.scripted import Answer, ScriptedBackend
+from testing.scripted import Answer, ScriptedBackend
 from tests.test_openai_views import alice, ask, assert_openai_error, post  # noqa: F401
 
 
+@pytest.mark.unit
 def test_frequency_and_presence_penalties_follow_openais_definition():
     """logit -= frequency * count + presence * (count > 0), over the ids given, per row."""
     scores = torch.zeros(2, 5)
@@ -33,6 +34,7 @@ def test_frequency_and_presence_penalties_follow_openais_definition():
     )
 
 
+@pytest.mark.unit
 def test_penalties_read_the_answer_not_the_prompt():
     """A token only the prompt holds (the template's end-of-turn, say) keeps its logit."""
     prompt_only, generated = 2, 7
@@ -43,6 +45,7 @@ def test_penalties_read_the_answer_not_the_prompt():
     assert out[0, 5] == 2.0
 
 
+@pytest.mark.unit
 def test_neutral_penalties_add_no_processor_and_ranges_are_checked():
     """Off means no work per step; out-of-range values are named with their range."""
     assert penalty_processors(prompt_length=4) == []
@@ -70,6 +73,7 @@ def _repeated_ngrams(ids: list[int], n: int) -> int:
     return len(grams) - len(set(grams))
 
 
+@pytest.mark.integration
 def test_rows_with_different_penalties_share_a_batch_of_the_real_model(backend):
     """Each row keeps its own rule: the no-repeat row never repeats a 2-gram of its answer,
     while rows with other settings decode beside it to their full forced length."""
@@ -92,6 +96,7 @@ def test_rows_with_different_penalties_share_a_batch_of_the_real_model(backend):
     assert [len(row.processors) for row in rows] == [1, 2, 2, 2]
 
 
+@pytest.mark.unit
 def test_staff_see_out_of_range_penalties_before_saving(db):
     """The admin's validation names each bad penalty; sensible ones pass."""
     policy = OutputPolicy(
@@ -103,6 +108,7 @@ def test_staff_see_out_of_range_penalties_before_saving(db):
     assert not {"repetition_penalty", "no_repeat_ngram_size"} & set(policy_errors(fine))
 
 
+@pytest.mark.unit
 def test_penalties_are_part_of_the_cache_key_only_when_set():
     """A changed penalty never serves an answer made without it; neutral ones leave old keys alone."""
     backend = ScriptedBackend([])
@@ -122,6 +128,7 @@ def test_penalties_are_part_of_the_cache_key_only_when_set():
     assert key not in changed and len(changed) == 4
 
 
+@pytest.mark.unit
 @pytest.mark.django_db(transaction=True)
 async def test_openai_clients_penalties_reach_the_engine_and_bad_ones_are_refused(
     scripted,
@@ -149,6 +156,7 @@ async def test_openai_clients_penalties_reach_the_engine_and_bad_ones_are_refuse
     assert len(backend.requests) == 1  # refused before any generation
 
 
+@pytest.mark.unit
 @pytest.mark.django_db(transaction=True)
 async def test_a_policys_penalties_reach_every_turn(scripted, make_policy):
     """Staff set them once per policy; each request under it carries them."""

@@ -32,6 +32,8 @@ from chat.policy import (
     schema_errors,
 )
 
+pytestmark = pytest.mark.unit
+
 ANSWER_SCHEMA = {
     "type": "object",
     "required": ["answer"],
@@ -574,7 +576,7 @@ try:
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 except ImportError:  # pragma: no cover - hypothesis is a dev dependency
-    given = None
+    given = None  # type: ignore[assignment]
 
 if given is not None:
 

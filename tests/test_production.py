@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.liveserver import LiveServer
+from testing.liveserver import LiveServer
+
+pytestmark = pytest.mark.integration
 
 STATIC_SOURCE = Path(__file__).resolve().parent.parent / "static" / "chat" / "chat.js"
 

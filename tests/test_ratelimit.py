@@ -1,6 +1,10 @@
 """The per-user rate limiter on its own, with a clock the test moves."""
 
+import pytest
+
 from chat.infra.ratelimit import RateLimiter
+
+pytestmark = pytest.mark.unit
 
 
 class Clock:

@@ -5,7 +5,7 @@ from asgiref.sync import sync_to_async
 
 from chat.models import Conversation, Message
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 PROMPT = "Count from 1 to 10, separated by commas."
 

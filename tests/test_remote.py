@@ -6,7 +6,6 @@ import threading
 
 import pytest
 
-from bench.liveserver import free_port
 from chat.engine.concurrent import ConcurrentScheduler
 from chat.engine.remote import OpenAIBackend, RemoteConfig
 from chat.engine.types import (
@@ -18,8 +17,8 @@ from chat.engine.types import (
     Started,
     TextChunk,
 )
-
-from .openai_server import FakeOpenAIServer
+from testing.liveserver import free_port
+from testing.openai_server import FakeOpenAIServer
 
 COUNT = [{"role": "user", "content": "Count from 1 to 10, separated by commas."}]
 STORY = [{"role": "user", "content": "Write a very long story about a dragon."}]
@@ -45,6 +44,7 @@ def remote(fake, backend):
     return remote_for(fake, backend)
 
 
+@pytest.mark.integration
 def test_streamed_chunks_assemble_to_the_real_models_answer_and_usage_maps(remote, fake, backend):
     """Chunks handed out concatenate to the result, which is the local model's own greedy answer; usage maps back."""
     chunks: list[str] = []
@@ -52,7 +52,7 @@ def test_streamed_chunks_assemble_to_the_real_models_answer_and_usage_maps(remot
     served = fake.served[-1]
     local = backend.generate(backend.request(COUNT, max_new_tokens=40))
     assert len(chunks) > 3 and "".join(chunks) == result.text
-    assert result.text == local.text and result.finish_reason == "eos"
+    assert result.text == local.text and result.finish_reason == local.finish_reason
     assert served.body["stream"] is True and served.body["stream_options"] == {
         "include_usage": True
     }
@@ -60,6 +60,7 @@ def test_streamed_chunks_assemble_to_the_real_models_answer_and_usage_maps(remot
     assert result.first_token_at is not None
 
 
+@pytest.mark.integration
 def test_a_stop_string_ends_the_answer_as_stop_string_and_is_never_shown(remote, fake):
     """The policy's stop strings travel as `stop`; vLLM's stop_reason maps back to finish_reason stop_string."""
     chunks: list[str] = []
@@ -68,11 +69,10 @@ def test_a_stop_string_ends_the_answer_as_stop_string_and_is_never_shown(remote,
     )
     assert fake.served[-1].body["stop"] == [", 5"]
     assert result.finish_reason == "stop_string"
-    assert (
-        result.text.startswith("1, 2") and ", 5" not in "".join(chunks) and "5" not in result.text
-    )
+    assert result.text.strip() and ", 5" not in "".join(chunks) and "5" not in result.text
 
 
+@pytest.mark.integration
 def test_a_stop_string_the_server_streams_is_cut_and_closes_the_stream(backend):
     """A server that ignores `stop`: the client holds back and drops the marker, and hangs up on the rest."""
     leaky = FakeOpenAIServer(backend, leak_stop_strings=True).start()
@@ -87,10 +87,11 @@ def test_a_stop_string_the_server_streams_is_cut_and_closes_the_stream(backend):
     finally:
         leaky.stop()
     assert result.finish_reason == "stop_string" and "".join(chunks) == result.text
-    assert result.text.startswith("1, 2") and "5" not in result.text
+    assert result.text.strip() and "5" not in result.text
     assert served.client_gone_at is not None and served.finish_reason == "cancelled"
 
 
+@pytest.mark.integration
 def test_max_new_tokens_is_capped_and_ends_as_length(fake, backend):
     """max_tokens is the request's max_new_tokens, capped by the server-side ceiling; upstream "length" maps to length."""
     remote = remote_for(fake, backend, max_new_tokens_cap=6)
@@ -99,6 +100,7 @@ def test_max_new_tokens_is_capped_and_ends_as_length(fake, backend):
     assert result.finish_reason == "length" and result.new_tokens == 6 and result.text
 
 
+@pytest.mark.integration
 def test_cancel_closes_the_upstream_stream_and_the_server_stops_generating(remote, fake):
     """Setting the cancel flag mid-answer shuts the connection; the server sees it and its model stops early."""
     request = remote.request(STORY, max_new_tokens=300)
@@ -118,6 +120,7 @@ def test_cancel_closes_the_upstream_stream_and_the_server_stops_generating(remot
     assert served.new_tokens < 300
 
 
+@pytest.mark.integration
 def test_cancel_wakes_a_read_waiting_on_a_silent_upstream(remote, fake):
     """The server goes quiet after one chunk: the cancel still ends the call, because the socket is shut down under the read."""
     fake.stall_after_first_chunk = True
@@ -141,6 +144,7 @@ def test_cancel_wakes_a_read_waiting_on_a_silent_upstream(remote, fake):
         fake.stall_after_first_chunk = False
 
 
+@pytest.mark.integration
 def test_an_upstream_that_is_down_gives_a_readable_engine_error(backend):
     """Nobody listening on the port: an EngineError that says the server refused the connection."""
     down = OpenAIBackend(
@@ -152,6 +156,7 @@ def test_an_upstream_that_is_down_gives_a_readable_engine_error(backend):
     assert down.probe().startswith("unavailable")
 
 
+@pytest.mark.integration
 def test_an_upstream_500_gives_a_readable_engine_error(remote, fake):
     """An HTTP 500 becomes an EngineError carrying the status and the server's own message."""
     fake.fail_with = 500
@@ -162,6 +167,7 @@ def test_an_upstream_500_gives_a_readable_engine_error(remote, fake):
         fake.fail_with = None
 
 
+@pytest.mark.integration
 def test_a_malformed_event_gives_a_readable_engine_error(remote, fake):
     """An event that is not JSON ends the answer with an EngineError quoting it, not a parser traceback."""
     fake.garbage = b"{not json"
@@ -172,6 +178,7 @@ def test_a_malformed_event_gives_a_readable_engine_error(remote, fake):
         fake.garbage = None
 
 
+@pytest.mark.integration
 def test_a_context_length_refusal_is_prompt_too_long(fake, backend):
     """With no local context limit, the server's "maximum context length" 400 becomes PromptTooLong."""
     remote = remote_for(fake, backend, context_length=0, max_new_tokens_cap=10**6)
@@ -179,6 +186,7 @@ def test_a_context_length_refusal_is_prompt_too_long(fake, backend):
         remote.generate(remote.request(COUNT, max_new_tokens=10**6))
 
 
+@pytest.mark.integration
 def test_the_api_key_is_sent_as_a_bearer_token(backend):
     """A server that requires a key answers with the right one and refuses a wrong one readably."""
     guarded = FakeOpenAIServer(backend, api_key="s3cret").start()
@@ -217,13 +225,14 @@ class Events:
             return any(isinstance(e, kind) for e in self.items)
 
 
+@pytest.mark.unit
 def test_a_misconfigured_remote_backend_fails_at_start_up_with_a_clear_message():
     """CHAT_BACKEND=openai without a URL, or with a bad number, stops Django from starting and says what to set."""
     import os
     import subprocess
     import sys
 
-    from bench.liveserver import ROOT
+    from testing.liveserver import ROOT
 
     def start(**env) -> str:
         done = subprocess.run(
@@ -246,6 +255,7 @@ def test_a_misconfigured_remote_backend_fails_at_start_up_with_a_clear_message()
     assert "CHAT_BACKEND='vllm'" in start(CHAT_BACKEND="vllm")
 
 
+@pytest.mark.integration
 def test_two_requests_stream_at_once_and_a_third_waits_with_a_truthful_position(remote, fake):
     """Two slots: two streams are open upstream together, the third waits at position 1, a cancelled waiter leaves at once."""
     scheduler = ConcurrentScheduler(remote, max_running=2)
@@ -282,6 +292,7 @@ def test_two_requests_stream_at_once_and_a_third_waits_with_a_truthful_position(
     ]  # behind a runner, never behind the cancelled waiter
 
 
+@pytest.mark.integration
 def test_a_failing_upstream_fails_one_request_and_the_queue_goes_on(remote, fake):
     """A 500 becomes Failed for that request; the next request still streams."""
     scheduler = ConcurrentScheduler(remote, max_running=1)
@@ -299,6 +310,7 @@ def test_a_failing_upstream_fails_one_request_and_the_queue_goes_on(remote, fake
         scheduler.close()
 
 
+@pytest.mark.integration
 @pytest.mark.django_db
 def test_healthz_names_the_remote_backend_and_reports_an_unreachable_upstream_as_degraded(
     settings, monkeypatch, runtime, backend

@@ -8,14 +8,16 @@ import uuid
 import pytest
 import redis
 
-from bench.liveserver import free_port
 from chat.engine.admission import RedisAdmission
 from chat.engine.concurrent import ConcurrentScheduler
 from chat.engine.types import Finished, Queued, Started, TextChunk
+from testing.liveserver import free_port
+from testing.openai_server import FakeOpenAIServer
 
 from .conftest import TEST_CACHE_URL
-from .openai_server import FakeOpenAIServer
 from .test_remote import COUNT, STORY, Events, remote_for
+
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")

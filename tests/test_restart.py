@@ -5,9 +5,11 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from bench.liveserver import LiveServer
+from testing.liveserver import LiveServer
 from tests.conftest import LIVE_CACHE_URL
 from tests.test_browser import open_chat
+
+pytestmark = pytest.mark.browser
 
 LONG = "Write a very long story about a dragon who learns to bake bread."
 

@@ -14,9 +14,11 @@ import psycopg
 import pytest
 import websockets
 
-from bench.liveserver import LiveServer
+from testing.liveserver import LiveServer
 from tests.conftest import LIVE_CACHE_URL
 from tests.test_consumer import LONG, SHORT
+
+pytestmark = pytest.mark.integration
 
 PG = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 
@@ -179,7 +181,7 @@ async def test_another_visitors_cancel_on_the_other_process_does_not_stop_the_tu
         )
         assert status == 404 and refused["code"] == "unknown_request"
         done = (await receive_until(on_a, "done"))[-1]
-    assert done["finish_reason"] == "eos"
+    assert done["finish_reason"] in ("eos", "length")  # not cancelled by the stranger
 
 
 def test_closing_an_sse_stream_under_daphne_cancels_the_turn(servers):

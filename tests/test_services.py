@@ -8,14 +8,13 @@ from asgiref.sync import sync_to_async
 
 from chat.engine.backend import LocalBackend
 from chat.engine.concurrent import ConcurrentScheduler
-from chat.engine.decoding import SteppedBackend
 from chat.engine.remote import OpenAIBackend, RemoteConfig
 from chat.engine.scheduler import ContinuousScheduler
-from chat.engine.types import Backend, Scheduler
+from chat.engine.types import Backend, Scheduler, SteppedBackend
 from chat.models import Message
 from chat.protocol import FINISH_REASONS, METRIC_KEYS
+from testing.scripted import Answer, ScriptedBackend
 from tests.conftest import ChatClient, chunks_text
-from tests.scripted import Answer, ScriptedBackend
 
 ws_db = pytest.mark.django_db(transaction=True)
 
@@ -40,6 +39,7 @@ async def ask(chat: ChatClient, text: str, **extra) -> list[dict]:
     return await chat.receive_until("done", request_id, timeout=10)
 
 
+@pytest.mark.integration
 def test_every_backend_and_scheduler_implements_the_engine_protocols(runtime):
     """The written contract in chat/engine/types.py holds for each implementation and the script."""
     remote = OpenAIBackend(RemoteConfig(base_url="http://127.0.0.1:9/v1", model="m"))
@@ -59,6 +59,7 @@ def test_every_backend_and_scheduler_implements_the_engine_protocols(runtime):
     assert not isinstance(object(), Backend) and not isinstance(object(), Scheduler)
 
 
+@pytest.mark.unit
 @ws_db
 async def test_a_cached_and_a_live_done_carry_the_same_keys(scripted, chat, make_policy):
     """A repeat is served from the cache with exactly the keys a live `done` has, metrics included."""
@@ -76,6 +77,7 @@ async def test_a_cached_and_a_live_done_carry_the_same_keys(scripted, chat, make
     assert live["metrics"]["cached_new_tokens"] is None
 
 
+@pytest.mark.unit
 @ws_db
 async def test_an_invalid_structured_answer_is_reasked_with_the_error_and_never_shown(
     scripted, chat, make_policy
@@ -99,6 +101,7 @@ async def test_an_invalid_structured_answer_is_reasked_with_the_error_and_never_
     assert stored.json_value == {"answer": "Paris"} and stored.retries == 1
 
 
+@pytest.mark.unit
 @ws_db
 async def test_an_answer_that_stays_invalid_ends_the_policys_way(scripted, chat, make_policy):
     """After the last re-ask the failure action applies: here the fallback text, marked invalid."""
@@ -116,6 +119,7 @@ async def test_an_answer_that_stays_invalid_ends_the_policys_way(scripted, chat,
     assert done["json"] is None and done["reason"]
 
 
+@pytest.mark.unit
 @ws_db
 async def test_a_moderated_stream_is_retracted_stopped_and_stored_empty(
     scripted, chat, make_policy
@@ -138,6 +142,7 @@ async def test_a_moderated_stream_is_retracted_stopped_and_stored_empty(
     assert stored.text == "" and stored.outcome == "moderated"
 
 
+@pytest.mark.unit
 @ws_db
 async def test_a_model_failure_keeps_the_partial_text_and_says_so(scripted, chat):
     """The chunks already shown are stored with the failure; the client gets `model_error`."""

@@ -9,8 +9,10 @@ import urllib.request
 import pytest
 import websockets
 
-from bench.liveserver import LiveServer, free_port
 from chat.infra.ratelimit import SharedRateLimiter
+from testing.liveserver import LiveServer, free_port
+
+pytestmark = pytest.mark.integration
 
 
 def test_two_processes_limiters_share_one_window(settings):

@@ -14,10 +14,10 @@ import websockets
 from django.test import AsyncClient
 from websockets.exceptions import ConnectionClosed
 
-from bench.liveserver import LiveServer
 from chat import turns
 from chat.infra.runtime import runtime as chat_runtime
 from chat.protocol import CLOSE_SERVER_RESTARTING
+from testing.liveserver import LiveServer
 from tests.conftest import LIVE_CACHE_URL
 from tests.test_consumer import LONG, SHORT, wait_stored
 from tests.test_openai_api import MAKE_KEYS
@@ -100,6 +100,7 @@ def wait_exit(server: LiveServer) -> int:
     return server.process.returncode
 
 
+@pytest.mark.integration
 async def test_sigterm_mid_answer_cancels_it_after_the_drain_stores_it_and_closes_with_4012(
     short_drain,
 ):
@@ -146,6 +147,7 @@ async def test_sigterm_mid_answer_cancels_it_after_the_drain_stores_it_and_close
     assert "0 answer(s) finished, 2 cancelled" in server.log()
 
 
+@pytest.mark.integration
 async def test_an_answer_that_ends_within_the_drain_finishes_and_is_stored(long_drain):
     """With time enough, SIGTERM lets the running answer end by itself; then the socket closes."""
     server = long_drain
@@ -159,6 +161,7 @@ async def test_an_answer_that_ends_within_the_drain_finishes_and_is_stored(long_
     assert stored_status(server, accepted["message"]) == "done"
 
 
+@pytest.mark.integration
 def test_idle_sigterm_exits_cleanly(tmp_path):
     """Nothing running: SIGTERM ends the process with status 0 (the time is printed by
     bench/scripts/shutdown_timing.py, not asserted here)."""
@@ -176,6 +179,7 @@ def draining(runtime, monkeypatch):
     monkeypatch.setattr(chat_runtime, "draining", True)
 
 
+@pytest.mark.integration
 @ws_db
 async def test_while_draining_prompts_get_server_restarting_everywhere(client, draining):
     """Socket: `error` server_restarting, the socket stays open; HTTP: 503 with Retry-After;
@@ -195,6 +199,7 @@ async def test_while_draining_prompts_get_server_restarting_everywhere(client, d
     assert health.status_code == 503 and health.json()["status"] == "draining"
 
 
+@pytest.mark.integration
 @ws_db
 async def test_turns_drain_cancels_what_runs_past_the_drain_and_stores_it(client, monkeypatch):
     """An answer still running when the drain ends is cancelled with reason server_restarting,

@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from bench.liveserver import ROOT
+from testing.liveserver import ROOT
+from testing.openai_server import FakeOpenAIServer
 
 from .conftest import LIVE_CACHE_URL
-from .openai_server import FakeOpenAIServer
 
 # Migrate (which runs the system checks, the eos check among them), load the app as daphne
 # does, serve one turn over the app's WebSocket route, and say what got imported.
@@ -53,6 +53,7 @@ def fake(backend):
     server.stop()
 
 
+@pytest.mark.integration
 def test_a_web_process_on_the_openai_backend_serves_a_turn_without_torch(fake, tmp_path):
     env = {
         **os.environ,
@@ -74,6 +75,7 @@ def test_a_web_process_on_the_openai_backend_serves_a_turn_without_torch(fake, t
     assert fake.served and fake.served[-1].body["messages"][-1]["content"] == "Hi"
 
 
+@pytest.mark.unit
 def test_make_run_in_front_of_a_server_prepares_the_tokenizer_folder_in_a_child_process():
     """`python -m project.serve` converts the bundled model (the tokenizer for token counts) in
     a child process on CHAT_BACKEND=openai, so the serving process stays torch-free."""

@@ -10,6 +10,7 @@ from chat.engine import weight_major
 from chat.engine.weight_major import WeightMajorLinear
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("rows", [1, 2, 5, 16, 40])
 def test_the_same_product_for_any_number_of_rows(rows):
     linear = nn.Linear(96, 320, bias=False)
@@ -20,6 +21,7 @@ def test_the_same_product_for_any_number_of_rows(rows):
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.integration
 def test_a_wrapped_model_decodes_the_same_logits_and_keeps_its_tied_head(backend):
     model = backend.model
     already = weight_major.unwrap_all(model)  # whatever start-up chose, compare against plain
@@ -42,6 +44,7 @@ def test_a_wrapped_model_decodes_the_same_logits_and_keeps_its_tied_head(backend
             weight_major.wrap(model)
 
 
+@pytest.mark.unit
 def test_choose_keeps_weight_major_only_when_the_timed_step_is_faster():
     model = nn.Sequential(nn.Linear(8, 8, bias=False), nn.Linear(8, 8, bias=True))
     slower = iter([1.0, 2.0])  # plain 1 s, weight-major 2 s

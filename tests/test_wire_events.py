@@ -12,6 +12,8 @@ from chat.protocol import events as e
 from chat.protocol.errors import ERROR_CODES, error_code
 from chat.transports.openai_protocol import turn_error
 
+pytestmark = pytest.mark.unit
+
 METRICS = {"queue_ms": 1.0, "new_tokens": 3}
 
 

@@ -31,7 +31,7 @@ import psycopg  # noqa: E402
 import redis  # noqa: E402
 import websockets  # noqa: E402
 
-from bench.liveserver import LiveServer  # noqa: E402
+from testing.liveserver import LiveServer  # noqa: E402
 
 PG = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 LONG = "Write a very long story about a dragon who learns to bake bread."

@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.liveserver import ROOT, LiveServer  # noqa: E402
 from project.embedded_redis import EmbeddedRedis  # noqa: E402
+from testing.liveserver import ROOT, LiveServer  # noqa: E402
 
 
 def healthy(live: LiveServer) -> bool:

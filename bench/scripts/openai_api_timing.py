@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import openai  # noqa: E402
 import redis  # noqa: E402
 
-from bench.liveserver import LiveServer  # noqa: E402
+from testing.liveserver import LiveServer  # noqa: E402
 
 MAKE_KEY = """
 from django.contrib.auth import get_user_model

@@ -114,7 +114,7 @@ def main() -> None:
         print(f"  {name:<13} {top1:>7.1%} {diff:>12.3f} {kl:>9.5f}")
 
     rows = [int(r) for r in args.rows.split(",")]
-    times = {(name, r): [] for name in candidates for r in rows}
+    times: dict[tuple[str, int], list[float]] = {(name, r): [] for name in candidates for r in rows}
     for round_ in range(args.rounds):
         order = list(candidates) if round_ % 2 == 0 else list(reversed(candidates))
         for name in order:

@@ -1,6 +1,6 @@
 """Print what the remote backend costs: cancel -> upstream connection closed, and streaming overhead.
 
-Runs the real local model behind the loopback OpenAI-compatible test server (tests/openai_server.py)
+Runs the real local model behind the loopback OpenAI-compatible test server (testing/openai_server.py)
 and `OpenAIBackend` against it, on 127.0.0.1 only, a bounded number of times:
 
     CHAT_MODEL_DTYPE=float32 .venv/bin/python bench/scripts/remote_latency.py [--reps 10] [--tokens 30]
@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 from chat.engine.loading import load_backend  # noqa: E402
 from chat.engine.remote import OpenAIBackend, RemoteConfig  # noqa: E402
 from chat.engine.types import EngineConfig  # noqa: E402
-from tests.openai_server import FakeOpenAIServer  # noqa: E402
+from testing.openai_server import FakeOpenAIServer  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "Write a very long story about a dragon."}]
 

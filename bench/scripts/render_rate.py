@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from playwright.sync_api import expect, sync_playwright  # noqa: E402
 
-from bench.liveserver import LiveServer  # noqa: E402
+from testing.liveserver import LiveServer  # noqa: E402
 
 COUNT_FRAMES = """() => {
   window.__frames = 0;

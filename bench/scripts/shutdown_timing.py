@@ -5,7 +5,7 @@
 Each round starts a fresh server on loopback (its own SQLite database; the cache on
 CHAT_CACHE_REDIS_URL, default redis://127.0.0.1:6379/13), waits for /healthz 200, and prints
 the median over rounds of:
-- idle, daphne: SIGTERM -> process gone (bench/liveserver.py's `python -m daphne`)
+- idle, daphne: SIGTERM -> process gone (testing/liveserver.py's `python -m daphne`)
 - idle, project.serve: the same for `make run`'s command with the embedded Redis
   (REDIS_URL unset, a throwaway DATA_DIR)
 - busy: a long answer streaming over a WebSocket when SIGTERM comes; SIGTERM -> the answer's
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import websockets  # noqa: E402
 
-from bench.liveserver import ROOT, LiveServer  # noqa: E402
+from testing.liveserver import ROOT, LiveServer  # noqa: E402
 
 LONG = "Write a very long story about a dragon who learns to bake bread."
 

@@ -1,7 +1,7 @@
 """Print what one web process costs on each backend, side by side: memory and start-up time.
 
 A daphne on CHAT_BACKEND=openai in front of `transformers serve --continuous-batching` (started
-here, bench/peer.py) against a daphne on the local backend (the model in the process). Each is
+here, testing/peer.py) against a daphne on the local backend (the model in the process). Each is
 started fresh on its own SQLite database, timed from launch to /healthz ready, asked one short
 answer over a real WebSocket, and then measured from /proc: resident memory now (VmRSS), its
 peak (VmHWM), and whether libtorch was ever mapped into it.
@@ -24,8 +24,8 @@ sys.path.insert(0, str(ROOT))
 
 import websockets  # noqa: E402
 
-from bench.liveserver import LiveServer  # noqa: E402
-from bench.peer import TransformersServe  # noqa: E402
+from testing.liveserver import LiveServer  # noqa: E402
+from testing.peer import TransformersServe  # noqa: E402
 
 
 def proc_status(pid: int) -> dict[str, int]:

@@ -2,7 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python bench/scripts/web_tier_cpu.py [--tokens 128] [--rounds 2]
 
-Starts `transformers serve --continuous-batching` (bench/peer.py) and a daphne on
+Starts `transformers serve --continuous-batching` (testing/peer.py) and a daphne on
 CHAT_BACKEND=openai in front of it, streams answers through the product's /v1 with the benchmark's
 client, and reads both processes' CPU seconds (/proc/PID/stat) around each answer. On a machine
 where both share the cores, the web tier's CPU per token is what it takes from decoding.
@@ -35,7 +35,7 @@ def main() -> None:
     django.setup()
     from bench import benchmarking as bm
     from bench import openai_client as oc
-    from bench.peer import TransformersServe
+    from testing.peer import TransformersServe
 
     prompt = "Write a long, detailed story about a lighthouse keeper."
     with tempfile.TemporaryDirectory() as tmp, TransformersServe() as peer:

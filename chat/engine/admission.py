@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from typing import cast
 
 import redis
 
@@ -101,7 +102,7 @@ class RedisAdmission:
         ]
         self._admit = self.client.register_script(_ADMIT)
         self._release = self.client.register_script(_RELEASE)
-        self._pubsub = None
+        self._pubsub: redis.client.PubSub | None = None
 
     @property
     def renew_seconds(self) -> float:
@@ -138,7 +139,9 @@ class RedisAdmission:
 
     def counts(self) -> tuple[int, int]:
         """(running, waiting) across every process."""
-        running, waiting = self.client.zcard(self.keys[1]), self.client.zcard(self.keys[0])
+        # redis-py types every command for its sync and async clients at once
+        running = cast(int, self.client.zcard(self.keys[1]))
+        waiting = cast(int, self.client.zcard(self.keys[0]))
         return int(running), int(waiting)
 
     def close(self) -> None:

@@ -7,6 +7,7 @@ import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, StopStringCriteria
@@ -23,6 +24,7 @@ from .types import (
     OnText,
     Progress,
     PromptTooLong,
+    SteppedBackend,
 )
 
 log = logging.getLogger(__name__)
@@ -81,7 +83,7 @@ def bf16_pays_on_this_cpu(flags: set[str]) -> bool:
 BF16_ON_AVX512 = False
 
 
-class LocalBackend:
+class LocalBackend(SteppedBackend):
     """A Hugging Face causal LM held in this process.
 
     Args:
@@ -92,7 +94,11 @@ class LocalBackend:
         fingerprint: sha256 of the weight files; part of every cache key.
     """
 
-    def __init__(self, model, tokenizer, config: EngineConfig, *, model_id: str, fingerprint: str):
+    config: EngineConfig
+
+    def __init__(
+        self, model: Any, tokenizer: Any, config: EngineConfig, *, model_id: str, fingerprint: str
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -165,11 +171,11 @@ class LocalBackend:
 
     # -- prompts --------------------------------------------------------------
 
-    def render(self, messages: list[dict]) -> str:
+    def render(self, messages: list[dict[str, Any]]) -> str:
         """The exact model input for a conversation, via the tokenizer's chat template."""
         return "".join(text for text, _ in render_pieces(self.tokenizer, messages))
 
-    def encode(self, messages: list[dict]) -> list[int]:
+    def encode(self, messages: list[dict[str, Any]]) -> list[int]:
         """The ids fed to the model for `messages`; their contents never become control tokens."""
         if isinstance(messages, str):
             raise TypeError("encode() takes the messages: a rendered string hides typed markers")
@@ -182,7 +188,7 @@ class LocalBackend:
         """Refuse, rather than truncate, a prompt that leaves no room for the answer."""
         PromptTooLong.check(prompt_tokens, max_new_tokens, self.context_length)
 
-    def request(self, messages: list[dict], **options) -> GenerationRequest:
+    def request(self, messages: list[dict[str, Any]], **options: Any) -> GenerationRequest:
         """Render and tokenize `messages` into a request (convenience for plain Python)."""
         options.setdefault("max_new_tokens", min(256, self.config.max_new_tokens_cap))
         return GenerationRequest(input_ids=self.encode(messages), **options)
@@ -285,8 +291,9 @@ class LocalBackend:
         head_dim = (
             getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         )
-        size = torch.empty((), dtype=self.model.dtype).element_size()
-        return 2 * config.num_hidden_layers * heads * head_dim * size
+        size: int = torch.empty((), dtype=self.model.dtype).element_size()
+        per_token: int = 2 * config.num_hidden_layers * heads * head_dim * size
+        return per_token
 
     def stop_string_criteria(self, stop_strings: tuple[str, ...]) -> StopStringCriteria:
         """transformers' StopStringCriteria, built once per set of stop strings (it is stateless).

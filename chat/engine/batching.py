@@ -101,7 +101,9 @@ class Row:
         return "".join(self.shown)
 
 
-def left_pad(sequences: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(
+    sequences: list[list[int]], pad_id: int, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Decoder-only models continue from the right end, so padding goes on the left."""
     width = max(len(s) for s in sequences)
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)

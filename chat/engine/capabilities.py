@@ -21,6 +21,11 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .remote import OpenAIBackend
+    from .types import Progress
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +62,7 @@ class Capabilities:
         chat: "ok" once a completion was answered; the failure while the last one failed.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self.refused: set[str] = set()
         self.stop = "unknown"
@@ -68,12 +73,12 @@ class Capabilities:
         # Until discover() has logged its one line, findings go into that line, not their own.
         self.announced = False
 
-    def body(self, body: dict) -> dict:
+    def body(self, body: dict[str, Any]) -> dict[str, Any]:
         """`body` without the fields this server refuses."""
         with self._lock:
             return {k: v for k, v in body.items() if k not in self.refused}
 
-    def refused_in(self, status: int, message: str, body: dict) -> list[str]:
+    def refused_in(self, status: int, message: str, body: dict[str, Any]) -> list[str]:
         """The optional fields of `body` a 400/422 `message` names, now recorded as refused."""
         if status not in (400, 422):
             return []
@@ -120,25 +125,25 @@ class Capabilities:
             self._told.add(key)
         log.info("upstream %s", line)
 
-    def announce(self, progress, line: str) -> None:
+    def announce(self, progress: Progress, line: str) -> None:
         """Say `line` (what discovery found) once; later findings are logged one by one."""
         self.announced = True
         progress(line)
 
 
-def discover(backend, progress=log.info) -> Capabilities:
+def discover(backend: OpenAIBackend, progress: Progress = log.info) -> Capabilities:
     """Ask the server what it accepts: its model list, then three answers of a few tokens.
 
     Needs no tokenizer. A server that cannot be reached leaves everything "unknown"
     (requests then learn it); nothing here fails the start-up.
     """
-    from .types import EngineError, GenerationRequest
+    from .types import EngineError, GenerationRequest, GenerationResult
 
     caps = backend.capabilities
     backend.models_status()
     hello = [{"role": "user", "content": "Say hello."}]
 
-    def ask(**options):
+    def ask(**options: Any) -> GenerationResult:
         options.setdefault("max_new_tokens", 4)
         request = GenerationRequest(input_ids=[], messages=hello, temperature=0.0, **options)
         return backend.generate(request)

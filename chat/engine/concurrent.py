@@ -23,20 +23,26 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 from .types import (
+    Backend,
     EngineError,
     Failed,
     Finished,
     GenerationRequest,
     Queued,
     QueueFull,
+    Scheduler,
     Sink,
     Started,
     TextChunk,
     Ticket,
     finish_cancelled,
 )
+
+if TYPE_CHECKING:
+    from .admission import RedisAdmission
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +55,7 @@ class RemoteTicket(Ticket):
     position: int = 0
 
 
-class ConcurrentScheduler:
+class ConcurrentScheduler(Scheduler):
     """Streams up to `max_running` requests at once through `backend.generate`, the rest wait in order.
 
     A cancelled waiter leaves the queue at once (the server never hears of it); a
@@ -62,7 +68,14 @@ class ConcurrentScheduler:
         admission: a shared queue (RedisAdmission) whose slots every process must hold; None for per-process only.
     """
 
-    def __init__(self, backend, *, max_running: int = 8, max_waiting: int = 64, admission=None):
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        max_running: int = 8,
+        max_waiting: int = 64,
+        admission: RedisAdmission | None = None,
+    ):
         self.backend = backend
         self.max_running = max(1, max_running)
         self.max_waiting = max_waiting
@@ -108,6 +121,7 @@ class ConcurrentScheduler:
 
     def cancel(self, ticket: Ticket) -> None:
         """Stop `ticket` wherever it is; a no-op once it has finished."""
+        assert isinstance(ticket, RemoteTicket)  # this scheduler made it
         ticket.request.cancel.set()  # a running stream's backend closes the connection on this
         with self._lock:
             try:
@@ -152,14 +166,20 @@ class ConcurrentScheduler:
             )
         return len(self._waiting) + 1
 
+    @property
+    def _shared(self) -> RedisAdmission:
+        """The shared queue: only the global paths use it, and they exist only with one."""
+        assert self._admission is not None
+        return self._admission
+
     def _place_global(self, ticket: RemoteTicket) -> int:
         if len(self._waiting) >= self.max_waiting:
             raise QueueFull(
                 f"the server is busy: {len(self._waiting)} answers are waiting; try again shortly"
             )
-        ticket.admission_id = self._admission.new_id()
+        ticket.admission_id = self._shared.new_id()
         try:
-            return self._admission.join(
+            return self._shared.join(
                 ticket.admission_id, room=self.max_running - len(self._running)
             )
         except self._down as exc:
@@ -182,14 +202,14 @@ class ConcurrentScheduler:
         if ticket.admission_id is None or not self._global:
             return
         try:
-            self._admission.release(ticket.admission_id)
+            self._shared.release(ticket.admission_id)
         except self._down as exc:
             with self._lock:
                 self._fall_back(exc)
 
     def _coordinate(self) -> None:
         """Renew leases, take this process's turns and tell waiters their positions, whenever the queue moves."""
-        admission = self._admission
+        admission = self._shared
         while not self._closed:
             try:
                 if self._global:
@@ -210,8 +230,9 @@ class ConcurrentScheduler:
                 return
             runners = [t for t in self._running if t.admission_id]
             waiters = list(self._waiting)
-            results = self._admission.admit(
-                [t.admission_id for t in runners + waiters],
+            results = self._shared.admit(
+                # every waiter joined the global queue, so each has an id
+                cast("list[str]", [t.admission_id for t in runners + waiters]),
                 room=self.max_running - len(self._running),
             )
             promoted, moved = [], []
@@ -219,7 +240,7 @@ class ConcurrentScheduler:
                 if (
                     position == -1
                 ):  # our lease lapsed (this process stalled): queue again, at the back
-                    position = self._admission.join(ticket.admission_id, room=0)
+                    position = self._shared.join(cast(str, ticket.admission_id), room=0)
                 if position == 0:
                     self._waiting.remove(ticket)
                     self._running.add(ticket)
@@ -237,10 +258,10 @@ class ConcurrentScheduler:
         with self._lock:
             if self._closed:
                 return
-            self._admission.client.ping()
+            self._shared.client.ping()
             for ticket in self._waiting:
-                ticket.admission_id = self._admission.new_id()
-                self._admission.join(ticket.admission_id, room=0)
+                ticket.admission_id = self._shared.new_id()
+                self._shared.join(ticket.admission_id, room=0)
             self._global = True
         log.info("the shared admission queue in Redis answers again; using it")
         self._tick()
@@ -287,7 +308,7 @@ class ConcurrentScheduler:
         ticket.sink(Finished(result))
 
 
-def _announce(tickets: list[Ticket]) -> None:
+def _announce(tickets: list[RemoteTicket]) -> None:
     for index, ticket in enumerate(tickets):
         ticket.position = index + 1
         ticket.sink(Queued(position=index + 1))

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import threading
+from typing import Any
 
 _lock = threading.Lock()
-_compiled: dict[str, object] = {}
-_compilers: dict[int, object] = {}
+_compiled: dict[str, Any] = {}  # xgrammar's objects (its types are skipped: mypy.ini)
+_compilers: dict[int, Any] = {}
 
 
-def logits_processor(tokenizer, vocab_size: int, schema: dict):
+def logits_processor(tokenizer: Any, vocab_size: int, schema: dict[str, Any]) -> Any:
     """A fresh per-request processor (it keeps matcher state) for a grammar compiled once per schema."""
     import xgrammar as xgr
     from xgrammar.contrib.hf import LogitsProcessor

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
 
 import torch
 from transformers import (
@@ -31,7 +30,6 @@ from transformers import (
 
 from .batching import Row, left_pad
 from .penalties import penalty_processors
-from .types import Backend, GenerationRequest, GenerationResult, OnText
 
 
 class RunningBatch:
@@ -267,21 +265,3 @@ def sampling_processors(row: Row, constrained) -> LogitsProcessorList:
         if request.top_p < 1.0:
             processors.append(TopPLogitsWarper(request.top_p))
     return processors
-
-
-@runtime_checkable
-class SteppedBackend(Backend, Protocol):
-    """A backend whose model runs in this process, so a scheduler can drive it one decode step at
-    a time (backend.LocalBackend, driven by scheduler.ContinuousScheduler)."""
-
-    def new_batch(self) -> RunningBatch:
-        """An empty running batch: rows join it between decode steps and leave when they end."""
-
-    def row(self, request: GenerationRequest, on_text: OnText) -> Row:
-        """A request's state in a running batch: its sampling, streaming and stopping."""
-
-    def result(self, row: Row, started: float, finished: float) -> GenerationResult:
-        """What a finished row produced."""
-
-    def kv_bytes_per_token(self) -> int:
-        """KV-cache bytes one token of one row holds, for the scheduler's memory budget."""

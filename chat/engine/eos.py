@@ -7,6 +7,10 @@ marker is not among the eos ids used at generation time.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 _SENTINEL = "\x00ANSWER\x00"
 
@@ -25,15 +29,15 @@ class EosReport:
         return not self.problems
 
 
-def token_id(tokenizer, token: str) -> int | None:
+def token_id(tokenizer: Any, token: str) -> int | None:
     """Id of a single vocabulary token (e.g. "<|im_end|>"), or None: unknown tokens map to unk."""
-    value = tokenizer.convert_tokens_to_ids(token)
+    value: int | None = tokenizer.convert_tokens_to_ids(token)
     if value is None or (value == tokenizer.unk_token_id and token != tokenizer.unk_token):
         return None
     return value
 
 
-def template_end_marker(tokenizer) -> str | None:
+def template_end_marker(tokenizer: Any) -> str | None:
     """The text the chat template writes right after an assistant answer, e.g. "<|im_end|>"."""
     if not getattr(tokenizer, "chat_template", None):
         return None
@@ -49,7 +53,7 @@ def template_end_marker(tokenizer) -> str | None:
     )
 
 
-def eos_report(tokenizer, generation_config) -> EosReport:
+def eos_report(tokenizer: Any, generation_config: Any) -> EosReport:
     configured = generation_config.eos_token_id
     gen_ids = [
         i for i in (configured if isinstance(configured, list) else [configured]) if i is not None
@@ -72,7 +76,7 @@ def eos_report(tokenizer, generation_config) -> EosReport:
     return report
 
 
-def load_eos_report(model_dir) -> EosReport:
+def load_eos_report(model_dir: str | Path) -> EosReport:
     """The report for a model folder, reading only its tokenizer files and configs (no torch)."""
     from types import SimpleNamespace
 

@@ -16,8 +16,12 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from tokenizers import Tokenizer
+
+if TYPE_CHECKING:
+    import jinja2
 
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
 
@@ -28,23 +32,30 @@ class _AddedToken:
     special: bool
 
 
-def _token_text(value) -> str | None:
+def _token_text(value: object) -> str | None:
     """A special token as tokenizer_config.json writes it: a string, or {"content": ...}."""
     if isinstance(value, dict):
-        return value.get("content")
+        content = value.get("content")
+        return content if isinstance(content, str) else None
     return value if isinstance(value, str) else None
 
 
-def _compile_template(source: str):
+def _compile_template(source: str) -> jinja2.Template:
     """The chat template in transformers' sandbox: same options, filters and globals."""
     import jinja2
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    def raise_exception(message):
+    def raise_exception(message: str) -> NoReturn:
         raise jinja2.exceptions.TemplateError(message)
 
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    def tojson(
+        x: object,
+        ensure_ascii: bool = False,
+        indent: int | None = None,
+        separators: tuple[str, str] | None = None,
+        sort_keys: bool = False,
+    ) -> str:
         # jinja's own tojson escapes HTML characters, which a prompt must not get
         return json.dumps(
             x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
@@ -83,7 +94,7 @@ class FileTokenizer:
             name: text for name in _SPECIAL_NAMES if (text := _token_text(config.get(name)))
         }
         self.chat_template = _chat_template(folder, config)
-        self._template = None
+        self._template: jinja2.Template | None = None
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> FileTokenizer:
@@ -135,7 +146,7 @@ class FileTokenizer:
         *,
         add_special_tokens: bool = True,
         split_special_tokens: bool = False,
-    ) -> dict:
+    ) -> dict[str, Any]:
         """{"input_ids": ids} for a string, or a list of them for a list of strings."""
         backend = self._split if split_special_tokens else self._plain
         texts = [text] if isinstance(text, str) else list(text)
@@ -148,8 +159,12 @@ class FileTokenizer:
     # -- chat template -------------------------------------------------------------------
 
     def apply_chat_template(
-        self, messages: list[dict], *, tokenize: bool = False, add_generation_prompt: bool = False
-    ):
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tokenize: bool = False,
+        add_generation_prompt: bool = False,
+    ) -> Any:  # str, or ids with tokenize=True (as transformers answers)
         """The chat rendered as transformers renders it; ids with `tokenize=True`."""
         if self.chat_template is None:
             raise ValueError(f"{self.name_or_path} has no chat template")
@@ -165,7 +180,7 @@ class FileTokenizer:
         return self(rendered, add_special_tokens=False)["input_ids"] if tokenize else rendered
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path) -> dict[str, Any]:
     try:
         value = json.loads(path.read_text())
     except FileNotFoundError:
@@ -173,7 +188,7 @@ def _read_json(path: Path) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def _chat_template(folder: Path, config: dict) -> str | None:
+def _chat_template(folder: Path, config: dict[str, Any]) -> str | None:
     """chat_template.jinja (transformers 5 writes it there), else the config's `chat_template`."""
     jinja = folder / "chat_template.jinja"
     if jinja.is_file():

@@ -10,8 +10,12 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .types import EngineConfig, Progress
+
+if TYPE_CHECKING:
+    from .backend import LocalBackend
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +45,11 @@ def bundled_gguf_path() -> Path:
     return path
 
 
-def converted_model_dir(data_dir: str | os.PathLike) -> Path:
+def converted_model_dir(data_dir: str | os.PathLike[str]) -> Path:
     return Path(data_dir) / "models" / DEFAULT_MODEL_NAME
 
 
-def ensure_default_model(data_dir: str | os.PathLike, progress: Progress = log.info) -> Path:
+def ensure_default_model(data_dir: str | os.PathLike[str], progress: Progress = log.info) -> Path:
     """Return the safetensors copy of the default model, converting the GGUF once.
 
     Dequantizing GGUF takes ~20 s; the bf16 safetensors copy loads in under a second.
@@ -88,7 +92,7 @@ def ensure_default_model(data_dir: str | os.PathLike, progress: Progress = log.i
 
 
 def weights_fingerprint(
-    model_dir: str | os.PathLike, cache_dir: str | os.PathLike | None = None
+    model_dir: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None
 ) -> str:
     """sha256 over the weight files, cached by (path, size, mtime) so restarts stay fast."""
     model_dir = Path(model_dir)
@@ -97,7 +101,7 @@ def weights_fingerprint(
     )
     stamp = [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]
     cache_file = Path(cache_dir) / "fingerprints.json" if cache_dir else None
-    cache: dict = {}
+    cache: dict[str, Any] = {}
     if cache_file and cache_file.is_file():
         try:
             cache = json.loads(cache_file.read_text())
@@ -105,7 +109,8 @@ def weights_fingerprint(
             cache = {}
     key = str(model_dir.resolve())
     if cache.get(key, {}).get("stamp") == stamp:
-        return cache[key]["sha256"]
+        cached: str = cache[key]["sha256"]
+        return cached
     digest = hashlib.sha256()
     for path in files:
         digest.update(path.name.encode())
@@ -131,7 +136,7 @@ def resolve_model_dir(config: EngineConfig, progress: Progress = log.info) -> Pa
     return ensure_default_model(config.data_dir, progress)
 
 
-def load_backend(config: EngineConfig | None = None, progress: Progress = log.info):
+def load_backend(config: EngineConfig | None = None, progress: Progress = log.info) -> LocalBackend:
     """Load model and tokenizer and return a ready LocalBackend."""
     from .backend import LocalBackend
 

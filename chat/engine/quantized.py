@@ -23,6 +23,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -97,19 +98,23 @@ class QuantLinear(nn.Module):
         self.register_buffer("scales", scales.to(compute_dtype))
 
     @classmethod
-    def int8(cls, weight: torch.Tensor, compute_dtype=torch.float32) -> QuantLinear:
+    def int8(cls, weight: torch.Tensor, compute_dtype: torch.dtype = torch.float32) -> QuantLinear:
         """Symmetric int8, one scale per output row."""
         q, scales = int8_parts(weight)
         return cls("int8", q.shape[1], q.shape[0], q, scales, compute_dtype)
 
     @classmethod
-    def int4(cls, weight: torch.Tensor, compute_dtype=torch.float32) -> QuantLinear:
+    def int4(cls, weight: torch.Tensor, compute_dtype: torch.dtype = torch.float32) -> QuantLinear:
         """Asymmetric 4-bit per group of GROUP inputs (min/max), the way Q4_1 quantizes."""
         return cls.from_nibbles(*int4_parts(weight), compute_dtype)
 
     @classmethod
     def from_nibbles(
-        cls, q: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, compute_dtype=torch.float32
+        cls,
+        q: torch.Tensor,
+        scale: torch.Tensor,
+        low: torch.Tensor,
+        compute_dtype: torch.dtype = torch.float32,
     ) -> QuantLinear:
         """From 4-bit values `q` [out, in] (0..15) with `w = q * scale + low` per group [out, groups]."""
         out_features, in_features = q.shape
@@ -138,7 +143,7 @@ class QuantLinear(nn.Module):
         return f"{self.kind}, in_features={self.in_features}, out_features={self.out_features}"
 
 
-def _projections(model) -> list[tuple[nn.Module, str, nn.Module, nn.Linear, str]]:
+def _projections(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module, nn.Linear, str]]:
     """(parent, attribute, child, linear, qualified name) of every bias-free nn.Linear.
 
     A weight-major wrapper (weight_major.py) counts as the linear it wraps: it is the child that
@@ -157,7 +162,7 @@ def _projections(model) -> list[tuple[nn.Module, str, nn.Module, nn.Linear, str]
 
 
 def quantize(
-    model,
+    model: nn.Module,
     mode: str,
     *,
     gguf_blocks: dict[str, QuantLinear] | None = None,
@@ -207,7 +212,9 @@ LLAMA_NAMES = {
 }
 
 
-def q4_1_nibbles(data: torch.Tensor, in_features: int):
+def q4_1_nibbles(
+    data: torch.Tensor, in_features: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """GGUF Q4_1 rows (uint8 [out, in / 32 * 20]) -> (q [out, in] 0..15, d, m [out, in / 32])."""
     out_features = data.shape[0]
     blocks = data.reshape(out_features, in_features // GROUP, Q4_1_BLOCK_BYTES)
@@ -228,7 +235,7 @@ def _unpermute_rows(rows: int, heads: int) -> torch.Tensor:
 
 
 def gguf_q4_1_parts(
-    gguf_path: str | Path, model
+    gguf_path: str | Path, model: nn.Module
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """The GGUF file's Q4_1 projections as 4-bit parts (q, d, m), by module name, checked
     against `model`.
@@ -278,7 +285,7 @@ def gguf_q4_1_parts(
 
 
 def gguf_int4_layers(
-    gguf_path: str | Path, model, compute_dtype: torch.dtype = torch.float32
+    gguf_path: str | Path, model: nn.Module, compute_dtype: torch.dtype = torch.float32
 ) -> dict[str, QuantLinear]:
     """QuantLinears from the GGUF file's Q4_1 blocks (gguf_q4_1_parts), by module name."""
     return {
@@ -287,7 +294,7 @@ def gguf_int4_layers(
     }
 
 
-def simulate(model, mode: str, *, gguf_path: str | Path | None = None) -> list:
+def simulate(model: nn.Module, mode: str, *, gguf_path: str | Path | None = None) -> list[Any]:
     """Give every projection the float weight `mode` would compute with, in plain nn.Linears.
 
     For measuring a mode's quality (perplexity, eos, pass rates) on a CPU whose kernels for it are
@@ -337,7 +344,7 @@ def probe(linear: nn.Linear, layer: QuantLinear, repeats: int = 20) -> float:
 
 
 def choose(
-    model,
+    model: nn.Module,
     mode: str,
     time_steps: Callable[[], float],
     *,
@@ -384,7 +391,7 @@ def choose(
         undo, _ = quantize(model, candidate, gguf_blocks=blocks)
         timings[candidate] = time_steps()
         restore(undo)
-    best = min(timings, key=timings.get) if timings else "none"
+    best = min(timings, key=lambda mode: timings[mode]) if timings else "none"
     if best != "none" and timings[best] >= timings["none"] * MARGIN:
         best = "none"
     from_gguf = 0
@@ -399,7 +406,7 @@ def choose(
     )
 
 
-def _largest_projection(model) -> tuple[str, nn.Linear]:
+def _largest_projection(model: nn.Module) -> tuple[str, nn.Linear]:
     """(name, layer) of the largest projection other than the LM head: what the probe times."""
     output = _output_linear(model)
     name, linear = max(
@@ -409,7 +416,7 @@ def _largest_projection(model) -> tuple[str, nn.Linear]:
     return name, linear
 
 
-def _output_linear(model) -> nn.Module | None:
+def _output_linear(model: nn.Module) -> nn.Module | None:
     """The LM head's nn.Linear, looking through a weight-major wrapper."""
     output = model.get_output_embeddings()
     return output.linear if isinstance(output, WeightMajorLinear) else output

@@ -32,6 +32,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from .capabilities import Capabilities, discover
@@ -45,6 +46,7 @@ from .template import (
     special_token_pattern,
 )
 from .types import (
+    Backend,
     EngineError,
     GenerationRequest,
     GenerationResult,
@@ -89,11 +91,11 @@ class RemoteConfig:
     max_new_tokens_cap: int = 1024
 
 
-def canonical_messages(messages: list[dict]) -> str:
+def canonical_messages(messages: list[dict[str, Any]]) -> str:
     return json.dumps(messages, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
-class OpenAIBackend:
+class OpenAIBackend(Backend):
     """Streams answers from an OpenAI-compatible chat completions endpoint.
 
     Args:
@@ -103,7 +105,7 @@ class OpenAIBackend:
     """
 
     def __init__(
-        self, config: RemoteConfig, tokenizer=None, capabilities: Capabilities | None = None
+        self, config: RemoteConfig, tokenizer: Any = None, capabilities: Capabilities | None = None
     ):
         self.config = config
         self.tokenizer = tokenizer
@@ -147,11 +149,11 @@ class OpenAIBackend:
 
     # -- prompts --------------------------------------------------------------
 
-    def render(self, messages: list[dict]) -> str:
+    def render(self, messages: list[dict[str, Any]]) -> str:
         """The messages as the server receives them, canonical JSON (the cache key covers this)."""
         return canonical_messages(messages)
 
-    def encode(self, messages: list[dict]) -> list[int]:
+    def encode(self, messages: list[dict[str, Any]]) -> list[int]:
         """Ids of what the server receives, as the local tokenizer's template renders it; [] without one."""
         if isinstance(messages, str):
             raise TypeError("encode() takes the messages: a rendered string hides typed markers")
@@ -164,7 +166,7 @@ class OpenAIBackend:
             return 0
         return len(encode_text(self.tokenizer, text))
 
-    def sent(self, messages: list[dict]) -> list[dict]:
+    def sent(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The messages as sent: the local tokenizer's special tokens typed in a content defused.
 
         The server tokenizes the rendered chat whole, so a typed `<|im_end|>` would be the
@@ -176,7 +178,7 @@ class OpenAIBackend:
         """Refuse, rather than truncate, a prompt that leaves no room for the answer."""
         PromptTooLong.check(prompt_tokens, max_new_tokens, self.context_length)
 
-    def request(self, messages: list[dict], **options) -> GenerationRequest:
+    def request(self, messages: list[dict[str, Any]], **options: Any) -> GenerationRequest:
         """A request for `messages` (convenience for plain Python)."""
         options.setdefault("max_new_tokens", min(256, self.config.max_new_tokens_cap))
         return GenerationRequest(input_ids=self.encode(messages), messages=messages, **options)
@@ -260,10 +262,11 @@ class OpenAIBackend:
         stream = _Stream(self, request, on_text, max_new)
         return stream.run()
 
-    def _body(self, request: GenerationRequest, max_new: int) -> dict:
+    def _body(self, request: GenerationRequest, max_new: int) -> dict[str, Any]:
         body = {
             "model": self.config.model,
-            "messages": self.sent(request.messages),
+            # request() always sets them: a remote server renders the chat itself
+            "messages": self.sent(cast("list[dict[str, Any]]", request.messages)),
             "stream": True,
             "stream_options": {"include_usage": True},
             "max_tokens": max_new,
@@ -296,7 +299,7 @@ class OpenAIBackend:
             }
         return body
 
-    def _headers(self) -> dict:
+    def _headers(self) -> dict[str, Any]:
         headers = {"Accept": "application/json"}
         if self.config.api_key:
             headers["Authorization"] = f"Bearer {self.config.api_key}"
@@ -308,7 +311,8 @@ class OpenAIBackend:
             if self._url.scheme == "https"
             else http.client.HTTPConnection
         )
-        return kind(self._url.hostname, self._url.port, timeout=timeout)
+        host = cast(str, self._url.hostname)  # __init__ refused a URL without one
+        return kind(host, self._url.port, timeout=timeout)
 
 
 def _with_context_from(config: RemoteConfig, folder: Path) -> RemoteConfig:
@@ -334,7 +338,7 @@ class _Stream:
         self.holdback = StopStringHoldback(request.stop_strings)
         self.shown: list[str] = []
         self.chunks = 0
-        self.usage: dict | None = None
+        self.usage: dict[str, Any] | None = None
         self.upstream_finish: str | None = None
         self.stop_reason = None
         self.first_token_at: float | None = None
@@ -383,7 +387,9 @@ class _Stream:
             finished_at=finished,
         )
 
-    def _attempt(self, body: dict, target: str, *, may_retry: bool) -> dict | None:
+    def _attempt(
+        self, body: dict[str, Any], target: str, *, may_retry: bool
+    ) -> dict[str, Any] | None:
         """Send `body` and read its stream; the body to send again when a field was refused."""
         backend = self.backend
         connection = backend._connection(backend.config.timeout)
@@ -501,7 +507,7 @@ class _Stream:
         return "eos"  # "stop", a [DONE] without a reason, or a reason we do not know ("content_filter")
 
 
-def _error_message(payload) -> str:
+def _error_message(payload: Any) -> str:
     if isinstance(payload, dict):
         error = payload.get("error", payload.get("detail", payload))  # FastAPI: "detail"
         if isinstance(error, dict):
@@ -520,7 +526,7 @@ def _error_of(response: http.client.HTTPResponse) -> tuple[int, str, object]:
     return response.status, _error_message(payload), payload
 
 
-def _is_context_error(status: int, message: str, payload) -> bool:
+def _is_context_error(status: int, message: str, payload: Any) -> bool:
     error = payload.get("error") if isinstance(payload, dict) else None
     code = (
         error.get("code") if isinstance(error, dict) else None
@@ -530,7 +536,7 @@ def _is_context_error(status: int, message: str, payload) -> bool:
     )
 
 
-def _http_error(status: int, message: str, payload, target: str) -> EngineError:
+def _http_error(status: int, message: str, payload: Any, target: str) -> EngineError:
     """A readable error for a refused request; a context-length refusal is PromptTooLong."""
     if _is_context_error(status, message, payload):
         return PromptTooLong(f"the prompt is too long for the model: {message}")

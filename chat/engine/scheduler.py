@@ -19,15 +19,16 @@ import threading
 import time
 from collections import deque
 
-from .decoding import SteppedBackend
 from .types import (
     Failed,
     Finished,
     GenerationRequest,
     Queued,
     QueueFull,
+    Scheduler,
     Sink,
     Started,
+    SteppedBackend,
     TextChunk,
     Ticket,
     finish_cancelled,
@@ -36,7 +37,7 @@ from .types import (
 log = logging.getLogger(__name__)
 
 
-class ContinuousScheduler:
+class ContinuousScheduler(Scheduler):
     """Runs requests in arrival order, joined into one running batch, on a daemon thread.
 
     A cancelled waiter leaves the queue at once; a cancelled runner is dropped from the

@@ -27,7 +27,7 @@ class CancelledCriteria(StoppingCriteria):
         self.events = events
 
     def __call__(
-        self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs
+        self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: object
     ) -> torch.BoolTensor:
         if isinstance(self.events, threading.Event):
             return torch.full(

@@ -19,14 +19,15 @@ from __future__ import annotations
 import functools
 import re
 import secrets
+from typing import Any
 
 
-def continues_answer(messages: list[dict]) -> bool:
+def continues_answer(messages: list[dict[str, Any]]) -> bool:
     """A chat that ends on an assistant message asks for the rest of that answer."""
     return bool(messages) and messages[-1].get("role") == "assistant"
 
 
-def render_pieces(tokenizer, messages: list[dict]) -> list[tuple[str, bool]]:
+def render_pieces(tokenizer: Any, messages: list[dict[str, Any]]) -> list[tuple[str, bool]]:
     """The rendered chat as (text, is_content) pieces, in order: with the generation prompt,
     or, when it ends on an assistant message, open at that message's end so the model goes on
     writing it (what transformers' `continue_final_message` does)."""
@@ -54,7 +55,7 @@ def render_pieces(tokenizer, messages: list[dict]) -> list[tuple[str, bool]]:
 
 
 @functools.lru_cache(maxsize=8)  # one per tokenizer in the process; built from its vocabulary
-def special_token_pattern(tokenizer) -> re.Pattern | None:
+def special_token_pattern(tokenizer: Any) -> re.Pattern[str] | None:
     """Matches the tokenizer's special tokens (longest first), or None if it has none."""
     specials = sorted(
         {t.content for t in tokenizer.added_tokens_decoder.values() if t.special},
@@ -64,20 +65,25 @@ def special_token_pattern(tokenizer) -> re.Pattern | None:
     return re.compile("|".join(map(re.escape, specials))) if specials else None
 
 
-def encode_pieces(tokenizer, pieces: list[tuple[str, bool]]) -> list[int]:
+def encode_pieces(tokenizer: Any, pieces: list[tuple[str, bool]]) -> list[int]:
     """Token ids: special tokens only where the template wrote them, everything else text."""
     pattern = special_token_pattern(tokenizer)
-    runs: list[str | int] = [""]  # text runs, with the template's special token ids between
+    runs: list[str | int] = []  # text runs, with the template's special token ids between
+    current = ""  # the text run being gathered
     for text, is_content in pieces:
         if is_content or pattern is None:
-            runs[-1] += text
+            current += text
             continue
         start = 0
         for match in pattern.finditer(text):
-            runs[-1] += text[start : match.start()]
-            runs += [tokenizer.convert_tokens_to_ids(match.group()), ""]
+            runs += [
+                current + text[start : match.start()],
+                tokenizer.convert_tokens_to_ids(match.group()),
+            ]
+            current = ""
             start = match.end()
-        runs[-1] += text[start:]
+        current += text[start:]
+    runs.append(current)
     texts = [run for run in runs if isinstance(run, str) and run]
     encoded = iter(
         tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
@@ -93,16 +99,21 @@ def encode_pieces(tokenizer, pieces: list[tuple[str, bool]]) -> list[int]:
     return ids
 
 
-def encode_text(tokenizer, text: str) -> list[int]:
+def encode_text(tokenizer: Any, text: str) -> list[int]:
     """Ids of plain text, as a message content is encoded (typed markers stay text)."""
-    return tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    ids: list[int] = tokenizer(text, add_special_tokens=False, split_special_tokens=True)[
+        "input_ids"
+    ]
+    return ids
 
 
 # U+2060 WORD JOINER: invisible, joins rather than breaks, and no tokenizer's special token holds it.
 _JOINER = "\u2060"
 
 
-def defuse_markers(messages: list[dict], pattern: re.Pattern | None) -> list[dict]:
+def defuse_markers(
+    messages: list[dict[str, Any]], pattern: re.Pattern[str] | None
+) -> list[dict[str, Any]]:
     """The messages with every special token typed in a content broken by an invisible joiner.
 
     For a server that renders and tokenizes the chat itself (the OpenAI-compatible API):
@@ -112,7 +123,7 @@ def defuse_markers(messages: list[dict], pattern: re.Pattern | None) -> list[dic
     if pattern is None:
         return messages
 
-    def defuse(match: re.Match) -> str:
+    def defuse(match: re.Match[str]) -> str:
         return match.group()[0] + _JOINER + match.group()[1:]
 
     return [

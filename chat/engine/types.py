@@ -11,7 +11,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # torch-side types, named only in annotations: importing them needs torch
+    from .batching import Row
+    from .decoding import RunningBatch
 
 # Why an engine generation ended. A chat turn adds its own reasons on top (chat/protocol/events.py, `Finish`).
 FINISH_REASONS = ("eos", "stop_string", "length", "cancelled")
@@ -99,11 +103,11 @@ class GenerationRequest:
     no_repeat_ngram_size: int = 0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
-    json_schema: dict | None = None
+    json_schema: dict[str, Any] | None = None
     min_new_tokens: int = 0
     cancel: threading.Event = field(default_factory=threading.Event)
     label: str = ""
-    messages: list[dict] | None = None
+    messages: list[dict[str, Any]] | None = None
 
 
 @dataclass
@@ -210,7 +214,9 @@ def finish_cancelled(ticket: Ticket) -> None:
 
 
 class BackendConfig(Protocol):
-    max_new_tokens_cap: int  # the server-side ceiling on any request's max_new_tokens
+    @property
+    def max_new_tokens_cap(self) -> int:
+        """The server-side ceiling on any request's max_new_tokens."""
 
 
 @runtime_checkable
@@ -224,10 +230,10 @@ class Backend(Protocol):
     context_length: int
     eos_token_ids: list[int]
 
-    def render(self, messages: list[dict]) -> str:
+    def render(self, messages: list[dict[str, Any]]) -> str:
         """The exact model input for a conversation (the chat template applied)."""
 
-    def encode(self, messages: list[dict]) -> list[int]:
+    def encode(self, messages: list[dict[str, Any]]) -> list[int]:
         """Token ids of the rendered chat, where only the template's own markers become special
         tokens: text a user typed never does."""
 
@@ -240,6 +246,10 @@ class Backend(Protocol):
     def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
         """Raise PromptTooLong when the prompt leaves no room for the answer."""
 
+    def request(self, messages: list[dict[str, Any]], **options: Any) -> GenerationRequest:
+        """A request for `messages` with `options` as GenerationRequest fields (max_new_tokens
+        defaults to the smaller of 256 and the cap)."""
+
     def generate(self, request: GenerationRequest, on_text: OnText) -> GenerationResult:
         """Generate one answer in the calling thread, handing visible text to `on_text`."""
 
@@ -247,6 +257,24 @@ class Backend(Protocol):
         self, requests: list[GenerationRequest], on_texts: list[OnText]
     ) -> list[GenerationResult]:
         """Generate several answers together, each streamed and stopped on its own."""
+
+
+@runtime_checkable
+class SteppedBackend(Backend, Protocol):
+    """A backend whose model runs in this process, so a scheduler can drive it one decode step at
+    a time (backend.LocalBackend, driven by scheduler.ContinuousScheduler)."""
+
+    def new_batch(self) -> RunningBatch:
+        """An empty running batch: rows join it between decode steps and leave when they end."""
+
+    def row(self, request: GenerationRequest, on_text: OnText) -> Row:
+        """A request's state in a running batch: its sampling, streaming and stopping."""
+
+    def result(self, row: Row, started: float, finished: float) -> GenerationResult:
+        """What a finished row produced."""
+
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes one token of one row holds, for the scheduler's memory budget."""
 
 
 @runtime_checkable

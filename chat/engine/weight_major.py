@@ -45,7 +45,7 @@ class WeightMajorLinear(nn.Module):
         return out.reshape(*hidden.shape[:-1], out.shape[-1])
 
 
-def wrap(model) -> list[tuple[nn.Module, str, nn.Linear]]:
+def wrap(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
     """Wrap every bias-free nn.Linear; returns (parent, name, original) to undo it."""
     undo = []
     for parent in list(model.modules()):
@@ -61,7 +61,7 @@ def unwrap(undo: list[tuple[nn.Module, str, nn.Linear]]) -> None:
         setattr(parent, name, original)
 
 
-def unwrap_all(model) -> bool:
+def unwrap_all(model: nn.Module) -> bool:
     """Put back every wrapped layer; returns whether there was any."""
     undo = [
         (parent, name, child.linear)
@@ -73,7 +73,7 @@ def unwrap_all(model) -> bool:
     return bool(undo)
 
 
-def choose(model, time_step: Callable[[], float], mode: str = "auto") -> str:
+def choose(model: nn.Module, time_step: Callable[[], float], mode: str = "auto") -> str:
     """Apply weight-major matmuls per `mode` ("on", or "auto": if a timed step says so).
 
     `time_step` returns the seconds of one representative multi-row decode step.

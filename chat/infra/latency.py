@@ -159,7 +159,9 @@ def summarize(
     since = until - timedelta(hours=hours)
     width = bucket_width(hours)
     bounds = bucket_bounds(since, until, width)
-    per_bucket = [([], [], [0]) for _ in bounds]  # ttft values, total values, sample count
+    per_bucket: list[tuple[list[float], list[float], list[int]]] = [
+        ([], [], [0]) for _ in bounds
+    ]  # ttft values, total values, sample count
     all_ttft: list[float] = []
     all_total: list[float] = []
     answers = cached = cancelled = failed = count = 0

@@ -13,6 +13,7 @@ import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
+from typing import cast
 
 from django.conf import settings
 
@@ -157,7 +158,7 @@ class SharedRateLimiter:
         if not ok:
             self.local.limit = self.limit
             return self.local.check(key) if count else self.local.wait(key)
-        return float(wait)
+        return float(cast(float, wait))  # the script's answer when `ok`
 
     def _sliding_window(self, client):
         if self._script is None or self._script.registered_client is not client:

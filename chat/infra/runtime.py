@@ -113,9 +113,9 @@ class Runtime:
         from ..engine.loading import load_backend
         from ..engine.scheduler import ContinuousScheduler
 
-        backend = load_backend(self.engine_config(), progress=self._progress)
-        return backend, ContinuousScheduler(
-            backend,
+        local = load_backend(self.engine_config(), progress=self._progress)
+        return local, ContinuousScheduler(
+            local,
             max_waiting=settings.CHAT_MAX_QUEUE,
             max_batch=settings.CHAT_MAX_BATCH,
             kv_budget_bytes=settings.CHAT_KV_CACHE_MB * 2**20,
@@ -169,6 +169,7 @@ class Runtime:
                 code=SERVER_RESTARTING,
             )
         if self.state == "ready":
+            assert self.backend is not None and self.scheduler is not None  # set before "ready"
             return self.backend, self.scheduler
         if self.state == "failed":
             raise NotReady(f"the model failed to load: {self.detail}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 
 __all__ = ["ExtractionError", "extract_json"]
 
@@ -91,7 +92,7 @@ def _loads(candidate: str) -> object:
     raise ExtractionError(f"invalid JSON: {error.msg} (line {error.lineno}, column {error.colno})")
 
 
-def _scan(text: str, start: int = 0):
+def _scan(text: str, start: int = 0) -> Iterator[tuple[int, str, bool]]:
     """Yield (index, char, inside_string) from `start`, tracking JSON string quotes and escapes."""
     in_string = escaped = False
     for index in range(start, len(text)):

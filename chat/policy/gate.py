@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from .extraction import ExtractionError, extract_json
 from .moderation import ModerationHook, Verdict, moderate
@@ -247,7 +248,7 @@ class AutoGate(_StructuredGate):
 
     _hold_at: int | None = None
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._emitted = len(self._text)  # text[:_emitted] has been shown
 

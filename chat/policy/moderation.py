@@ -8,6 +8,7 @@ from abc import ABC, abstractmethod
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "Verdict",
@@ -242,7 +243,7 @@ HOOKS: dict[str, str] = {
 }
 
 
-def load_hook(path_or_name: str, settings: dict | None = None) -> ModerationHook:
+def load_hook(path_or_name: str, settings: dict[str, Any] | None = None) -> ModerationHook:
     """Build a hook from a short name or dotted path, turning every mistake into HookConfigError."""
     path = HOOKS.get(path_or_name, path_or_name)
     module_name, _, attr = path.rpartition(".")

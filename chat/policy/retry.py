@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 __all__ = ["reask_message"]
 
@@ -10,7 +11,7 @@ __all__ = ["reask_message"]
 _MAX_REASON = 300
 
 
-def reask_message(outcome_reason: str, schema: dict | None) -> str:
+def reask_message(outcome_reason: str, schema: dict[str, Any] | None) -> str:
     """Tell the model what was wrong and ask for bare JSON only, matching the schema if any."""
     reason = " ".join(outcome_reason.split()).rstrip(".") or "it was not valid JSON"
     if len(reason) > _MAX_REASON:

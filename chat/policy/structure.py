@@ -49,7 +49,9 @@ def scan(text: str, start: int, *, final: bool) -> Scan:
 
 def _leading(text: str, *, final: bool) -> _Match:
     """An answer whose first visible character is { or [ is structured as a whole."""
-    first = _LEADING_SPACE.match(text).end()
+    leading = _LEADING_SPACE.match(text)
+    assert leading is not None  # \s* matches at the start of any string
+    first = leading.end()
     if first == len(text):
         # Leading whitespace is invisible; holding it keeps held_text chunking-independent.
         return _Match.NO if final else _Match.MAYBE

@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterable, Sequence
 
 from jsonschema.exceptions import SchemaError, ValidationError
+from jsonschema.protocols import Validator
 from jsonschema.validators import Draft202012Validator, validator_for
 
 __all__ = ["schema_errors", "instance_errors", "json_path"]
@@ -32,9 +33,10 @@ def schema_errors(schema: object) -> list[str]:
     if not isinstance(schema, (dict, bool)):
         return [f"$: a JSON schema must be an object or a boolean, not {type(schema).__name__}"]
     cls = _validator_class(schema)
-    if cls is None:
+    if cls is None and isinstance(schema, dict):
         # jsonschema only warns today and will raise later; refuse it now, readably.
         return [f"$.$schema: unknown JSON schema dialect {schema['$schema']!r}"]
+    assert cls is not None  # only a $schema names an unknown dialect
     try:
         cls.check_schema(schema)
     except SchemaError as exc:
@@ -57,11 +59,13 @@ def instance_errors(value: object, schema: object) -> list[str]:
         return [f"$: the schema could not be applied: {exc}"]
 
 
-def _validator_class(schema: dict | bool) -> type | None:
+def _validator_class(schema: object) -> type[Validator] | None:
     """The dialect's validator class; None for an unknown $schema (instead of a warning)."""
     if isinstance(schema, dict) and "$schema" in schema:
-        return validator_for(schema, default=None)
-    return Draft202012Validator
+        found: type[Validator] | None = validator_for(schema, default=None)
+        return found
+    default: type[Validator] = Draft202012Validator  # built at import, so typed Any
+    return default
 
 
 def _sorted(errors: Iterable[ValidationError]) -> list[ValidationError]:

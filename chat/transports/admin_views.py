@@ -189,7 +189,7 @@ def build_chart(report: latency.LatencyReport, measure: str, title: str) -> Char
 
 
 def _query(hours: int, include_cached: bool) -> str:
-    params = {"hours": hours}
+    params: dict[str, int | str] = {"hours": hours}
     if include_cached:
         params["include_cached"] = "1"
     return "?" + urlencode(params)

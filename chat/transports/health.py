@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import redis
 from django.conf import settings
 from django.db import connection
@@ -9,6 +11,9 @@ from django.db import connection
 from ..infra.ratelimit import prompt_limiter
 from ..infra.runtime import runtime
 from ..stores.cache import completion_cache
+
+if TYPE_CHECKING:
+    from .engine.remote import OpenAIBackend
 
 
 def redis_status() -> str:
@@ -48,9 +53,11 @@ def health() -> tuple[bool, dict]:
     }
     if settings.CHAT_BACKEND == "openai":
         report["upstream"] = settings.CHAT_REMOTE_URL
-        report["upstream_status"] = runtime.backend.probe() if runtime.backend else runtime.state
-        if runtime.backend is not None:
-            report["upstream_capabilities"] = runtime.backend.capabilities.summary()
+        # CHAT_BACKEND=openai: the runtime's backend is an OpenAIBackend once loaded
+        backend = cast("OpenAIBackend | None", runtime.backend)
+        report["upstream_status"] = backend.probe() if backend else runtime.state
+        if backend is not None:
+            report["upstream_capabilities"] = backend.capabilities.summary()
     # Without Redis the chat still answers, uncached: degraded, not down. Every process shares
     # one inference server, so its outage is reported but does not pull this one out of rotation.
     ready = model == "ready" and report["database"] == "ok" and not runtime.draining

@@ -33,8 +33,10 @@ class Cancellable(Protocol):
     message_id: int
     owner: Owner
     finished: bool
+    task: asyncio.Task | None  # the turn's task, awaited when the process drains
 
-    def cancel(self) -> None: ...
+    def cancel(self, reason: str = "") -> None:
+        """Stop the turn; `reason` goes with its `done` when it is not the user's Stop."""
 
 
 class RunningTurns:

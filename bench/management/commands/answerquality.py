@@ -93,7 +93,9 @@ class Command(BaseCommand):
     @staticmethod
     def run_batch(backend, policy, prompts: list[dict]) -> list[dict]:
         """One batch through the engine, each row's text fed to its own gate as it streams."""
-        requests, gates, verdicts = [], [], []
+        requests: list = []
+        gates: list = []
+        verdicts: list = []
         for index, prompt in enumerate(prompts):
             messages, _rendered, input_ids = fit_prompt(backend, policy, [], prompt["text"])
             request = request_for(backend, policy, input_ids, f"quality-{index}", messages)

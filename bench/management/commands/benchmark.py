@@ -379,7 +379,7 @@ class Command(BaseCommand):
 
     def api_peer(self):
         from bench import openai_client as oc
-        from bench.peer import TransformersServe, serving_available
+        from testing.peer import TransformersServe, serving_available
 
         if not serving_available():
             self.note("  skipped: the serving extra is not installed (requirements-dev.txt)")

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 
 from chat.engine.types import (
+    Backend,
     EngineConfig,
     GenerationRequest,
     GenerationResult,
@@ -37,7 +38,7 @@ class Answer:
     wait_for_cancel: bool = False
 
 
-class ScriptedBackend:
+class ScriptedBackend(Backend):
     """Plays `answers` in order, one per generation; records every request it was given."""
 
     model_id = "scripted"
@@ -65,6 +66,10 @@ class ScriptedBackend:
 
     def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
         PromptTooLong.check(prompt_tokens, max_new_tokens, self.context_length)
+
+    def request(self, messages: list[dict], **options) -> GenerationRequest:
+        options.setdefault("max_new_tokens", min(256, self.config.max_new_tokens_cap))
+        return GenerationRequest(input_ids=self.encode(messages), **options)
 
     def generate(self, request: GenerationRequest, on_text: OnText) -> GenerationResult:
         with self._lock:

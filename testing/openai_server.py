@@ -99,6 +99,8 @@ class FakeOpenAIServer:
 
 
 class _QuietServer(ThreadingHTTPServer):
+    fake: FakeOpenAIServer  # the fake whose behaviour the handlers read
+
     def handle_error(self, request, client_address):
         """A client that hung up is the point of several tests, not an error worth a traceback."""
         import sys
@@ -115,7 +117,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     @property
     def fake(self) -> FakeOpenAIServer:
-        return self.server.fake
+        server = self.server
+        assert isinstance(server, _QuietServer)
+        return server.fake
 
     def _json(self, status: int, payload: dict) -> None:
         body = json.dumps(payload).encode()
