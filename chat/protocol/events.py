@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from enum import StrEnum
-from typing import ClassVar
+from typing import Any, ClassVar, cast
 
 from ..engine.types import FINISH_REASONS as ENGINE_FINISH_REASONS
 
@@ -133,7 +133,7 @@ _WIRE_NAMES = {"json_value": "json"}
 def event_fields(event: Event) -> dict:
     """The event's fields by wire name, in wire order, `type` first."""
     body = {"type": event.type}
-    for f in fields(event):
+    for f in fields(cast(Any, event)):  # every Event subclass is a dataclass
         value = getattr(event, f.name)
         body[_WIRE_NAMES.get(f.name, f.name)] = value.value if isinstance(value, StrEnum) else value
     return body

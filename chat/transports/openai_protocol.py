@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import (
     BaseModel,
@@ -202,7 +202,7 @@ class ChatCompletionRequest(_Body):
     @classmethod
     def _known_model(cls, model: str, info: ValidationInfo) -> str:
         """`<name>` or `<name>:<policy>`; anything else is OpenAI's 404 model_not_found."""
-        name = info.context["model_name"]
+        name = cast(dict, info.context)["model_name"]
         if model != name:
             base, _, slug = model.partition(":")
             if base != name or not slug or len(slug) > MAX_POLICY_SLUG:
@@ -267,7 +267,7 @@ class ChatCompletionRequest(_Body):
         turns = [m for m in messages if m.role in ("user", "assistant")]
         if not turns or turns[-1].role != "user" or not turns[-1].text.strip():
             raise _problem("the last message must be a non-empty user message")
-        limit, text = info.context["max_prompt_chars"], turns[-1].text
+        limit, text = cast(dict, info.context)["max_prompt_chars"], turns[-1].text
         if len(text) > limit:
             raise _too_long(f"the last message is {len(text)} characters; the limit is {limit}")
         return messages
@@ -293,7 +293,7 @@ class ChatCompletionRequest(_Body):
     @classmethod
     def _penalty_in_range(cls, value, info: ValidationInfo):
         if value is not None:
-            for problem in penalty_errors(**{info.field_name: value}).values():
+            for problem in penalty_errors(**{str(info.field_name): value}).values():
                 raise _problem(f"{info.field_name} {problem}")
         return value
 
@@ -467,6 +467,7 @@ def _response_format(response_format: ResponseFormat | None) -> tuple[dict | Non
     if response_format.type == "json_object":
         return JSON_OBJECT_SCHEMA, False
     spec = response_format.json_schema
+    assert spec is not None  # a json_schema format without one was refused by _valid_schema
     return spec.schema_, bool(spec.strict)
 
 
@@ -479,8 +480,8 @@ _FIELD_NAMES = {
         JsonSchemaFormat,
         StreamOptions,
     )
-    for name, field in model.model_fields.items()
-    for name in (name, field.alias)
+    for field_name, field in model.model_fields.items()
+    for name in (field_name, field.alias)
     if name
 }
 
