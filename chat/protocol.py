@@ -208,11 +208,29 @@ def parse_http_cancel(body: bytes) -> int:
 
 # -- server events ----------------------------------------------------------------------
 
+# The `type` of every client frame and of every server event (one builder each, below). The
+# page reads these names from the server (chat/page_constants.py) instead of copying them.
+FRAME_TYPES = ("prompt", "continue", "cancel", "ping")
+EVENT_TYPES = (
+    "accepted",
+    "queued",
+    "chunk",
+    "buffering",
+    "retract",
+    "cut",
+    "done",
+    "error",
+    "cancel_ack",
+    "pong",
+)
+
 # Why a turn ended: the engine's reasons, plus the policy's verdicts on a finished generation.
 MODERATED = "moderated"  # a moderation hook vetoed the answer; anything shown was retracted
 INVALID = "invalid"  # a structured answer failed its schema after every re-ask
 CUT = "cut"  # a hook cut the answer short at a loop or an invented turn; its good part stands
 FINISH_REASONS = (*ENGINE_FINISH_REASONS, MODERATED, INVALID, CUT)
+# The finish_reason of an answer a `continue` frame may go on with: cut off at the token limit.
+CONTINUABLE = "length"
 
 METRIC_KEYS = (
     "queue_ms",

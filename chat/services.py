@@ -38,6 +38,7 @@ from .models import Conversation, Message
 from .policy import Cut, Emit, Hold, Retract, gate_for, reask_message
 from .prompting import fit_prompt, request_for, turn_cache_key
 from .protocol import (
+    CONTINUABLE,
     CUT,
     INVALID,
     MODERATED,
@@ -147,7 +148,7 @@ def _prepare(owner: Owner, prompt, backend: Backend, given: _Given) -> _Prepared
             conversation = Conversation.objects.create(
                 user_id=owner.user_id,
                 session_key="" if owner.user_id is not None else owner.session_key,
-                title=" ".join(prompt.text.split())[:80],
+                title=Conversation.title_from_prompt(prompt.text),
                 api_key_id=given.api_key_id,
             )
         Message.objects.create(conversation=conversation, role=Message.Role.USER, text=prompt.text)
@@ -193,7 +194,7 @@ def _prepare_continue(owner: Owner, prompt, backend: Backend) -> _Prepared:
         if (
             last.pk != answer.pk
             or answer.status != Message.Status.DONE
-            or answer.finish_reason != "length"
+            or answer.finish_reason != CONTINUABLE
         ):
             raise TurnError(
                 "bad_message",

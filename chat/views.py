@@ -10,6 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from . import selectors
 from .conversations import (
+    MAX_TITLE,
     BadTitle,
     conversation_delete,
     conversation_rename,
@@ -18,6 +19,7 @@ from .conversations import (
 )
 from .health import health
 from .models import OutputPolicy
+from .page_constants import page_constants
 from .protocol import error_event
 from .runtime import runtime
 
@@ -42,14 +44,13 @@ def index(request):
             "conversations": conversations,
             "current_conversation_id": current_id,
             "max_prompt_chars": settings.CHAT_MAX_PROMPT_CHARS,
+            "max_title_chars": MAX_TITLE,
             "policies": OutputPolicy.objects.only("slug", "name", "mode", "is_default"),
             "model_name": model_name,
             "signup_open": settings.CHAT_SIGNUP == "open",
-            "chat_config": {
-                "maxPromptChars": settings.CHAT_MAX_PROMPT_CHARS,
-                "conversation": current_id,
-                "wsPath": "/ws/chat/",
-            },
+            # What the page's modules read at start (static/chat/config.js).
+            "chat_config": {"conversation": current_id},
+            "chat_constants": page_constants(),
         },
     )
 
