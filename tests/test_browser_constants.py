@@ -1,37 +1,41 @@
 """The page shows and enforces what the server serves it (chat/page_constants.py), in Chromium:
-the served JSON is changed on its way to the browser, and the page follows the change."""
+the served JSON is changed in the page before its modules read it, and the page follows."""
 
 import json
-import re
 
 from playwright.sync_api import expect
 
 from tests.test_browser import open_chat
 
-CONSTANTS = re.compile(
-    r'(<script id="chat-constants" type="application/json">)(.*?)(</script>)', re.S
-)
+# Merges a patch into the chat-constants tag as the parser inserts it (the modules run after
+# parsing). Playwright injects it, so the page's CSP does not apply to it.
+PATCH_SERVED = """
+((patch) => {
+  const merge = (target, source) => {
+    for (const [key, value] of Object.entries(source)) {
+      if (value && typeof value === 'object') merge(target[key], value);
+      else target[key] = value;
+    }
+  };
+  new MutationObserver((records, observer) => {
+    const tag = document.getElementById('chat-constants');
+    if (!tag || !tag.textContent) return;
+    observer.disconnect();
+    const constants = JSON.parse(tag.textContent);
+    merge(constants, patch);
+    tag.textContent = JSON.stringify(constants);
+  }).observe(document, { childList: true, subtree: true });
+})(%s);
+"""
 
 
-def serve_changed(page, change):
-    """Serve the real page with its chat-constants JSON passed through `change` first."""
-
-    def handle(route):
-        response = route.fetch()
-        html = response.text()
-        match = CONSTANTS.search(html)
-        assert match, "no chat-constants in the page"
-        constants = json.loads(match.group(2))
-        change(constants)
-        body = html[: match.start(2)] + json.dumps(constants) + html[match.end(2) :]
-        route.fulfill(response=response, body=body)
-
-    page.route(re.compile(r"/(\?.*)?$"), handle)
+def serve_changed(page, patch: dict) -> None:
+    page.add_init_script(PATCH_SERVED % json.dumps(patch))
 
 
 def test_a_stopped_answer_wears_the_served_label(page, daphne_server):
     label = "Halted (the server's label)"
-    serve_changed(page, lambda c: c["finish"]["cancelled"].update(badge=label))
+    serve_changed(page, {"finish": {"cancelled": {"badge": label}}})
     open_chat(page, daphne_server)
     page.fill("#prompt", "Write a very long story about a dragon who learns to bake bread.")
     page.click("#send")
@@ -43,7 +47,7 @@ def test_a_stopped_answer_wears_the_served_label(page, daphne_server):
 
 
 def test_the_composer_enforces_the_served_prompt_limit(page, daphne_server):
-    serve_changed(page, lambda c: c["limits"].update(maxPromptChars=12))
+    serve_changed(page, {"limits": {"maxPromptChars": 12}})
     open_chat(page, daphne_server)
     page.fill("#prompt", "twelve chars")
     expect(page.locator("#char-count")).to_have_text("12 / 12")
