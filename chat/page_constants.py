@@ -1,6 +1,6 @@
 """What the chat page shares with the server, served to it instead of copied into its script.
 
-The page's modules (static/chat/) read this from a `chat-constants` JSON script tag, which the
+The page's modules (static/chat/page/) read this from a `chat-constants` JSON script tag, which the
 browser never executes, so the strict CSP allows it (docs/development.md). A finish reason, a
 close code or a limit changes here or where it is defined, and the page follows.
 """
@@ -45,10 +45,8 @@ def page_constants() -> dict:
         "status": STATUS_DISPLAY,
         "reasonBadges": REASON_BADGES,
         "continuable": protocol.CONTINUABLE,
-        "closeCodes": {
-            "serverRestarting": protocol.CLOSE_SERVER_RESTARTING,
-            "tryLater": protocol.CLOSE_TRY_LATER,
-        },
+        # The page reconnects after any close; this one it names as a restart.
+        "closeCodes": {"serverRestarting": protocol.CLOSE_SERVER_RESTARTING},
         "frameTypes": list(protocol.FRAME_TYPES),
         "eventTypes": list(protocol.EVENT_TYPES),
         "limits": {
