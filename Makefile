@@ -17,6 +17,14 @@ $(STAMP): requirements.txt requirements-dev.txt
 	$(PY) -m pip install --quiet --no-deps xgrammar==0.2.8
 	touch $(STAMP)
 
+# ESLint for the page's scripts, from package-lock.json (Node.js 20 and npm); node_modules/ is
+# not committed. The stamp makes it idempotent, like the venv's.
+NODE_STAMP := node_modules/.installed
+
+$(NODE_STAMP): package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $(NODE_STAMP)
+
 setup: $(STAMP)
 
 run: $(STAMP)
@@ -27,11 +35,13 @@ run: $(STAMP)
 TEST_DATABASES ?= sqlite postgres://postgres@127.0.0.1:5432/chat
 
 # ruff (pyflakes, import order, bugbear, pyupgrade; and the format check), then mypy (mypy.ini:
-# strict on chat/engine and chat/policy, lenient elsewhere) before the suite.
-lint: $(STAMP)
+# strict on chat/engine and chat/policy, lenient elsewhere) and ESLint (the page's scripts:
+# eslint.config.js) before the suite.
+lint: $(STAMP) $(NODE_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	node_modules/.bin/eslint --max-warnings=0 .
 
 test: lint
 	$(PY) -m chat.engine.prepare
@@ -60,4 +70,4 @@ loadtest: $(STAMP)
 	$(PY) manage.py loadtest --settings project.settings_bench $(LOAD_ARGS)
 
 clean:
-	rm -rf $(VENV) var
+	rm -rf $(VENV) var node_modules

@@ -7,6 +7,10 @@ from django.db import models
 class Conversation(models.Model):
     """A chat thread, private to a signed-in user or, for a visitor, to their session."""
 
+    # A new conversation is titled by its first prompt, cut to this many characters (the page
+    # shows the same title before the server's list arrives: chat/transports/page_constants.py).
+    TITLE_FROM_PROMPT = 80
+
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE
     )
@@ -28,6 +32,10 @@ class Conversation(models.Model):
 
     def __str__(self):
         return self.title or f"Conversation {self.pk}"
+
+    @classmethod
+    def title_from_prompt(cls, text: str) -> str:
+        return " ".join(text.split())[: cls.TITLE_FROM_PROMPT]
 
 
 class Message(models.Model):

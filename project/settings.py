@@ -202,7 +202,7 @@ STORAGES = {
     "staticfiles": {
         "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"
         if DEBUG
-        else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        else "project.static_storage.StaticFilesStorage"
     },
 }
 WHITENOISE_USE_FINDERS = DEBUG

@@ -211,11 +211,30 @@ def parse_http_cancel(body: bytes) -> int:
 
 # -- server events ----------------------------------------------------------------------
 
+# The `type` of every client frame and of every server event (one dataclass each in
+# chat/protocol/events.py). The page reads these names from the server
+# (chat/transports/page_constants.py) instead of copying them.
+FRAME_TYPES = ("prompt", "continue", "cancel", "ping")
+EVENT_TYPES = (
+    "accepted",
+    "queued",
+    "chunk",
+    "buffering",
+    "retract",
+    "cut",
+    "done",
+    "error",
+    "cancel_ack",
+    "pong",
+)
+
 # Why a turn ended (chat/protocol/events.py `Finish`); the names stay for their many readers.
 MODERATED = Finish.MODERATED
 INVALID = Finish.INVALID
 CUT = Finish.CUT
 FINISH_REASONS = tuple(reason.value for reason in Finish)
+# The finish_reason of an answer a `continue` frame may go on with: cut off at the token limit.
+CONTINUABLE = Finish.LENGTH.value
 
 METRIC_KEYS = (
     "queue_ms",

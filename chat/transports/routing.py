@@ -2,4 +2,7 @@ from django.urls import path
 
 from .consumers import ChatConsumer
 
-websocket_urlpatterns = [path("ws/chat/", ChatConsumer.as_asgi())]
+# The page learns it from the server (chat/transports/page_constants.py).
+WS_PATH = "/ws/chat/"
+
+websocket_urlpatterns = [path(WS_PATH.removeprefix("/"), ChatConsumer.as_asgi())]

@@ -11,6 +11,7 @@ from ..models import OutputPolicy
 from ..protocol import error_fields, inputs
 from ..stores import selectors
 from ..stores.conversations import (
+    MAX_TITLE,
     BadTitle,
     conversation_delete,
     conversation_rename,
@@ -18,6 +19,7 @@ from ..stores.conversations import (
     export_markdown,
 )
 from .health import health
+from .page_constants import page_constants
 
 
 @require_GET
@@ -39,14 +41,13 @@ def index(request):
             "conversations": conversations,
             "current_conversation_id": current_id,
             "max_prompt_chars": settings.CHAT_MAX_PROMPT_CHARS,
+            "max_title_chars": MAX_TITLE,
             "policies": OutputPolicy.objects.only("slug", "name", "mode", "is_default"),
             "model_name": model_name,
             "signup_open": settings.CHAT_SIGNUP != "closed",
-            "chat_config": {
-                "maxPromptChars": settings.CHAT_MAX_PROMPT_CHARS,
-                "conversation": current_id,
-                "wsPath": "/ws/chat/",
-            },
+            # What the page's modules read at start (static/chat/page/config.js).
+            "chat_config": {"conversation": current_id},
+            "chat_constants": page_constants(),
         },
     )
 

@@ -8,7 +8,7 @@ from django.db import transaction
 
 from ..engine.types import Backend, EngineError
 from ..models import Message
-from ..protocol import Prompt
+from ..protocol import CONTINUABLE, Prompt
 from ..stores import policy_store
 from ..stores.selectors import Owner, answer_history, conversations_for
 from .errors import TurnError
@@ -40,7 +40,7 @@ def prepare_continue(owner: Owner, prompt: Prompt, backend: Backend) -> Prepared
         if (
             last.pk != answer.pk
             or answer.status != Message.Status.DONE
-            or answer.finish_reason != "length"
+            or answer.finish_reason != CONTINUABLE
         ):
             raise TurnError(
                 "bad_message",

@@ -92,7 +92,7 @@ def prepare_prompt(owner: Owner, prompt: Prompt, backend: Backend, given: Given)
             conversation = Conversation.objects.create(
                 user_id=owner.user_id,
                 session_key="" if owner.user_id is not None else owner.session_key,
-                title=" ".join(prompt.text.split())[:80],
+                title=Conversation.title_from_prompt(prompt.text),
                 api_key_id=given.api_key_id,
             )
         Message.objects.create(conversation=conversation, role=Message.Role.USER, text=prompt.text)

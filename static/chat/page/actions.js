@@ -1,0 +1,31 @@
+// The buttons on messages: Copy (an answer, a code block), Continue, Regenerate, Edit.
+import { continueAnswer, sendPrompt, startEditing } from './composer.js';
+
+async function copyText(button, text) {
+  try {
+    await navigator.clipboard.writeText(text);
+    button.textContent = 'Copied';
+  } catch {
+    button.textContent = 'Copy failed';
+  }
+  setTimeout(() => { button.textContent = 'Copy'; }, 1500);
+}
+
+export function onMessagesClick(event) {
+  const codeCopy = event.target.closest('button.copy-code');
+  if (codeCopy) {
+    const code = codeCopy.closest('.code-block')?.querySelector('code');
+    copyText(codeCopy, code ? code.textContent : '');
+    return;
+  }
+  const action = event.target.closest('button.action');
+  if (action?.classList.contains('edit-prompt')) { startEditing(action.closest('.message.user')); return; }
+  const answer = action?.closest('.message.assistant')?.chatAnswer;
+  if (!answer) return;
+  if (action.classList.contains('copy-answer')) copyText(action, answer.text);
+  if (action.classList.contains('continue-answer')) continueAnswer(answer);
+  if (action.classList.contains('regenerate')) {
+    const asked = answer.root.previousElementSibling;
+    if (asked?.chatPrompt != null) sendPrompt(asked.chatPrompt, answer.messageId);
+  }
+}

@@ -1,0 +1,165 @@
+// The composer and the live answer: the prompt box and its counter, Send, Stop, Continue,
+// Regenerate, Edit and resend, and the policy picker. One answer runs at a time.
+import { constants, FRAME, LIMITS } from './config.js';
+import { els, keepScrolled, showBanner } from './dom.js';
+import { buildAnswer, buildUser, setState, setStatus } from './render.js';
+import { isOpen, send } from './socket.js';
+import { state } from './state.js';
+
+// Python counts code points, so count them here too (not UTF-16 units).
+function charCount(text) { return [...text].length; }
+
+let requestCounter = 0;
+
+export function updateControls() {
+  const len = charCount(els.prompt.value);
+  const over = len > LIMITS.maxPromptChars;
+  els.counter.textContent = `${len} / ${LIMITS.maxPromptChars}`;
+  els.counter.classList.toggle('over', over);
+  els.prompt.setAttribute('aria-invalid', String(over));
+  els.send.disabled = !state.ready || Boolean(state.running) || over;
+  els.stop.hidden = !state.running;
+  els.stop.disabled = Boolean(state.running?.stopping);
+}
+
+export function autosize() {
+  els.prompt.style.height = 'auto';
+  els.prompt.style.height = `${Math.min(els.prompt.scrollHeight, 240)}px`;
+}
+
+function newRequestId() {
+  requestCounter += 1;
+  return `r${requestCounter}-${Math.random().toString(36).slice(2, 8)}`;
+}
+
+// From the composer, or a Regenerate (`text` given); `replace` names the answer it replaces.
+export function sendPrompt(text = null, replace = state.editing?.answer.messageId ?? null) {
+  const fromComposer = text == null;
+  if (fromComposer) text = els.prompt.value;
+  if (els.send.disabled || !text.trim()) return;
+  if (!isOpen()) {
+    showBanner('Not connected to the server yet. Reconnecting…', 'offline');
+    return;
+  }
+  const answer = buildAnswer();
+  answer.requestId = newRequestId();
+  answer.prompt = text;
+  answer.live = true;
+  answer.root.setAttribute('aria-busy', 'true'); // not read out chunk by chunk
+  answer.replaces = replace == null ? null : answerNodeOf(replace);
+  answer.root.dataset.requestId = answer.requestId;
+  setState(answer, 'queued');
+  state.answers.set(answer.requestId, answer);
+  state.running = answer;
+  keepScrolled(() => els.messages.append(buildUser(text), answer.root));
+  els.messages.scrollTop = els.messages.scrollHeight;
+
+  answer.t0 = performance.now();
+  const frame = { type: FRAME.prompt, request_id: answer.requestId, text, conversation: state.conversation };
+  if (els.policy?.value) frame.policy = els.policy.value;
+  if (replace != null) frame.replace = replace;
+  send(frame);
+  if (fromComposer) {
+    els.prompt.value = '';
+    stopEditing();
+  }
+  autosize();
+  updateLastActions();
+  updateControls();
+}
+
+function answerNodeOf(messageId) {
+  return [...els.messages.querySelectorAll('.message.assistant')]
+    .find((node) => node.chatAnswer?.messageId === messageId) || null;
+}
+
+// The rest of an answer cut off at the token limit, written into the same message.
+export function continueAnswer(answer) {
+  if (state.running || !isOpen()) return;
+  state.answers.delete(answer.requestId);
+  answer.requestId = newRequestId();
+  answer.live = true;
+  answer.root.setAttribute('aria-busy', 'true');
+  answer.root.dataset.requestId = answer.requestId;
+  answer.parts.badge.hidden = true;
+  setState(answer, 'queued');
+  state.answers.set(answer.requestId, answer);
+  state.running = answer;
+  answer.t0 = performance.now();
+  answer.tFirst = null;
+  answer.started = false;
+  send({ type: FRAME.continue, request_id: answer.requestId, message: answer.messageId });
+  updateLastActions();
+  updateControls();
+}
+
+// Regenerate, Continue and Edit apply to the conversation's last answer only, once it has ended.
+export function updateLastActions() {
+  for (const button of els.messages.querySelectorAll('.regenerate, .edit-prompt, .continue-answer')) button.hidden = true;
+  if (state.running) return;
+  const answers = els.messages.querySelectorAll('.message.assistant:not(.superseded)');
+  const last = answers[answers.length - 1];
+  if (!last || last.chatAnswer?.messageId == null) return;
+  last.querySelector('.regenerate').hidden = false;
+  last.querySelector('.continue-answer').hidden = last.chatAnswer.finishReason !== constants.continuable;
+  const asked = last.previousElementSibling;
+  if (asked?.classList.contains('user')) asked.querySelector('.edit-prompt').hidden = false;
+}
+
+export function startEditing(userNode) {
+  const answerNode = userNode.nextElementSibling;
+  if (!answerNode?.chatAnswer) return;
+  state.editing = { answer: answerNode.chatAnswer };
+  els.prompt.value = userNode.chatPrompt;
+  els.editHint.hidden = false;
+  autosize();
+  updateControls();
+  els.prompt.focus();
+}
+
+export function stopEditing() {
+  state.editing = null;
+  els.editHint.hidden = true;
+}
+
+// Esc while editing: the composer goes back to empty.
+export function cancelEditing() {
+  stopEditing();
+  els.prompt.value = '';
+  autosize();
+  updateControls();
+}
+
+export function stopRunning() {
+  const answer = state.running;
+  if (!answer || !isOpen()) return;
+  answer.stopping = true;
+  send({ type: FRAME.cancel, request_id: answer.requestId });
+  updateControls();
+}
+
+const ANNOUNCE = {
+  done: 'Answer finished.', cancelled: 'Answer stopped.', retracted: 'Answer withdrawn.',
+  invalid: 'Answer invalid.', error: 'The answer failed.', lost: 'Connection lost.',
+};
+
+// Ends the live phase of an answer and frees the composer.
+export function finish(answer, value) {
+  answer.live = false;
+  setState(answer, value);
+  // The log region reads the answer once it is no longer busy; the status says how it ended.
+  answer.root.setAttribute('aria-busy', 'false');
+  els.announcer.textContent = ANNOUNCE[value] || '';
+  answer.parts.queue.hidden = true;
+  if (state.running === answer) state.running = null;
+  updateLastActions();
+  updateControls();
+}
+
+// The server forgets a request when its socket goes; don't wait for it.
+export function markRunningLost() {
+  const answer = state.running;
+  if (!answer) return;
+  setStatus(answer, 'Connection lost', 'lost');
+  finish(answer, 'lost');
+}

@@ -1,0 +1,206 @@
+// Conversations: the sidebar's list (grouped by day, searchable), switching between them with
+// the browser's history, and the current one's tools (rename, delete, export).
+import { LIMITS, toId } from './config.js';
+import { el, els, showBanner } from './dom.js';
+import { renderHistoryMessage } from './render.js';
+import { stopEditing, updateLastActions } from './composer.js';
+import { setSidebar } from './sidebar.js';
+import { state } from './state.js';
+
+function conversationItem(c) {
+  const li = el('li');
+  const a = el('a', '', c.title || 'Untitled chat');
+  a.href = `/?c=${c.id}`;
+  a.dataset.id = String(c.id);
+  if (c.updated_at) a.title = new Date(c.updated_at).toLocaleString();
+  li.append(a);
+  return li;
+}
+
+export function markCurrent() {
+  let current = null;
+  for (const a of els.conversations.querySelectorAll('a')) {
+    if (Number(a.dataset.id) === state.conversation) {
+      a.setAttribute('aria-current', 'page');
+      current = a;
+    } else a.removeAttribute('aria-current');
+  }
+  if (current) state.title = current.textContent;
+  updateTools();
+}
+
+function dayLabel(iso) {
+  const day = new Date(iso);
+  const today = new Date();
+  const yesterday = new Date(today);
+  yesterday.setDate(today.getDate() - 1);
+  if (day.toDateString() === today.toDateString()) return 'Today';
+  if (day.toDateString() === yesterday.toDateString()) return 'Yesterday';
+  return day.toLocaleDateString(undefined, { weekday: 'short', day: 'numeric', month: 'short', year: 'numeric' });
+}
+
+// Newest first, under a heading per day (the reader's local day).
+function renderConversationList(list) {
+  const items = [];
+  let last = null;
+  for (const c of list) {
+    const label = c.updated_at ? dayLabel(c.updated_at) : '';
+    if (label !== last) {
+      const heading = el('li', 'day-label', label);
+      heading.setAttribute('role', 'presentation');
+      items.push(heading);
+      last = label;
+    }
+    items.push(conversationItem(c));
+  }
+  if (!list.length && els.search.value.trim()) items.push(el('li', 'day-label', 'No chats match.'));
+  els.conversations.replaceChildren(...items);
+  markCurrent();
+}
+
+export async function refreshConversations() {
+  const q = els.search.value.trim();
+  try {
+    const url = q ? `/api/conversations/?q=${encodeURIComponent(q)}` : '/api/conversations/';
+    const res = await fetch(url, { headers: { Accept: 'application/json' } });
+    if (!res.ok) return;
+    const data = await res.json();
+    if (!Array.isArray(data.conversations) || els.search.value.trim() !== q) return;
+    renderConversationList(data.conversations);
+  } catch { /* the list is a convenience; keep the old one */ }
+}
+
+// ---- the current conversation's tools (rename, delete, download) ----------
+
+function csrfToken() {
+  return document.querySelector('input[name="csrfmiddlewaretoken"]')?.value || '';
+}
+
+function updateTools() {
+  const id = state.conversation;
+  els.tools.hidden = id == null;
+  if (id == null) return;
+  els.title.textContent = state.title || 'Untitled chat';
+  els.exportMd.href = `/api/conversations/${id}/export?format=markdown`;
+  els.exportJson.href = `/api/conversations/${id}/export?format=json`;
+}
+
+export function startRename() {
+  els.renameInput.value = state.title || '';
+  els.renameForm.hidden = false;
+  els.title.hidden = true;
+  els.renameInput.focus();
+  els.renameInput.select();
+}
+
+export function endRename() {
+  els.renameForm.hidden = true;
+  els.title.hidden = false;
+  els.rename.focus();
+}
+
+async function conversationRequest(method, body) {
+  const res = await fetch(`/api/conversations/${state.conversation}/`, {
+    method,
+    headers: { 'Content-Type': 'application/json', 'X-CSRFToken': csrfToken(), Accept: 'application/json' },
+    body: body == null ? undefined : JSON.stringify(body),
+  });
+  if (!res.ok) {
+    const err = await res.json().catch(() => ({}));
+    showBanner(err.message || `The server said ${res.status}.`, err.code || `http_${res.status}`);
+  }
+  return res;
+}
+
+export async function saveRename(event) {
+  event.preventDefault();
+  const title = els.renameInput.value.trim();
+  if (!title || state.conversation == null) return;
+  const res = await conversationRequest('PATCH', { title });
+  if (!res.ok) return;
+  state.title = (await res.json()).title;
+  endRename();
+  refreshConversations();
+}
+
+export async function deleteConversation() {
+  if (state.conversation == null || state.running) return;
+  const title = state.title || 'this chat';
+  if (!window.confirm(`Delete “${title}” and all its messages? This cannot be undone.`)) return;
+  const res = await conversationRequest('DELETE');
+  if (!res.ok) return;
+  startNewChat();
+  refreshConversations();
+}
+
+// A new conversation's title, as the server makes it (Conversation.title_from_prompt): cut in
+// code points, as Python counts.
+function titleFromPrompt(text) {
+  const words = text.split(/\s+/).filter(Boolean).join(' ');
+  return [...words].slice(0, LIMITS.titleFromPromptChars).join('');
+}
+
+// A first prompt creates the conversation server-side; make the page point at it.
+export function adoptConversation(id, answer) {
+  if (id == null || state.conversation != null || !answer.root.isConnected) return;
+  state.conversation = toId(id);
+  state.title = titleFromPrompt(answer.prompt);
+  history.replaceState({ c: id }, '', `/?c=${id}`);
+  if (!els.conversations.querySelector(`a[data-id="${id}"]`)) {
+    els.conversations.prepend(conversationItem({ id, title: state.title }));
+  }
+  markCurrent();
+}
+
+// mode "prepend" keeps anything the user sent while history was loading.
+export async function loadConversation(id, mode = 'replace') {
+  let res;
+  try {
+    res = await fetch(`/api/conversations/${id}/`, { headers: { Accept: 'application/json' } });
+  } catch {
+    showBanner('Could not load the conversation.', 'network');
+    return false;
+  }
+  if (!res.ok) {
+    showBanner(res.status === 404 ? 'That conversation no longer exists.' : 'Could not load the conversation.', `http_${res.status}`);
+    return false;
+  }
+  const data = await res.json();
+  if (mode === 'replace') stopEditing();
+  const nodes = (data.messages || []).map(renderHistoryMessage);
+  state.conversation = toId(data.id ?? id);
+  state.title = data.title;
+  if (mode === 'prepend') els.messages.prepend(...nodes);
+  else els.messages.replaceChildren(...nodes);
+  els.messages.scrollTop = els.messages.scrollHeight;
+  markCurrent();
+  updateLastActions();
+  return true;
+}
+
+export function startNewChat() {
+  stopEditing();
+  setSidebar(false);
+  state.conversation = null;
+  els.messages.replaceChildren();
+  history.pushState({ c: null }, '', '/');
+  markCurrent();
+  els.prompt.focus();
+}
+
+export function onConversationClick(event) {
+  const a = event.target.closest('a[data-id]');
+  // Let modified clicks and clicks during a running answer do a normal navigation.
+  if (!a || event.button !== 0 || event.metaKey || event.ctrlKey || event.shiftKey || event.altKey) return;
+  if (state.running) return;
+  event.preventDefault();
+  setSidebar(false);
+  const id = Number(a.dataset.id);
+  loadConversation(id).then((ok) => { if (ok) history.pushState({ c: id }, '', `/?c=${id}`); });
+}
+
+export function onPopState() {
+  const id = Number(new URLSearchParams(location.search).get('c')) || null;
+  if (id) loadConversation(id);
+  else { state.conversation = null; els.messages.replaceChildren(); markCurrent(); }
+}

@@ -1,0 +1,132 @@
+// The server's events (docs/protocol.md) applied to the answer they name.
+import { constants, EVENT, lookup } from './config.js';
+import { keepScrolled, show, showBanner } from './dom.js';
+import {
+  finishDisplay, formatMetrics, markSuperseded, renderStats, setState, setStatus, setText,
+  showError, showJson, withdrawnText,
+} from './render.js';
+import { finish } from './composer.js';
+import { adoptConversation, refreshConversations } from './conversations.js';
+import { state } from './state.js';
+
+function onAccepted(answer, msg) {
+  answer.messageId = msg.message;
+  if (answer.replaces) {
+    markSuperseded(answer.replaces);
+    const asked = answer.replaces.previousElementSibling;
+    if (asked?.classList.contains('user')) markSuperseded(asked);
+  }
+  adoptConversation(msg.conversation, answer);
+  onQueued(answer, msg);
+}
+
+function onQueued(answer, msg) {
+  if (answer.started) return; // position no longer matters once text flows
+  const ahead = Number(msg.queue_position) || 0;
+  if (ahead > 0) {
+    setState(answer, 'queued');
+    show(answer.parts.queue, `Waiting in queue: ${ahead} ahead`);
+  } else {
+    setState(answer, 'streaming');
+    answer.parts.queue.hidden = true;
+  }
+}
+
+function onChunk(answer, msg) {
+  if (answer.retracted) return;
+  const piece = typeof msg.text === 'string' ? msg.text : '';
+  renderStats.chunks += 1;
+  if (piece && answer.tFirst == null) answer.tFirst = performance.now();
+  if (!answer.started) {
+    answer.started = true;
+    answer.parts.queue.hidden = true;
+    setStatus(answer, '');
+    setState(answer, 'streaming');
+  }
+  setText(answer, answer.text + piece);
+}
+
+function onBuffering(answer, msg) {
+  answer.parts.queue.hidden = true;
+  setState(answer, 'validating');
+  setStatus(answer, msg.reason ? `Validating… ${msg.reason}` : 'Validating…', 'validating');
+}
+
+function onRetract(answer, msg) {
+  answer.retracted = true;
+  answer.retractReason = msg.reason || '';
+  setStatus(answer, '');
+  answer.root.classList.add('withdrawn');
+  answer.parts.json.hidden = true;
+  answer.parts.valid.hidden = true;
+  setState(answer, 'retracted');
+  setText(answer, withdrawnText(answer.retractReason), { plain: true, now: true });
+}
+
+// A loop or an invented turn: what was shown is replaced by its good part.
+function onCut(answer, msg) {
+  if (typeof msg.text === 'string') keepScrolled(() => setText(answer, msg.text, { now: true }));
+}
+
+function onDone(answer, msg) {
+  const now = performance.now();
+  answer.finishReason = msg.finish_reason;
+  const info = finishDisplay(msg.finish_reason);
+  let value = info.state;
+  if (answer.retracted && value === 'done') value = 'retracted';
+  setStatus(answer, '');
+  keepScrolled(() => {
+    if (value === 'retracted') {
+      answer.root.classList.add('withdrawn');
+      setText(answer, withdrawnText(answer.retractReason), { plain: true, now: true });
+    } else {
+      setText(answer, typeof msg.text === 'string' ? msg.text : answer.text, { now: true });
+      // A retract followed by e.g. "invalid": keep the reason visible.
+      if (answer.retracted) setStatus(answer, withdrawnText(answer.retractReason), 'withdrawn');
+      if (msg.json != null) showJson(answer, msg.json);
+    }
+    // E.g. cancelled by a stopping server, not by the user: say so.
+    const badge = lookup(constants.reasonBadges, msg.reason) ?? info.badge;
+    show(answer.parts.badge, [badge, msg.cached ? 'cached' : ''].filter(Boolean).join(' · '));
+    answer.parts.badge.title = info.reasonInTitle ? `${info.badge}: ${msg.reason || ''}` : '';
+    if (answer.tFirst == null) answer.tFirst = now;
+    const m = msg.metrics || {};
+    show(answer.parts.metrics, formatMetrics({
+      firstMs: answer.tFirst - answer.t0, lastMs: now - answer.t0,
+      tokens: m.new_tokens, tps: m.tokens_per_s,
+    }));
+  });
+  answer.messageId = msg.message ?? answer.messageId;
+  finish(answer, value);
+  refreshConversations();
+}
+
+function onError(msg) {
+  const answer = msg.request_id != null ? state.answers.get(msg.request_id) : null;
+  if (!answer) {
+    showBanner(msg.message || 'Something went wrong.', msg.code);
+    return;
+  }
+  keepScrolled(() => showError(answer, msg));
+  // An error after the answer ended (e.g. a late cancel) must not rewrite its outcome.
+  if (answer.live) {
+    setStatus(answer, '');
+    finish(answer, 'error');
+  }
+}
+
+// By the server's names: one it does not list throws here, at start (config.js).
+const HANDLERS = {
+  [EVENT.accepted]: onAccepted, [EVENT.queued]: onQueued, [EVENT.chunk]: onChunk,
+  [EVENT.buffering]: onBuffering, [EVENT.retract]: onRetract, [EVENT.cut]: onCut, [EVENT.done]: onDone,
+};
+
+export function handleEvent(raw) {
+  let msg;
+  try { msg = JSON.parse(raw); } catch { return; }
+  if (!msg || typeof msg !== 'object' || msg.type === EVENT.pong) return;
+  if (msg.type === EVENT.error) { onError(msg); return; }
+  const handler = lookup(HANDLERS, msg.type);
+  const answer = state.answers.get(msg.request_id);
+  if (handler && answer) handler(answer, msg);
+}

@@ -1,0 +1,152 @@
+// A message on the page: its elements, its answer states (data-state) and its text. An answer
+// is rendered as Markdown by markdown.js (raw HTML off, then DOMPurify), at most once per
+// animation frame however fast its chunks arrive.
+import { constants, lookup } from './config.js';
+import { el, keepScrolled, show } from './dom.js';
+
+// Chunks received vs Markdown renders done, for the page's tests and the figure in docs/using.md.
+export const renderStats = { chunks: 0, renders: 0 };
+window.__chatRenderStats = renderStats;
+
+// finish_reason -> data-state and badge text, as the server says (chat/page_constants.py).
+export function finishDisplay(reason) {
+  return lookup(constants.finish, reason) || lookup(constants.finish, 'eos');
+}
+
+function secs(ms) { return (ms / 1000).toFixed(2); }
+
+export function formatMetrics({ firstMs, lastMs, tokens, tps }) {
+  const parts = [];
+  if (typeof firstMs === 'number') parts.push(`first character ${secs(firstMs)} s`);
+  if (typeof lastMs === 'number') parts.push(`last ${secs(lastMs)} s`);
+  if (typeof tokens === 'number') parts.push(`${tokens} ${tokens === 1 ? 'token' : 'tokens'}`);
+  if (typeof tps === 'number') parts.push(`${tps.toFixed(1)} tok/s`);
+  return parts.join(' · ');
+}
+
+export function withdrawnText(reason) {
+  return reason ? `Answer withdrawn: ${reason}` : 'Answer withdrawn';
+}
+
+function actionButton(className, label, title) {
+  const button = el('button', `action ${className}`, label);
+  button.type = 'button';
+  button.title = title;
+  return button;
+}
+
+export function buildUser(text) {
+  const root = el('article', 'message user');
+  const actions = el('div', 'actions');
+  const edit = actionButton('edit-prompt', 'Edit', 'Edit this message and send it again');
+  edit.hidden = true;
+  actions.append(edit);
+  root.append(el('div', 'meta', 'You'), el('div', 'text', text), actions);
+  root.chatPrompt = text;
+  return root;
+}
+
+// A regenerated answer or an edited prompt keeps what it replaced, marked as an earlier version.
+export function markSuperseded(node) {
+  node.classList.add('superseded');
+  const meta = node.querySelector('.meta');
+  if (meta && !meta.querySelector('.earlier')) meta.append(el('span', 'badge earlier', 'Earlier version'));
+}
+
+export function buildAnswer() {
+  const root = el('article', 'message assistant');
+  const meta = el('div', 'meta');
+  const parts = {
+    badge: el('span', 'badge'),
+    queue: el('div', 'queue'),
+    status: el('div', 'status'),
+    text: el('div', 'text markdown'),
+    json: el('pre', 'json'),
+    valid: el('div', 'json-valid', '✓ Valid against the schema'),
+    error: el('div', 'error'),
+    metrics: el('div', 'metrics'),
+    actions: el('div', 'actions'),
+  };
+  for (const key of ['badge', 'queue', 'status', 'json', 'valid', 'error', 'metrics']) parts[key].hidden = true;
+  const regenerate = actionButton('regenerate', 'Regenerate', 'A new answer to the same prompt');
+  regenerate.hidden = true;
+  const more = actionButton('continue-answer', 'Continue', 'Write the rest of this answer');
+  more.hidden = true;
+  parts.actions.append(actionButton('copy-answer', 'Copy', 'Copy the answer as Markdown'), more, regenerate);
+  meta.append(el('span', 'role', 'Assistant'), parts.badge);
+  root.append(meta, parts.queue, parts.status, parts.text, parts.valid, parts.json, parts.error,
+    parts.metrics, parts.actions);
+  const answer = { root, parts, text: '', plain: false, renderQueued: false };
+  root.chatAnswer = answer;
+  return answer;
+}
+
+export function setState(answer, value) { answer.root.dataset.state = value; }
+
+function renderNow(answer) {
+  answer.renderQueued = false;
+  renderStats.renders += 1;
+  if (answer.plain) answer.parts.text.textContent = answer.text;
+  else answer.parts.text.replaceChildren(window.ChatMarkdown.render(answer.text));
+}
+
+// The text changes per chunk; the DOM at most once per frame.
+export function setText(answer, text, { plain = false, now = false } = {}) {
+  answer.text = text;
+  answer.plain = plain;
+  if (now) { renderNow(answer); return; }
+  if (answer.renderQueued) return;
+  answer.renderQueued = true;
+  requestAnimationFrame(() => {
+    if (answer.renderQueued) keepScrolled(() => renderNow(answer));
+  });
+}
+
+// A structured answer: shown once, pretty-printed, with the mark that it passed its schema.
+export function showJson(answer, value) {
+  answer.parts.text.hidden = true;
+  show(answer.parts.json, JSON.stringify(value, null, 2));
+  answer.parts.valid.hidden = false;
+  answer.text = answer.parts.json.textContent;
+}
+
+export function setStatus(answer, text, kind) {
+  show(answer.parts.status, text);
+  answer.parts.status.dataset.kind = kind || '';
+}
+
+export function showError(answer, msg) {
+  const box = answer.parts.error;
+  box.replaceChildren(el('span', 'error-message', msg.message || 'Something went wrong.'));
+  if (msg.code) box.append(el('small', 'code', msg.code));
+  box.hidden = false;
+}
+
+// A message of /api/conversations/<id>/: a prompt, or an answer as it was stored.
+export function renderHistoryMessage(m) {
+  if (m.role === 'user') {
+    const node = buildUser(m.text || '');
+    node.dataset.messageId = m.id;
+    if (m.superseded) markSuperseded(node);
+    return node;
+  }
+  const answer = buildAnswer();
+  // An answer that did not end as `done` shows its status, whatever its finish_reason.
+  const { state: value, badge } = lookup(constants.status, m.status) || finishDisplay(m.finish_reason);
+  if (value === 'streaming') setStatus(answer, 'Still being written…');
+  setState(answer, value);
+  answer.root.dataset.messageId = m.id;
+  answer.messageId = m.id;
+  answer.finishReason = m.status === 'done' ? m.finish_reason : m.status;
+  if (m.superseded) markSuperseded(answer.root);
+  if (value === 'retracted') setText(answer, withdrawnText(''), { plain: true, now: true });
+  else setText(answer, m.text || '', { now: true });
+  if (value === 'retracted') answer.root.classList.add('withdrawn');
+  show(answer.parts.badge, badge);
+  if (m.json != null && value !== 'retracted') showJson(answer, m.json);
+  if (m.metrics) {
+    const x = m.metrics;
+    show(answer.parts.metrics, formatMetrics({ firstMs: x.ttft_ms, lastMs: x.total_ms, tokens: x.new_tokens, tps: x.tokens_per_s }));
+  }
+  return answer.root;
+}
