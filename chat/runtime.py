@@ -46,6 +46,7 @@ class Runtime:
             weight_major=settings.CHAT_WEIGHT_MAJOR,
             quant=settings.CHAT_MODEL_QUANT,
             prefill_chunk=settings.CHAT_PREFILL_CHUNK,
+            prefix_cache_mb=settings.CHAT_PREFIX_CACHE_MB,
             max_new_tokens_cap=settings.CHAT_MAX_NEW_TOKENS_CAP,
         )
 
