@@ -21,6 +21,7 @@ from . import metrics as prometheus
 from . import policy_store, review, storage
 from .cache import CACHEABLE_FINISH, completion_cache
 from .cancel_bus import CancelBus, RunningTurns
+from .engine.coalescing import coalescer
 from .engine.types import (
     Backend,
     EngineError,
@@ -534,7 +535,8 @@ class _TurnRun:
         self.request = prepared.request
         self.accepted_at = accepted_at
         self._backend = backend
-        self._scheduler = scheduler
+        # Identical cacheable prompts in flight share one generation (engine/coalescing.py).
+        self._scheduler = coalescer.sharing(scheduler, prepared.cache_key)
         self._ticket: Ticket | None = None
         self._events: asyncio.Queue = asyncio.Queue()
         self.started_at: float | None = None
