@@ -126,9 +126,10 @@ class Runtime:
         started = time.perf_counter()
         try:
             backend, self.scheduler = self._make_engine()
-            from .metrics import track_scheduler
+            from .metrics import track_prefix_store, track_scheduler
 
             track_scheduler(self.scheduler)
+            track_prefix_store(backend)
             self.backend = backend
         except Exception as exc:
             log.exception("model failed to load")

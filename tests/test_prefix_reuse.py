@@ -5,6 +5,7 @@ Each test gets its own store, so what another test left behind is never reused h
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from chat.engine.decoding import RunningBatch
@@ -209,3 +210,29 @@ def test_rows_under_every_rule_reuse_a_prefix(backend):
     assert store.reused_tokens - reused >= 4 * len(backend.encode(FIRST))
     assert all(row.reason in ("eos", "stop_string", "length") for row in rows)
     assert all(0 < len(row.new_ids) <= row.max_new for row in rows)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_follow_up_turn_is_counted_as_reused_prefill_in_the_metrics(client):
+    """Over the WebSocket: the second turn of a conversation prefills only what is new."""
+    from django.test import AsyncClient
+
+    def sample(text: str, source: str) -> float:
+        name = f'chat_prefill_tokens_total{{source="{source}"}}'
+        for line in text.splitlines():
+            if line.split(" ")[0] == name:
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    first = await client.receive_until("done", await client.prompt("Name a colour of the sea."))
+    conversation = first[0]["conversation"]
+    before = (await AsyncClient().get("/metrics")).content.decode()
+    second = await client.receive_until(
+        "done", await client.prompt("And of the sky?", conversation=conversation)
+    )
+    after = (await AsyncClient().get("/metrics")).content.decode()
+    prompt_tokens = second[-1]["metrics"]["prompt_tokens"]
+    reused = sample(after, "reused") - sample(before, "reused")
+    computed = sample(after, "computed") - sample(before, "computed")
+    assert reused >= first[-1]["metrics"]["prompt_tokens"]
+    assert reused + computed == prompt_tokens
