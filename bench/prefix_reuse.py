@@ -1,0 +1,377 @@
+"""`manage.py benchmark` rows for prefix KV reuse and in-flight coalescing, in process.
+
+Each row drives the real engine the way the server does: a ContinuousScheduler over the
+loaded backend (its prefix store included), requests submitted with `expect` so arrivals
+together are gathered, and the Coalescer in front of it for identical prompts. Time to first
+token is the model's (the scheduler's submit to the row's first token), so the figures
+compare prefill work, not the text decoder's word boundaries.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from chat.engine.coalescing import Coalescer
+from chat.engine.scheduler import ContinuousScheduler
+from chat.engine.types import Failed, Finished
+
+SYSTEM = (
+    "You are the help desk of a small museum about lighthouses. Answer in two or three short "
+    "sentences, politely, and only about the museum, its exhibits, opening hours and tickets. "
+    "If you do not know, say so and suggest asking at the front desk."
+)
+FEW_SHOT = [
+    ("When do you open?", "We open at nine every morning and close at five, except Mondays."),
+    ("Can I bring my dog?", "Dogs on a lead are welcome in the garden, but not in the halls."),
+    ("Is there a café?", "Yes, on the top floor, with a view of the old lamp room."),
+]
+HISTORY_PARAGRAPH = (
+    "The keeper climbed the spiral stairs each evening, trimmed the wick, polished the great "
+    "lens and wrote the weather in his log: wind, sea state, the ships that passed, the hour "
+    "the lamp was lit and the hour it was put out. "
+)
+FRESH = [{"role": "user", "content": "What time is it in Lisbon?"}]
+QUESTIONS = [
+    "How much is a ticket?",
+    "Do you have guided tours?",
+    "Where can I park?",
+    "Is the museum accessible by wheelchair?",
+    "Can children climb the tower?",
+    "Do you sell postcards?",
+    "How old is the oldest lens?",
+    "Can I take photographs inside?",
+]
+
+
+def policy_messages(question: str) -> list[dict]:
+    """A conversation's opening under one policy: its system prompt, few-shot, then the user."""
+    messages = [{"role": "system", "content": SYSTEM}]
+    for asked, answered in FEW_SHOT:
+        messages += [
+            {"role": "user", "content": asked},
+            {"role": "assistant", "content": answered},
+        ]
+    return [*messages, {"role": "user", "content": question}]
+
+
+@dataclass
+class Outcome:
+    submitted_at: float
+    result: object = None
+    error: str | None = None
+    done: threading.Event = None
+
+    @property
+    def first_token_s(self) -> float | None:
+        if self.result is None or self.result.first_token_at is None:
+            return None
+        return self.result.first_token_at - self.submitted_at
+
+
+def run_together(scheduler, requests, *, views=None) -> tuple[list[Outcome], float]:
+    """Submit `requests` at once (announced first, as the server does); wait for all. Returns
+    each one's outcome and the wall time until the last one finished."""
+    views = views or [scheduler] * len(requests)
+    outcomes = []
+    for _ in requests:
+        scheduler.expect()
+    started = time.perf_counter()
+    for request, view in zip(requests, views, strict=True):
+        outcome = Outcome(time.perf_counter(), done=threading.Event())
+
+        def sink(event, outcome=outcome):
+            if isinstance(event, Finished):
+                outcome.result = event.result
+                outcome.done.set()
+            elif isinstance(event, Failed):
+                outcome.error = event.error
+                outcome.done.set()
+
+        view.submit(request, sink, expected=True)
+        outcomes.append(outcome)
+    for outcome in outcomes:
+        if not outcome.done.wait(600):
+            raise TimeoutError("a benchmark request did not finish in 10 minutes")
+    return outcomes, time.perf_counter() - started
+
+
+def first_token_s(scheduler, request) -> float:
+    [outcome], _ = run_together(scheduler, [request])
+    if outcome.first_token_s is None:
+        raise RuntimeError(outcome.error or "no token")
+    return outcome.first_token_s
+
+
+@dataclass
+class FollowUp:
+    history_tokens: int
+    fresh_s: float  # a one-line prompt in a new conversation, empty store
+    follow_up_s: float  # the next turn of a long conversation, its history reused
+    without_reuse_s: float  # the same turn with the store off (what every turn paid before)
+    reused: int
+    computed: int
+
+    @property
+    def ratio(self) -> float:
+        return self.follow_up_s / self.fresh_s
+
+
+def follow_up(backend, scheduler, history_tokens: int = 1500) -> FollowUp:
+    """(a) A follow-up turn with ~`history_tokens` of history vs a fresh one-line prompt."""
+    store = backend.prefix_store
+    messages = [{"role": "user", "content": "Tell me about the keeper's log."}]
+    while len(backend.encode(messages)) < history_tokens:
+        messages += [
+            {"role": "assistant", "content": HISTORY_PARAGRAPH * 3},
+            {"role": "user", "content": "Go on."},
+        ]
+    store.clear()
+    fresh_s = first_token_s(scheduler, backend.request(FRESH, max_new_tokens=1))
+    # The previous turn, as the server would have run it: its KV is kept when it ends.
+    [previous], _ = run_together(scheduler, [backend.request(messages, max_new_tokens=24)])
+    turn = [
+        *messages,
+        {"role": "assistant", "content": previous.result.text},
+        {"role": "user", "content": "And what did he write on stormy nights?"},
+    ]
+    request = backend.request(turn, max_new_tokens=1)
+    computed, reused = store.computed_tokens, store.reused_tokens
+    follow_up_s = first_token_s(scheduler, request)
+    computed, reused = store.computed_tokens - computed, store.reused_tokens - reused
+    store.clear()
+    without_s = first_token_s(scheduler, backend.request(turn, max_new_tokens=1))
+    return FollowUp(len(request.input_ids), fresh_s, follow_up_s, without_s, reused, computed)
+
+
+@dataclass
+class SharedPolicy:
+    users: int
+    prompt_tokens: int  # all users' prompts together
+    shared_tokens: int  # the policy's system prompt and few-shot, as every user's prompt opens
+    computed: int
+    reused: int
+
+    @property
+    def shared_prefilled_times(self) -> float:
+        """How many times the shared opening was computed (1 means once for everybody)."""
+        return (self.computed - (self.prompt_tokens - self.users * self.shared_tokens)) / max(
+            self.shared_tokens, 1
+        )
+
+
+def shared_policy(backend, scheduler, users: int = 8) -> SharedPolicy:
+    """(b) `users` different users open a conversation with the same policy at once."""
+    store = backend.prefix_store
+    store.clear()
+    requests = [
+        backend.request(policy_messages(question), max_new_tokens=8)
+        for question in QUESTIONS[:users]
+    ]
+    opening = [r.input_ids for r in requests]
+    shared = min(_common(opening[0], ids) for ids in opening[1:])
+    computed, reused = store.computed_tokens, store.reused_tokens
+    run_together(scheduler, requests)
+    return SharedPolicy(
+        users,
+        sum(len(ids) for ids in opening),
+        shared,
+        store.computed_tokens - computed,
+        store.reused_tokens - reused,
+    )
+
+
+@dataclass
+class Identical:
+    users: int
+    one_s: float  # one answer alone
+    together_s: float  # `users` identical prompts at once, coalesced
+    generations: int
+    complete: int
+    tokens: int
+
+    @property
+    def ratio(self) -> float:
+        return self.together_s / self.one_s
+
+
+def identical(backend, scheduler, users: int = 8, tokens: int = 64) -> Identical:
+    """(c) `users` identical prompts at once: one generation, every answer complete."""
+    messages = [{"role": "user", "content": "Describe the lamp room of a lighthouse."}]
+
+    def request():
+        return backend.request(messages, max_new_tokens=tokens, min_new_tokens=tokens)
+
+    _, one_s = run_together(scheduler, [request()])
+    coalescer = Coalescer()
+    submitted = []
+    inner_submit = scheduler.submit
+
+    def counting(*args, **kwargs):
+        submitted.append(1)
+        return inner_submit(*args, **kwargs)
+
+    scheduler.submit = counting
+    try:
+        views = [coalescer.sharing(scheduler, "identical") for _ in range(users)]
+        outcomes, together_s = run_together(scheduler, [request() for _ in views], views=views)
+    finally:
+        del scheduler.submit
+    complete = sum(
+        1
+        for o in outcomes
+        if o.result is not None and o.result.finish_reason == "length" and o.result.new_tokens
+    )
+    return Identical(users, one_s, together_s, len(submitted), complete, tokens)
+
+
+@dataclass
+class Budget:
+    budget_bytes: int
+    held_bytes: int
+    entries: int
+    evictions: int
+    stored_tokens: int  # KV offered to the store, in tokens
+    peak_rss_mb: float
+
+
+def budget(backend, scheduler, rows: int = 8, tokens: int = 1000) -> Budget:
+    """(d) Offer the store more KV than its budget; it stays within it, and so does the RSS."""
+    from bench.benchmarking import self_peak_rss_mb
+
+    store = backend.prefix_store
+    store.clear()
+    evictions = store.evictions
+    paragraphs = max(
+        1, tokens // len(backend.encode([{"role": "user", "content": HISTORY_PARAGRAPH}]))
+    )
+    requests = [
+        backend.request(
+            [{"role": "user", "content": f"Document {n}. " + HISTORY_PARAGRAPH * paragraphs}],
+            max_new_tokens=2,
+        )
+        for n in range(rows)
+    ]
+    run_together(scheduler, requests)
+    return Budget(
+        store.max_bytes,
+        store.nbytes,
+        len(store),
+        store.evictions - evictions,
+        sum(len(r.input_ids) for r in requests),
+        self_peak_rss_mb(),
+    )
+
+
+def run_all(backend, note=lambda line: None, *, history_tokens: int = 1500) -> dict:
+    """Every row on one scheduler of up to 8 rows; returns them by name."""
+    scheduler = ContinuousScheduler(backend, max_batch=8)
+    try:
+        note(f"  (a) a follow-up turn with ~{history_tokens} tokens of history")
+        results = {"follow_up": follow_up(backend, scheduler, history_tokens)}
+        note("  (b) 8 users open a conversation with the same policy at once")
+        results["shared_policy"] = shared_policy(backend, scheduler)
+        note("  (c) 8 identical prompts at once")
+        results["identical"] = identical(backend, scheduler)
+        note("  (d) the prefix store offered more than its budget")
+        results["budget"] = budget(backend, scheduler)
+    finally:
+        scheduler.close()
+        backend.prefix_store.clear()
+    return results
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+# -- report ------------------------------------------------------------------------
+
+TARGETS = {"follow_up": 1.5, "identical": 1.2, "rss_mb": 1.5 * 1024}
+
+
+def report(results: dict) -> list[str]:
+    """The rows as lines for the benchmark's report."""
+    lines = ["Prefix KV reuse and in-flight coalescing (in process, model's first token)"]
+    a = results.get("follow_up")
+    if a:
+        lines += [
+            f"  (a) fresh one-line prompt, empty store: first token {a.fresh_s * 1000:.0f} ms",
+            f"      follow-up, {a.history_tokens} prompt tokens, history reused: first token "
+            f"{a.follow_up_s * 1000:.0f} ms ({a.ratio:.2f}x the fresh one; {a.reused} tokens "
+            f"reused, {a.computed} computed)",
+            f"      the same follow-up with the store off: {a.without_reuse_s * 1000:.0f} ms "
+            f"({a.without_reuse_s / a.fresh_s:.1f}x)",
+        ]
+    b = results.get("shared_policy")
+    if b:
+        lines.append(
+            f"  (b) {b.users} users, same policy ({b.shared_tokens} shared opening tokens): "
+            f"{b.computed} of {b.prompt_tokens} prompt tokens computed, {b.reused} reused; the "
+            f"shared opening prefilled {b.shared_prefilled_times:.2f} times"
+        )
+    c = results.get("identical")
+    if c:
+        lines.append(
+            f"  (c) {c.users} identical prompts x {c.tokens} tokens: {c.generations} generation(s), "
+            f"{c.complete}/{c.users} complete answers, {c.together_s:.2f} s vs {c.one_s:.2f} s "
+            f"for one ({c.ratio:.2f}x)"
+        )
+    d = results.get("budget")
+    if d:
+        lines.append(
+            f"  (d) store offered {d.stored_tokens} tokens of KV: holds {d.held_bytes / 2**20:.0f} "
+            f"of {d.budget_bytes / 2**20:.0f} MB in {d.entries} entries ({d.evictions} evicted); "
+            f"process peak RSS {d.peak_rss_mb / 1024:.2f} GB"
+        )
+    return lines
+
+
+def targets(results: dict) -> list[tuple[str, str, str, bool | None]]:
+    """(figure, measured, target, met) for the benchmark's target table."""
+    rows = []
+    a, b, c, d = (results.get(k) for k in ("follow_up", "shared_policy", "identical", "budget"))
+    rows.append(
+        (
+            "follow-up first token vs a fresh prompt",
+            f"{a.ratio:.2f}x ({a.history_tokens} tokens)" if a else "-",
+            f"<= {TARGETS['follow_up']:.1f}x",
+            a.ratio <= TARGETS["follow_up"] if a else None,
+        )
+    )
+    rows.append(
+        (
+            "shared policy opening prefilled, 8 users",
+            f"{b.shared_prefilled_times:.2f} times" if b else "-",
+            "once",
+            b.shared_prefilled_times <= 1.0 if b else None,
+        )
+    )
+    rows.append(
+        (
+            "8 identical prompts: wall vs one answer",
+            f"{c.ratio:.2f}x, {c.generations} generation(s), {c.complete}/8 answers" if c else "-",
+            f"<= {TARGETS['identical']:.1f}x",
+            (c.ratio <= TARGETS["identical"] and c.generations == 1 and c.complete == c.users)
+            if c
+            else None,
+        )
+    )
+    rows.append(
+        (
+            "prefix store within budget, RSS",
+            f"{d.held_bytes / 2**20:.0f}/{d.budget_bytes / 2**20:.0f} MB, "
+            f"{d.peak_rss_mb / 1024:.2f} GB"
+            if d
+            else "-",
+            "<= 1.5 GB",
+            (d.held_bytes <= d.budget_bytes and d.peak_rss_mb <= TARGETS["rss_mb"]) if d else None,
+        )
+    )
+    return rows
