@@ -189,7 +189,7 @@ class EngineConfig:
     weight_major: str = "auto"
     prefill_chunk: int = 128
     quant: str = "auto"
-    prefix_cache_mb: int = 256
+    prefix_cache_mb: int = 128
 
 
 @dataclass(eq=False)
