@@ -139,3 +139,37 @@ async def test_visitors_sending_the_same_prompt_at_once_share_one_generation(
         message = await sync_to_async(Message.objects.get)(pk=end["message"])
         assert message.text == end["text"] and message.status == Message.Status.DONE
         assert message.metrics["ttft_ms"] == end["metrics"]["ttft_ms"]
+
+
+def test_identical_requests_open_one_stream_to_an_inference_server(backend):
+    """CHAT_BACKEND=openai: coalescing in front of the remote scheduler (the server, serving
+    the real model's tokens, sees one request)."""
+    from chat.engine.concurrent import ConcurrentScheduler
+    from chat.engine.remote import OpenAIBackend, RemoteConfig
+
+    from .openai_server import FakeOpenAIServer
+
+    server = FakeOpenAIServer(backend).start()
+    remote = OpenAIBackend(
+        RemoteConfig(
+            base_url=server.url,
+            model=server.model,
+            timeout=120,
+            context_length=backend.context_length,
+        ),
+        tokenizer=backend.tokenizer,
+    )
+    scheduler = ConcurrentScheduler(remote, max_running=4)
+    try:
+        coalescer = Coalescer()
+        listeners = [Listener() for _ in range(3)]
+        for listener in listeners:
+            request = remote.request(STORY, max_new_tokens=24, min_new_tokens=24)
+            coalescer.sharing(scheduler, "key").submit(request, listener)
+        assert all(listener.done.wait(120) for listener in listeners)
+        assert server.posts == 1 and coalescer.joined == 2
+        assert len({listener.text for listener in listeners}) == 1
+        assert listeners[0].text == listeners[0].result.text
+    finally:
+        scheduler.close()
+        server.stop()

@@ -38,7 +38,7 @@ from transformers import (
 
 from .batching import Row, left_pad
 from .penalties import penalty_processors
-from .prefix_store import PrefixEntry, PrefixStore
+from .prefix_store import PrefixEntry, PrefixStore, common_prefix
 from .types import Backend, GenerationRequest, GenerationResult, OnText
 
 
@@ -168,7 +168,7 @@ class RunningBatch:
             best = 0
             for other, theirs in enumerate(tensors):
                 if other != index:
-                    best = max(best, _common(mine, theirs, len(mine) - 1))
+                    best = max(best, common_prefix(mine, theirs, len(mine) - 1))
             if best >= self.shared_prefix_min:
                 shared[tuple(prompts[index][:best])] = None
         for prefix in sorted(shared, key=len):
@@ -333,13 +333,6 @@ class _Prefill:
         if rows and (self.done or self.past):
             self.cache.batch_select_indices(indices)
         self.ids, self.mask, self.rows = self.ids[indices], self.mask[indices], rows
-
-
-def _common(a: torch.Tensor, b: torch.Tensor, limit: int) -> int:
-    """How many leading ids (at most `limit`) `a` and `b` share."""
-    n = min(len(a), len(b), limit)
-    differ = (a[:n] != b[:n]).nonzero()
-    return int(differ[0]) if differ.numel() else max(n, 0)
 
 
 def _indices(rows: list[Row], kept: list[Row], device) -> torch.Tensor:

@@ -39,11 +39,16 @@ class PrefixEntry:
 
     def common(self, ids: torch.Tensor, limit: int) -> int:
         """How many leading ids (at most `limit`) this entry shares with `ids`."""
-        n = min(len(self.ids), len(ids), limit)
-        if n <= 0:
-            return 0
-        differ = (self.ids[:n] != ids[:n]).nonzero()
-        return int(differ[0]) if differ.numel() else n
+        return common_prefix(self.ids, ids, limit)
+
+
+def common_prefix(a: torch.Tensor, b: torch.Tensor, limit: int) -> int:
+    """How many leading ids (at most `limit`) the 1-D tensors `a` and `b` share."""
+    n = min(len(a), len(b), limit)
+    if n <= 0:
+        return 0
+    differ = (a[:n] != b[:n]).nonzero()
+    return int(differ[0]) if differ.numel() else n
 
 
 class PrefixStore:
