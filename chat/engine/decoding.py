@@ -104,8 +104,11 @@ class RunningBatch:
     def _join(self, prefill: _Prefill, logits: torch.Tensor) -> list[Row]:
         """Prefilled rows join the batch and pick their first tokens; returns rows already done."""
         self._merge(prefill.rows, prefill.cache, prefill.mask)
-        self._remember(prefill.rows)  # their prompts, for whoever continues or shares them
-        return self._choose(prefill.rows, logits)
+        done = self._choose(prefill.rows, logits)
+        # Their prompts, for whoever continues or shares them: after the first tokens were
+        # chosen, so copying a long prompt's KV never delays them (rows done are stored already).
+        self._remember([row for row in prefill.rows if row.reason is None])
+        return done
 
     # -- prefix reuse -----------------------------------------------------------
 
@@ -171,8 +174,9 @@ class RunningBatch:
                     best = max(best, common_prefix(mine, theirs, len(mine) - 1))
             if best >= self.shared_prefix_min:
                 shared[tuple(prompts[index][:best])] = None
-        for prefix in sorted(shared, key=len):
-            if self.store.longest(list(prefix), len(prefix))[0] < len(prefix):
+        for prefix in sorted(shared, key=len):  # shorter first: the longer ones build on them
+            held = self.store.longest(list(prefix), len(prefix))[0]
+            if len(prefix) - held >= self.shared_prefix_min:  # a few tokens are not worth a pass
                 self._prefill_alone(list(prefix))
 
     def _prefill_alone(self, ids: list[int]) -> None:
