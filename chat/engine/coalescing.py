@@ -3,9 +3,10 @@
 The completion cache serves a repeated prompt at once, but only after its first answer is
 stored; a repeat arriving while that answer is still being generated would start a second,
 identical generation. Here a request whose turn cache key and token ids match a generation
-still running joins it instead: it gets the text so far as one chunk, then every live chunk,
-then the same Finished (or Failed). Each joiner runs its own turn on those events (its own
-policy gate, stored message and metrics); only the tokens are shared.
+still running joins it instead: it gets the generation's queue position (or Started and the
+text so far as one chunk), then every live event and the same Finished (or Failed). Each
+joiner runs its own turn on those events (its own policy gate, stored message and metrics);
+only the tokens are shared.
 
 A joiner's cancel detaches it alone (it gets Finished "cancelled" with the text it had);
 the generation is cancelled only when its last listener is gone. Works in front of any
@@ -125,12 +126,10 @@ class Coalescer:
         generation.listeners.append(ticket)
         self._of[ticket] = generation
         self.joined += 1
-        if generation.started:
+        if generation.started:  # still waiting: its position is what submit returns
             ticket.sink(Started(at=time.perf_counter()))
             if generation.text:
                 ticket.sink(TextChunk("".join(generation.text)))
-        elif generation.position:
-            ticket.sink(Queued(position=generation.position))
 
     def _fan_out(self, generation: _Generation, event) -> None:
         """Record the event and hand it to every listener, under the lock so a joiner's replay
