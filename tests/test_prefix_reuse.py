@@ -236,3 +236,29 @@ async def test_a_follow_up_turn_is_counted_as_reused_prefill_in_the_metrics(clie
     computed = sample(after, "computed") - sample(before, "computed")
     assert reused >= first[-1]["metrics"]["prompt_tokens"]
     assert reused + computed == prompt_tokens
+
+
+def kv(length: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """One layer of made-up KV for `length` tokens (the store's bookkeeping needs no model)."""
+    return [torch.arange(length, dtype=torch.float32).reshape(1, 1, length, 1)], [
+        torch.zeros(1, 1, length, 1)
+    ]
+
+
+def test_the_store_keeps_the_longest_row_of_a_prefix_and_evicts_the_least_recently_used():
+    per_token = 8  # one float32 key and one value per token
+    store = PrefixStore(10 * per_token)
+    assert store.put([1, 2, 3], *kv(3))
+    assert store.put([1, 2, 3, 4, 5], *kv(5))  # extends the first: replaces it
+    assert len(store) == 1 and store.nbytes == 5 * per_token
+    assert not store.put([1, 2], *kv(2))  # already held
+    assert store.longest([1, 2, 3, 9], 3) == (3, store.longest([1, 2, 3], 3)[1])
+    assert store.longest([1, 2, 3, 9], 2)[0] == 2  # never more than asked
+    assert store.put([7, 8, 9, 10], *kv(4))
+    store.longest([1, 2, 9], 2)  # [1..5] is now the more recently used
+    assert store.put([5, 6, 7], *kv(3))  # over budget: [7, 8, 9, 10] goes
+    assert store.longest([7, 8, 9], 3) == (0, None)
+    assert store.longest([1, 2, 3, 4, 5, 6], 6)[0] == 5 and store.evictions == 1
+    assert store.nbytes <= store.max_bytes
+    assert not store.put(list(range(20)), *kv(20))  # alone over the budget
+    assert not PrefixStore(0).put([1, 2], *kv(2))  # 0: reuse off
