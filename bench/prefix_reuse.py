@@ -291,18 +291,22 @@ def budget(backend, scheduler, rows: int = 8, tokens: int = 600) -> Budget:
     )
 
 
-def run_all(backend, note=lambda line: None, *, history_tokens: int = 1500) -> dict:
-    """Every row on one scheduler of up to 8 rows; returns them by name."""
+def run_all(backend, note=lambda line: None, *, quick: bool = False) -> dict:
+    """Every row on one scheduler of up to 8 rows; returns them by name. `quick`: small sizes
+    for a smoke run (the figures then say little)."""
+    history_tokens = 300 if quick else 1500
     scheduler = ContinuousScheduler(backend, max_batch=8)
     try:
         note("  (d) the prefix store offered more than its budget")
-        results = {"budget": budget(backend, scheduler)}
+        results = {"budget": budget(backend, scheduler, rows=4 if quick else 8)}
         note(f"  (a) a follow-up turn with ~{history_tokens} tokens of history")
         results["follow_up"] = follow_up(backend, scheduler, history_tokens)
         note("  (b) 8 users open a conversation with the same policy at once")
         results["shared_policy"] = shared_policy(backend, scheduler)
         note("  (c) 8 identical prompts at once")
-        results["identical"] = identical(backend, scheduler)
+        results["identical"] = identical(
+            backend, scheduler, tokens=12 if quick else 64, rounds=1 if quick else 3
+        )
     finally:
         scheduler.close()
         backend.prefix_store.clear()

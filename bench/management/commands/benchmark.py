@@ -103,7 +103,7 @@ class Command(BaseCommand):
     # -- orchestration ------------------------------------------------------------
 
     def handle(self, *args, **opts):
-        quick = opts["quick"]
+        quick = self.quick = opts["quick"]
         self.tokens = opts["tokens"] or (12 if quick else 128)
         self.ctokens = opts["concurrent_tokens"] or (12 if quick else 64)
         self.levels = sorted(
@@ -236,7 +236,7 @@ class Command(BaseCommand):
         self.results["newcomer"] = bm.newcomer_first_chunk(backend, self.newcomer_tokens)
 
     def prefix_rows(self, backend):
-        self.results["prefix"] = prefix_reuse.run_all(backend, self.note)
+        self.results["prefix"] = prefix_reuse.run_all(backend, self.note, quick=self.quick)
 
     def prefix_report(self):
         out = self.stdout.write
