@@ -146,6 +146,12 @@ class RunningBatch:
         if not width:
             return cache, mask
         sample = next(e for e, t in zip(entries, taken, strict=True) if t)
+        if len(taken) == 1:  # a lone row: its entry's columns as they are (the cache copies them)
+            for layer in range(len(sample.keys)):
+                cache.update(
+                    sample.keys[layer][:, :, :width], sample.values[layer][:, :, :width], layer
+                )
+            return cache, mask + 1
         for layer in range(len(sample.keys)):
             keys, values = (
                 t.new_zeros((len(taken), t.shape[1], width, t.shape[3]))
