@@ -262,3 +262,21 @@ def test_the_store_keeps_the_longest_row_of_a_prefix_and_evicts_the_least_recent
     assert store.nbytes <= store.max_bytes
     assert not store.put(list(range(20)), *kv(20))  # alone over the budget
     assert not PrefixStore(0).put([1, 2], *kv(2))  # 0: reuse off
+
+
+def test_swapping_the_models_modules_empties_the_store(backend):
+    """Quantizing (or wrapping) linears swaps modules in place: KV computed before is never read."""
+    import copy
+
+    store = PrefixStore(64 * 1024 * 1024)
+    request = backend.request(FIRST, max_new_tokens=1)
+    run(batch_for(backend, store), [backend.row(request, lambda text: None)])
+    assert len(store) == 1
+    original = backend.model.model.norm
+    backend.model.model.norm = copy.deepcopy(original)  # same numbers, another module
+    try:
+        reused = store.reused_tokens
+        run(batch_for(backend, store), [backend.row(request, lambda text: None)])
+        assert store.reused_tokens == reused
+    finally:
+        backend.model.model.norm = original

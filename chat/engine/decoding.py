@@ -125,6 +125,8 @@ class RunningBatch:
             if self.store is not None:
                 self.store.count(computed=sum(len(p) for p in prompts), reused=0)
             return _Prefill(rows, ids, mask)
+        # Quantizing or wrapping linears swaps modules: KV computed before must not be read.
+        self.store.use_weights(tuple(id(module) for module in self.model.modules()))
         self._share_prefixes(prompts)
         # At least the last id is always fed: its logits pick the first token.
         found = [self.store.longest(p, len(p) - 1) for p in prompts]

@@ -10,7 +10,8 @@ of entries, compared in a few vectorised operations).
 
 Only exact token prefixes match, so a changed system prompt, policy or history simply
 shares less; the store belongs to one loaded model (backend.LocalBackend), so other weights
-never read it. Entries are bounded in bytes and leave least-recently-used first. Cancelled
+never read it, and it empties itself when that model's modules are swapped in place
+(quantized or weight-major linears, `use_weights`). Entries are bounded in bytes and leave least-recently-used first. Cancelled
 rows are never stored (their KV may stop anywhere mid-prefill).
 
 A lock guards it, though in the server only the generation worker uses it.
@@ -68,6 +69,7 @@ class PrefixStore:
         self.computed_tokens = 0
         self.reused_tokens = 0
         self.evictions = 0
+        self._weights: object = None  # what `use_weights` was last told
 
     @property
     def enabled(self) -> bool:
@@ -122,6 +124,15 @@ class PrefixStore:
                 self._drop(next(iter(self._entries)))
                 self.evictions += 1
             return True
+
+    def use_weights(self, weights: object) -> None:
+        """The KV about to be read or written is computed with `weights` (any comparable key);
+        a different key from last time empties the store: its KV came from other weights."""
+        with self._lock:
+            if weights != self._weights:
+                self._entries.clear()
+                self.nbytes = 0
+                self._weights = weights
 
     def clear(self) -> None:
         """Forget every entry (e.g. after the weights changed under the same backend)."""
