@@ -173,3 +173,15 @@ def test_identical_requests_open_one_stream_to_an_inference_server(backend):
     finally:
         scheduler.close()
         server.stop()
+
+
+def test_a_request_stopped_before_it_is_submitted_never_runs(backend, scheduler):
+    """A Stop just before a re-ask is queued: the shared copy's own flag must not let it run."""
+    coalescer = Coalescer()
+    request = backend.request(STORY, max_new_tokens=30)
+    request.cancel.set()
+    listener = Listener()
+    coalescer.sharing(scheduler, "key").submit(request, listener)
+    assert listener.done.wait(60)
+    assert listener.result.finish_reason == "cancelled" and listener.result.new_tokens == 0
+    assert coalescer.in_flight() == 0

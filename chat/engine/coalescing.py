@@ -71,6 +71,10 @@ class Coalescer:
     def submit(
         self, scheduler: Scheduler, key: str, request: GenerationRequest, sink: Sink, expected: bool
     ) -> tuple[Ticket, int]:
+        if request.cancel.is_set():
+            # Stopped before it was queued (a Stop just before a re-ask): the scheduler ends it
+            # at once, unshared; a shared copy's fresh cancel flag would let it run.
+            return scheduler.submit(request, sink, expected=expected)
         ticket = Ticket(request, sink)
         identity = (id(scheduler), key, tuple(request.input_ids))
         with self._lock:
