@@ -130,7 +130,8 @@ class Coalescer:
         generation.listeners.append(ticket)
         self._of[ticket] = generation
         self.joined += 1
-        if generation.started:  # still waiting: its position is what submit returns
+        # Still queued, it needs nothing more: its position is what `submit` returns.
+        if generation.started:
             ticket.sink(Started(at=time.perf_counter()))
             if generation.text:
                 ticket.sink(TextChunk("".join(generation.text)))
