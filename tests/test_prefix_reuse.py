@@ -236,6 +236,7 @@ async def test_a_follow_up_turn_is_counted_as_reused_prefill_in_the_metrics(clie
     computed = sample(after, "computed") - sample(before, "computed")
     assert reused >= first[-1]["metrics"]["prompt_tokens"]
     assert reused + computed == prompt_tokens
+    assert "chat_prefix_cache_bytes" in after and "chat_coalesced_requests_total" in after
 
 
 def kv(length: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
