@@ -259,6 +259,12 @@ CHAT_MODEL_QUANT = env("CHAT_MODEL_QUANT", "auto")
 CHAT_PREFILL_CHUNK = envint("CHAT_PREFILL_CHUNK", 128)
 if CHAT_PREFILL_CHUNK < 0:
     raise ImproperlyConfigured("CHAT_PREFILL_CHUNK must be 0 (off) or a number of tokens")
+# KV of recent rows kept so a prompt that starts like one of them (the conversation so far, a
+# policy's system prompt) prefills only what is new (docs/engine.md); 0 turns it off. The default
+# keeps the serving process within 1.5 GB (docs/configuration.md).
+CHAT_PREFIX_CACHE_MB = envint("CHAT_PREFIX_CACHE_MB", 128)
+if CHAT_PREFIX_CACHE_MB < 0:
+    raise ImproperlyConfigured("CHAT_PREFIX_CACHE_MB must be 0 (off) or a number of megabytes")
 if CHAT_WEIGHT_MAJOR not in {"auto", "on", "off"}:
     raise ImproperlyConfigured(f"CHAT_WEIGHT_MAJOR={CHAT_WEIGHT_MAJOR!r}: use auto, on or off")
 if CHAT_MODEL_QUANT not in {"auto", "none", "int8", "int4"}:

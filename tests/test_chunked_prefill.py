@@ -17,6 +17,7 @@ def running_batch(backend, chunk: int = CHUNK):
     """A batch with one row decoding (forced long), ready for a newcomer."""
     batch = backend.new_batch()
     batch.prefill_chunk = chunk
+    batch.store = None  # every chunk counted here is computed (test_prefix_reuse covers reuse)
     runner = backend.row(
         backend.request(STORY, max_new_tokens=200, min_new_tokens=200), lambda text: None
     )
@@ -85,6 +86,7 @@ def test_a_lone_long_prompt_is_prefilled_at_once(backend):
     """With nobody decoding there is nobody to protect: the newcomer starts in one pass."""
     batch = backend.new_batch()
     batch.prefill_chunk = CHUNK
+    batch.store = None
     row = backend.row(backend.request(LONG_PROMPT, max_new_tokens=2), lambda text: None)
     batch.add([row])
     assert not batch.pending and len(row.new_ids) == 1 and batch.forward_calls == 1

@@ -83,8 +83,10 @@ async def test_an_invalid_structured_answer_is_reasked_with_the_error_and_never_
     scripted, chat, make_policy
 ):
     """Buffer mode: the first answer fails its schema, the re-ask names the problem, the second passes."""
+    # Uncached: a cacheable turn's scheduler sees a shared copy of its request, with a flag of
+    # its own (engine/coalescing.py; tests/test_coalescing.py covers a Stop there).
     await sync_to_async(make_policy)(
-        slug="strict", mode="buffer", json_schema=ANSWER_SCHEMA, max_retries=1
+        slug="strict", mode="buffer", json_schema=ANSWER_SCHEMA, max_retries=1, cache_enabled=False
     )
     backend = scripted(Answer(('{"answer": ', '""}')), Answer(('{"answer": "Paris"}',)))
     events = await ask(chat, "Capital of France?", policy="strict")

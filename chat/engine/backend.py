@@ -16,6 +16,7 @@ from . import quantized, weight_major
 from .batching import Row
 from .decoding import RunningBatch, sampling_processors
 from .eos import token_id
+from .prefix_store import PrefixStore
 from .template import encode_pieces, encode_text, render_pieces
 from .types import (
     EngineConfig,
@@ -109,6 +110,7 @@ class LocalBackend(SteppedBackend):
         self.eos_token_ids = self._model_eos_ids()
         self._stop_criteria: OrderedDict[tuple[str, ...], StopStringCriteria] = OrderedDict()
         self._stop_lock = threading.Lock()
+        self.prefix_store = PrefixStore(config.prefix_cache_mb * 1024 * 1024)
 
     @classmethod
     def from_folder(
@@ -141,6 +143,8 @@ class LocalBackend(SteppedBackend):
         progress(
             "  " + quantized.choose(model, config.quant, backend.time_quant_steps, gguf_path=gguf)
         )
+        # The timing runs above stored KV of weights that may since have been replaced.
+        backend.prefix_store.clear()
         progress(f"  model ready in {time.perf_counter() - started:.1f} s")
         return backend
 
@@ -244,6 +248,7 @@ class LocalBackend(SteppedBackend):
             self.pad_id,
             self.stop_string_criteria,
             prefill_chunk=self.config.prefill_chunk,
+            prefix_store=self.prefix_store,
         )
 
     def row(self, request: GenerationRequest, on_text: OnText) -> Row:

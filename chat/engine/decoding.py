@@ -7,6 +7,13 @@ position id. A row that ends (eos, stop string, length, cancel) is dropped from 
 at once (`batch_select_indices`), so it costs nothing afterwards; columns that only held
 padding of departed rows are trimmed off the left.
 
+With a prefix store (prefix_store.py), a newcomer takes the KV of the longest prefix of its
+ids that a recent row computed, and prefills only the rest: its reused columns are placed
+right before its remainder, so every row stays padding-then-tokens with no hole. Newcomers
+that arrive together and share a prefix (a policy's system prompt) have it prefilled once.
+Each row's prompt KV is stored when it joins, and its whole KV (prompt and answer) when it
+ends normally; a cancelled row's never is.
+
 Per row: its own eos ids, stop strings (transformers' StopStringCriteria on the ids, the
 holdback on the text), max/min_new_tokens, the penalties against loops (penalties.py),
 temperature/top_p (transformers' warpers) and a schema's xgrammar logits processor, so
@@ -30,6 +37,7 @@ from transformers import (
 
 from .batching import Row, left_pad
 from .penalties import penalty_processors
+from .prefix_store import PrefixEntry, PrefixStore, common_prefix
 
 
 class RunningBatch:
@@ -39,7 +47,12 @@ class RunningBatch:
         model: a causal LM in eval mode.
         pad_id: token id written into padding positions (masked out).
         stop_criteria: a StopStringCriteria for a tuple of stop strings (built once, cached).
+        prefill_chunk: while rows decode, a newcomer's prompt is prefilled this many tokens a step.
+        prefix_store: KV of recent rows to reuse and to add to; None prefills every prompt whole.
     """
+
+    # Newcomers arriving together prefill a prefix they share once, if it is at least this long.
+    shared_prefix_min = 16
 
     def __init__(
         self,
@@ -48,11 +61,13 @@ class RunningBatch:
         stop_criteria: Callable[[tuple[str, ...]], StopStringCriteria],
         *,
         prefill_chunk: int = 0,
+        prefix_store: PrefixStore | None = None,
     ):
         self.model = model
         self.pad_id = pad_id
         self.stop_criteria = stop_criteria
         self.prefill_chunk = prefill_chunk  # 0: every prefill in one forward pass
+        self.store = prefix_store  # None or disabled: nothing reused (still counted when given)
         self.rows: list[Row] = []
         self.cache: DynamicCache | None = None
         self.mask: torch.Tensor | None = None  # [rows, width], 0 on padding
@@ -75,8 +90,8 @@ class RunningBatch:
             return []
         for row in rows:
             row.prepare(self.stop_criteria)
-        ids, mask = left_pad([r.request.input_ids for r in rows], self.pad_id, self.model.device)
-        prefill = _Prefill(list(rows), ids, mask)
+        prefill = self._reusing_prefill(list(rows))
+        ids, mask = prefill.ids, prefill.mask
         if self.prefill_chunk and (self.rows or self.pending) and ids.shape[1] > self.prefill_chunk:
             # Rows are decoding: a long prompt is prefilled a chunk per step (in step()), so
             # they wait for one chunk at a time, not for the whole prompt.
@@ -87,7 +102,113 @@ class RunningBatch:
     def _join(self, prefill: _Prefill, logits: torch.Tensor) -> list[Row]:
         """Prefilled rows join the batch and pick their first tokens; returns rows already done."""
         self._merge(prefill.rows, prefill.cache, prefill.mask)
-        return self._choose(prefill.rows, logits)
+        done = self._choose(prefill.rows, logits)
+        # Their prompts, for whoever continues or shares them: after the first tokens were
+        # chosen, so copying a long prompt's KV never delays them (rows done are stored already).
+        self._remember([row for row in prefill.rows if row.reason is None])
+        return done
+
+    # -- prefix reuse -----------------------------------------------------------
+
+    def _reusing_prefill(self, rows: list[Row]) -> _Prefill:
+        """The newcomers' prefill, starting from the longest stored prefix each can use.
+
+        A batched forward pass costs the width of its longest remainder for every row, so a
+        row reuses at most `len(ids) - width` columns: its reused KV then ends where its
+        remainder starts, with no padding between them, at no extra cost.
+        """
+        prompts = [row.request.input_ids for row in rows]
+        if self.store is None or not self.store.enabled:
+            ids, mask = left_pad(prompts, self.pad_id, self.model.device)
+            if self.store is not None:
+                self.store.count(computed=sum(len(p) for p in prompts), reused=0)
+            return _Prefill(rows, ids, mask)
+        # Quantizing or wrapping linears swaps modules: KV computed before must not be read.
+        self.store.use_weights(tuple(id(module) for module in self.model.modules()))
+        self._share_prefixes(prompts)
+        # At least the last id is always fed: its logits pick the first token.
+        found = [self.store.longest(p, len(p) - 1) for p in prompts]
+        width = max(len(p) - reused for p, (reused, _) in zip(prompts, found, strict=True))
+        taken = [max(0, len(p) - width) for p in prompts]
+        ids, mask = left_pad(
+            [p[t:] for p, t in zip(prompts, taken, strict=True)], self.pad_id, self.model.device
+        )
+        cache, past = self._reused_cache([e for _, e in found], taken)
+        self.store.count(computed=int(mask.sum()), reused=sum(taken))
+        return _Prefill(rows, ids, torch.cat([past, mask], dim=1), cache=cache, past=past.shape[1])
+
+    def _reused_cache(
+        self, entries: list[PrefixEntry | None], taken: list[int]
+    ) -> tuple[DynamicCache, torch.Tensor]:
+        """A cache holding each row's first `taken` columns from its entry, right-aligned, and its mask."""
+        cache, width = DynamicCache(), max(taken)
+        mask = torch.zeros((len(taken), width), dtype=torch.long, device=self.model.device)
+        if not width:
+            return cache, mask
+        sample = next(e for e, t in zip(entries, taken, strict=True) if t)
+        if len(taken) == 1:  # a lone row: its entry's columns as they are (the cache copies them)
+            for layer in range(len(sample.keys)):
+                cache.update(
+                    sample.keys[layer][:, :, :width], sample.values[layer][:, :, :width], layer
+                )
+            return cache, mask + 1
+        for layer in range(len(sample.keys)):
+            keys, values = (
+                t.new_zeros((len(taken), t.shape[1], width, t.shape[3]))
+                for t in (sample.keys[layer], sample.values[layer])
+            )
+            for row, (entry, count) in enumerate(zip(entries, taken, strict=True)):
+                if count:
+                    keys[row, :, width - count :] = entry.keys[layer][0, :, :count]
+                    values[row, :, width - count :] = entry.values[layer][0, :, :count]
+            cache.update(keys, values, layer)
+        for row, count in enumerate(taken):
+            mask[row, width - count :] = 1
+        return cache, mask
+
+    def _share_prefixes(self, prompts: list[list[int]]) -> None:
+        """Prefill once, into the store, the longest prefix each newcomer shares with another
+        newcomer (when the store does not hold it yet), so they all reuse it."""
+        if len(prompts) < 2:
+            return
+        tensors = [torch.tensor(p, dtype=torch.long) for p in prompts]
+        shared: dict[tuple[int, ...], None] = {}
+        for index, mine in enumerate(tensors):
+            best = 0
+            for other, theirs in enumerate(tensors):
+                if other != index:
+                    best = max(best, common_prefix(mine, theirs, len(mine) - 1))
+            if best >= self.shared_prefix_min:
+                shared[tuple(prompts[index][:best])] = None
+        for prefix in sorted(shared, key=len):  # shorter first: the longer ones build on them
+            held = self.store.longest(list(prefix), len(prefix))[0]
+            if len(prefix) - held >= self.shared_prefix_min:  # a few tokens are not worth a pass
+                self._prefill_alone(list(prefix))
+
+    def _prefill_alone(self, ids: list[int]) -> None:
+        """Compute the KV of `ids` (reusing what the store has) and store it."""
+        reused, entry = self.store.longest(ids, len(ids) - 1)
+        cache, past = self._reused_cache([entry], [reused])
+        fed = torch.tensor([ids[reused:]], device=self.model.device)
+        self._forward(fed, torch.cat([past, torch.ones_like(fed)], dim=1), cache)
+        self.store.count(computed=len(ids) - reused, reused=reused)
+        self.store.put(ids, [k.keys for k in cache.layers], [v.values for v in cache.layers])
+
+    def _remember(self, rows: list[Row]) -> None:
+        """Store the KV each of `rows` (in the batch, not cancelled) holds: its prompt and the
+        answer tokens already fed (the last chosen one is not, yet)."""
+        if self.store is None or not self.store.enabled:
+            return
+        for row in rows:
+            index = next(i for i, r in enumerate(self.rows) if r is row)
+            held = len(row.request.input_ids) + max(0, len(row.new_ids) - 1)
+            if held > self.width or not bool(self.mask[index, self.width - held :].all()):
+                continue  # not the layout this expects: store nothing rather than a wrong KV
+            self.store.put(
+                (row.request.input_ids + row.new_ids)[:held],
+                [layer.keys[index : index + 1, :, -held:] for layer in self.cache.layers],
+                [layer.values[index : index + 1, :, -held:] for layer in self.cache.layers],
+            )
 
     def _advance_prefill(self) -> list[Row]:
         """Feed the oldest pending prefill its next chunk; when it is complete, its rows join."""
@@ -96,7 +217,7 @@ class RunningBatch:
         prefill = self.pending[0]
         end = min(prefill.done + self.prefill_chunk, prefill.ids.shape[1])
         logits = self._forward(
-            prefill.ids[:, prefill.done : end], prefill.mask[:, :end], prefill.cache
+            prefill.ids[:, prefill.done : end], prefill.mask[:, : prefill.past + end], prefill.cache
         )
         prefill.done = end
         if end < prefill.ids.shape[1]:
@@ -172,6 +293,7 @@ class RunningBatch:
             row.accept(token, now)
         done = [row for row in rows if row.reason is not None]
         if done:
+            self._remember(done)  # ended by their own rules here, never cancelled
             self._keep([row for row in self.rows if row.reason is None])
         return done
 
@@ -196,17 +318,29 @@ class RunningBatch:
 
 
 class _Prefill:
-    """Newcomers prefilled together (left-padded), possibly over several steps."""
+    """Newcomers prefilled together (left-padded), possibly over several steps.
 
-    def __init__(self, rows: list[Row], ids: torch.Tensor, mask: torch.Tensor):
+    `mask` covers the `past` columns of reused KV already in `cache`, then `ids`.
+    """
+
+    def __init__(
+        self,
+        rows: list[Row],
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        cache: DynamicCache | None = None,
+        past: int = 0,
+    ):
         self.rows, self.ids, self.mask = rows, ids, mask
-        self.cache = DynamicCache()
-        self.done = 0  # prompt columns already in the cache
+        self.cache = cache if cache is not None else DynamicCache()
+        self.past = past
+        self.done = 0  # columns of `ids` already in the cache
 
     def keep(self, rows: list[Row]) -> None:
         """Select `rows` (a subset, in order), e.g. when some were cancelled mid-prefill."""
         indices = _indices(self.rows, rows, self.ids.device)
-        if rows and self.done:
+        if rows and (self.done or self.past):
             self.cache.batch_select_indices(indices)
         self.ids, self.mask, self.rows = self.ids[indices], self.mask[indices], rows
 

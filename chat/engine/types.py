@@ -180,6 +180,8 @@ class EngineConfig:
         prefill_chunk: while rows decode, a newcomer's prompt is prefilled this many tokens per
             step; 0 prefills it whole.
         quant: "auto", "none", "int8" or "int4": weight-only quantized linears (quantized.py).
+        prefix_cache_mb: KV of recent rows kept for reuse by prompts that start the same way
+            (prefix_store.py); 0 turns reuse off.
     """
 
     model_path: str | None = None
@@ -191,6 +193,7 @@ class EngineConfig:
     weight_major: str = "auto"
     prefill_chunk: int = 128
     quant: str = "auto"
+    prefix_cache_mb: int = 128
 
 
 @dataclass(eq=False)

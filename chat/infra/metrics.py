@@ -1,6 +1,7 @@
 """Prometheus metrics, named like vLLM's (`<prefix>_time_to_first_token_seconds`), served at /metrics."""
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 PREFIX = "chat"
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80)
@@ -58,6 +59,47 @@ def track_scheduler(scheduler) -> None:
     """Read the gauges from the scheduler when scraped, so they can never drift."""
     RUNNING.set_function(lambda: scheduler.running)
     WAITING.set_function(lambda: scheduler.waiting)
+
+
+class _EngineCollector:
+    """Counters the engine keeps itself (it never imports this module), read when scraped."""
+
+    def __init__(self):
+        self.prefix_store = None  # the local backend's PrefixStore; None for a remote backend
+
+    def collect(self):
+        from ..engine.coalescing import coalescer
+
+        yield CounterMetricFamily(
+            f"{PREFIX}_coalesced_requests",
+            "Requests that joined an identical generation already in flight.",
+            value=coalescer.joined,
+        )
+        store = self.prefix_store
+        if store is None:
+            return
+        prefill = CounterMetricFamily(
+            f"{PREFIX}_prefill_tokens",
+            "Prompt tokens prefilled: computed by the model, or reused from the prefix store.",
+            labels=["source"],
+        )
+        prefill.add_metric(["computed"], store.computed_tokens)
+        prefill.add_metric(["reused"], store.reused_tokens)
+        yield prefill
+        yield GaugeMetricFamily(
+            f"{PREFIX}_prefix_cache_bytes",
+            "KV bytes the prefix store holds (CHAT_PREFIX_CACHE_MB bounds it).",
+            value=store.nbytes,
+        )
+
+
+ENGINE = _EngineCollector()
+REGISTRY.register(ENGINE)
+
+
+def track_prefix_store(backend) -> None:
+    """Serve the local backend's prefill counters (a remote backend has none)."""
+    ENGINE.prefix_store = getattr(backend, "prefix_store", None)
 
 
 def observe_done(metrics: dict, finish_reason: str, cached: bool) -> None:

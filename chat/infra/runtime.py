@@ -46,6 +46,7 @@ class Runtime:
             weight_major=settings.CHAT_WEIGHT_MAJOR,
             quant=settings.CHAT_MODEL_QUANT,
             prefill_chunk=settings.CHAT_PREFILL_CHUNK,
+            prefix_cache_mb=settings.CHAT_PREFIX_CACHE_MB,
             max_new_tokens_cap=settings.CHAT_MAX_NEW_TOKENS_CAP,
         )
 
@@ -125,9 +126,10 @@ class Runtime:
         started = time.perf_counter()
         try:
             backend, self.scheduler = self._make_engine()
-            from .metrics import track_scheduler
+            from .metrics import track_prefix_store, track_scheduler
 
             track_scheduler(self.scheduler)
+            track_prefix_store(backend)
             self.backend = backend
         except Exception as exc:
             log.exception("model failed to load")

@@ -12,6 +12,7 @@ from enum import StrEnum
 
 from asgiref.sync import sync_to_async
 
+from ..engine.coalescing import coalescer
 from ..engine.types import (
     Backend,
     EngineError,
@@ -83,7 +84,8 @@ class TurnRun:
         self.request = prepared.request
         self.accepted_at = accepted_at
         self._backend = backend
-        self._scheduler = scheduler
+        # Identical cacheable prompts in flight share one generation (engine/coalescing.py).
+        self._scheduler = coalescer.sharing(scheduler, prepared.cache_key)
         self._ticket: Ticket | None = None
         self._events: asyncio.Queue = asyncio.Queue()
         self.started_at: float | None = None

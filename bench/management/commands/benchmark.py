@@ -18,6 +18,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 import chat.engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads, as the server does)
 from bench import benchmarking as bm
+from bench import prefix_reuse
 from chat.infra.stats import percentile
 from chat.management.commands._engine import load
 
@@ -94,11 +95,16 @@ class Command(BaseCommand):
         parser.add_argument(
             "--quick", action="store_true", help="tiny sizes: a smoke test in well under a minute"
         )
+        parser.add_argument(
+            "--prefix-only",
+            action="store_true",
+            help="only the prefix-reuse and coalescing rows (in process, a few minutes)",
+        )
 
     # -- orchestration ------------------------------------------------------------
 
     def handle(self, *args, **opts):
-        quick = opts["quick"]
+        quick = self.quick = opts["quick"]
         self.tokens = opts["tokens"] or (12 if quick else 128)
         self.ctokens = opts["concurrent_tokens"] or (12 if quick else 64)
         self.levels = sorted(
@@ -134,7 +140,15 @@ class Command(BaseCommand):
             )
 
         backend = load(self)
+        if opts["prefix_only"]:
+            self.section("prefix reuse and coalescing", self.prefix_rows, backend)
+            self.results["bench_rss_mb"] = bm.self_peak_rss_mb()
+            self.prefix_report()
+            if self.failures:
+                raise CommandError("could not measure: " + "; ".join(self.failures))
+            return
         self.section("in-process generation", self.in_process, backend)
+        self.section("prefix reuse and coalescing", self.prefix_rows, backend)
         self.section("a newcomer during a long answer", self.newcomer, backend)
         with tempfile.TemporaryDirectory(prefix="chat-benchmark-") as tmp:
             self.workdir = Path(tmp)
@@ -221,6 +235,20 @@ class Command(BaseCommand):
             f"  {bm.NEWCOMER!r} alone, then while a {self.newcomer_tokens}-token answer decodes"
         )
         self.results["newcomer"] = bm.newcomer_first_chunk(backend, self.newcomer_tokens)
+
+    def prefix_rows(self, backend):
+        self.results["prefix"] = prefix_reuse.run_all(backend, self.note, quick=self.quick)
+
+    def prefix_report(self):
+        out = self.stdout.write
+        results = self.results.get("prefix") or {}
+        out("")
+        for line in prefix_reuse.report(results):
+            out(line)
+        out("")
+        out(f"  {'figure':50} {'measured':52} {'target':>10}  result")
+        for name, measured, target, ok in prefix_reuse.targets(results):
+            out(f"  {name:50} {measured:52} {target:>10}  {met(ok)}")
 
     def floor_for(self, backend, tokens: int):
         """The bare-generate floor for exactly `tokens` tokens (measured once, on demand)."""
@@ -591,6 +619,10 @@ class Command(BaseCommand):
         )
 
         self.api_report(out)
+        if r.get("prefix"):
+            out("")
+            for line in prefix_reuse.report(r["prefix"]):
+                out(line)
         self.targets(out, floors)
         out("")
         out(f"benchmark took {r['elapsed_s']:.0f} s")
@@ -839,6 +871,7 @@ class Command(BaseCommand):
             )
         )
         lines.extend(self.api_targets())
+        lines.extend(prefix_reuse.targets(r.get("prefix") or {}))
         out("")
         out("Targets (docs/benchmarks.md)")
         out(f"  {'figure':50} {'measured':52} {'target':>10}  result")
