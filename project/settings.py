@@ -257,9 +257,9 @@ if CHAT_PREFILL_CHUNK < 0:
     raise ImproperlyConfigured("CHAT_PREFILL_CHUNK must be 0 (off) or a number of tokens")
 if CHAT_WEIGHT_MAJOR not in {"auto", "on", "off"}:
     raise ImproperlyConfigured(f"CHAT_WEIGHT_MAJOR={CHAT_WEIGHT_MAJOR!r}: use auto, on or off")
-if CHAT_MODEL_QUANT not in {"auto", "none", "int8", "int4"}:
+if CHAT_MODEL_QUANT not in {"auto", "none", "int8", "int4", "gguf"}:
     raise ImproperlyConfigured(
-        f"CHAT_MODEL_QUANT={CHAT_MODEL_QUANT!r}: use auto, none, int8 or int4"
+        f"CHAT_MODEL_QUANT={CHAT_MODEL_QUANT!r}: use auto, none, gguf, int8 or int4"
     )
 CHAT_MAX_NEW_TOKENS = envint("CHAT_MAX_NEW_TOKENS", 768)  # default per answer (docs/decoding.md)
 CHAT_MAX_NEW_TOKENS_CAP = envint("CHAT_MAX_NEW_TOKENS_CAP", 1024)  # no request may ask for more

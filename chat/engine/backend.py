@@ -133,7 +133,10 @@ class LocalBackend:
                 "  " + weight_major.choose(model, backend.time_decode_step, config.weight_major)
             )
         progress(
-            "  " + quantized.choose(model, config.quant, backend.time_quant_steps, gguf_path=gguf)
+            "  "
+            + quantized.choose(
+                model, config.quant, backend.time_quant_steps, gguf_path=gguf, progress=progress
+            )
         )
         progress(f"  model ready in {time.perf_counter() - started:.1f} s")
         return backend

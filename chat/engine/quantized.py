@@ -27,11 +27,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from . import blockquant
 from .weight_major import WeightMajorLinear
 
 log = logging.getLogger(__name__)
 
-MODES = ("auto", "none", "int8", "int4")
+MODES = ("auto", "none", "int8", "int4", "gguf")
 GROUP = 32  # int4 group size along the input: GGUF's Q4_1/Q8_0 block
 GGML_Q4_1 = 3
 Q4_1_BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles
@@ -193,6 +194,41 @@ def restore(undo: list[tuple[nn.Module, str, nn.Module]]) -> None:
         setattr(parent, name, original)
 
 
+def quantize_blocks(model, *, gguf_path: str | Path | None = None) -> tuple[list, int]:
+    """Swap every bias-free nn.Linear for a BlockQuantLinear (blockquant.py): "gguf" mode.
+
+    Projections take the GGUF file's Q4_1 blocks where they are this model's (else are quantized
+    to Q4_1 from the weights); the LM head takes the file's Q8_0 token embedding when the head is
+    tied to it (else Q8_0 from the weights). Returns the undo list and how many layers came from
+    the file.
+    """
+    output = _output_linear(model)
+    parts = gguf_q4_1_parts(gguf_path, model) if gguf_path is not None else {}
+    undo, from_gguf = [], 0
+    for parent, name, child, linear, qualified in _projections(model):
+        if linear is output or linear.in_features % GROUP:
+            blocks = None
+            if gguf_path is not None and _tied(model, linear):
+                blocks = blockquant.gguf_q8_0_embedding(gguf_path, linear.weight)
+            from_gguf += blocks is not None
+            layer = blockquant.BlockQuantLinear.q8_0(
+                *(blocks or blockquant.q8_0_parts(linear.weight))
+            )
+        elif qualified in parts:
+            layer = blockquant.BlockQuantLinear.q4_1(*parts[qualified])
+            from_gguf += 1
+        else:
+            layer = blockquant.BlockQuantLinear.q4_1(*int4_parts(linear.weight))
+        setattr(parent, name, layer)
+        undo.append((parent, name, child))
+    return undo, from_gguf
+
+
+def _tied(model, linear: nn.Linear) -> bool:
+    embedding = model.get_input_embeddings()
+    return embedding is not None and embedding.weight.data_ptr() == linear.weight.data_ptr()
+
+
 # -- GGUF Q4_1 blocks ------------------------------------------------------------------------
 
 # GGUF tensor name (per layer) -> transformers Llama module name.
@@ -342,60 +378,82 @@ def choose(
     time_steps: Callable[[], float],
     *,
     gguf_path: str | Path | None = None,
+    progress: Callable[[str], None] = log.info,
 ) -> str:
     """Quantize the model's linears per `mode`; returns a line for the start-up log.
 
-    "int8"/"int4" apply that mode. "auto" tries each mode the quality figures allow
-    (AUTO_CANDIDATES): a one-row probe of the largest projection first, then `time_steps` (the
-    seconds of representative decode steps) against the model as loaded, and keeps the fastest
-    if it beats the float model by MARGIN. "none" leaves the model alone.
+    "gguf", "int8", "int4" apply that mode. "auto" tries the modes the quality figures allow
+    (AUTO_CANDIDATES, in order of preference): for torch's kernels a one-row probe of the largest
+    projection first; then `time_steps` (the seconds of representative decode steps) against the
+    model as loaded, keeping the first that beats the float model by MARGIN. "none" leaves the
+    model alone.
     """
     if mode not in MODES:
         raise ValueError(f"CHAT_MODEL_QUANT={mode!r}: use one of {', '.join(MODES)}")
     if mode == "none":
         return "weights not quantized (CHAT_MODEL_QUANT=none)"
-    if model.device.type != "cpu" or not kernels_available():
+    if model.device.type != "cpu":
         if mode == "auto":
             return f"weights not quantized: no weight-only kernel for {model.device.type} here"
-        raise ValueError(f"CHAT_MODEL_QUANT={mode}: torch has no such kernel for {model.device}")
-    blocks: dict[str, QuantLinear] = {}
-    if gguf_path is not None and mode == "int4":
-        blocks = gguf_int4_layers(gguf_path, model)
+        raise ValueError(f"CHAT_MODEL_QUANT={mode}: there is no such kernel for {model.device}")
     if mode != "auto":
-        _, from_gguf = quantize(model, mode, gguf_blocks=blocks)
+        unavailable = _unavailable(mode, progress)
+        if unavailable:
+            raise ValueError(f"CHAT_MODEL_QUANT={mode}: {unavailable}")
+        _, from_gguf = _apply(model, mode, gguf_path)
         return f"weights {mode} (CHAT_MODEL_QUANT={mode}){_source(mode, from_gguf)}"
     if not AUTO_CANDIDATES:
         return (
             "weights not quantized (auto): no mode has yet matched fp32's quality "
-            "(CHAT_MODEL_QUANT=int4 or int8 forces one)"
+            "(CHAT_MODEL_QUANT=gguf, int4 or int8 forces one)"
         )
-    gate = _largest_projection(model)
     timings: dict[str, float] = {}
     notes = []
     for candidate in AUTO_CANDIDATES:
-        ratio = probe(gate[1], getattr(QuantLinear, candidate)(gate[1].weight))
-        if ratio > PROBE_LIMIT:
-            notes.append(f"{candidate} kernel {ratio:.1f}x float on one row, not tried")
+        unavailable = _unavailable(candidate, progress)
+        if unavailable:
+            notes.append(f"{candidate}: {unavailable}")
             continue
+        if candidate != "gguf":
+            gate = _largest_projection(model)[1]
+            ratio = probe(gate, getattr(QuantLinear, candidate)(gate.weight))
+            if ratio > PROBE_LIMIT:
+                notes.append(f"{candidate} kernel {ratio:.1f}x float on one row, not tried")
+                continue
         if not timings:
             timings["none"] = time_steps()
-        if candidate == "int4" and gguf_path is not None and not blocks:
-            blocks = gguf_int4_layers(gguf_path, model)
-        undo, _ = quantize(model, candidate, gguf_blocks=blocks)
+        undo, from_gguf = _apply(model, candidate, gguf_path)
         timings[candidate] = time_steps()
+        if timings[candidate] < timings["none"] * MARGIN:
+            return _auto_line(candidate, timings, notes) + _source(candidate, from_gguf)
         restore(undo)
-    best = min(timings, key=timings.get) if timings else "none"
-    if best != "none" and timings[best] >= timings["none"] * MARGIN:
-        best = "none"
-    from_gguf = 0
-    if best != "none":
-        _, from_gguf = quantize(model, best, gguf_blocks=blocks)
+    return _auto_line("none", timings, notes)
+
+
+def _unavailable(mode: str, progress: Callable[[str], None]) -> str | None:
+    """Why `mode` cannot run here, or None."""
+    if mode == "gguf":
+        if blockquant.kernels(progress) is None:
+            return blockquant.failure()
+        return None
+    if not kernels_available():
+        return "torch has no such CPU kernel in this build"
+    return None
+
+
+def _apply(model, mode: str, gguf_path: str | Path | None) -> tuple[list, int]:
+    if mode == "gguf":
+        return quantize_blocks(model, gguf_path=gguf_path)
+    blocks = gguf_int4_layers(gguf_path, model) if mode == "int4" and gguf_path else {}
+    return quantize(model, mode, gguf_blocks=blocks)
+
+
+def _auto_line(best: str, timings: dict[str, float], notes: list[str]) -> str:
     figures = ", ".join(f"{name} {seconds * 1000:.0f} ms" for name, seconds in timings.items())
     return (
         f"weights {'not quantized' if best == 'none' else best} (auto)"
         + (f": decode steps {figures}" if timings else "")
         + "".join(f"; {note}" for note in notes)
-        + _source(best, from_gguf)
     )
 
 
@@ -416,7 +474,11 @@ def _output_linear(model) -> nn.Module | None:
 
 
 def _source(mode: str, from_gguf: int) -> str:
-    return f", {from_gguf} layers from the GGUF's Q4_1 blocks" if mode == "int4" else ""
+    if mode == "int4":
+        return f", {from_gguf} layers from the GGUF's Q4_1 blocks"
+    if mode == "gguf":
+        return f", {from_gguf} layers read from the GGUF file's own blocks"
+    return ""
 
 
 # The modes `auto` may pick: those whose quality figures matched fp32's (docs/benchmarks.md). None
