@@ -28,10 +28,14 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels") / "blockquant.cpp"
 # Bump when the C++ interface changes, so an old build is never imported.
-EXTENSION = "chat_blockquant_v1"
+EXTENSION = "chat_blockquant_v2"
 GROUP = 32
 Q8_0_BLOCK_BYTES = 34  # fp16 d, then 32 int8
 GGML_Q8_0 = 8
+# Decode-step activations are quantized to int8 per block of 32 (Q8_1, as llama.cpp does) so a
+# block's dot product is integer maddubs/madd: half the time of widening weights to fp32, for
+# a relative error about 5e-3 per matmul. Quality measured in docs/benchmarks.md.
+INT8_ACTIVATIONS = True
 # A decode step has a handful of rows; above this the dequantize-and-GEMM path is faster.
 MAX_KERNEL_ROWS = 16
 
@@ -152,9 +156,11 @@ class BlockQuantLinear(nn.Module):
         if rows.shape[0] > MAX_KERNEL_ROWS:
             out = torch.nn.functional.linear(rows, self.weight_float())
         elif self.kind == "q4_1":
-            out = self._kernels.q4_1_mm(rows.contiguous(), self.qs, self.d, self.m)
+            mm = self._kernels.q4_1_mm_q8 if INT8_ACTIVATIONS else self._kernels.q4_1_mm
+            out = mm(rows.contiguous(), self.qs, self.d, self.m)
         else:
-            out = self._kernels.q8_0_mm(rows.contiguous(), self.qs, self.d)
+            mm = self._kernels.q8_0_mm_q8 if INT8_ACTIVATIONS else self._kernels.q8_0_mm
+            out = mm(rows.contiguous(), self.qs, self.d)
         if out.dtype != hidden.dtype:
             out = out.to(hidden.dtype)
         return out.reshape(*hidden.shape[:-1], self.out_features)
@@ -171,35 +177,3 @@ def q8_0_parts(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     d = (blocks.abs().amax(dim=-1) / 127).clamp(min=1e-12)
     q = torch.round(blocks / d[..., None]).clamp(-127, 127).to(torch.int8)
     return q.reshape(out_features, in_features), d
-
-
-def gguf_q8_0_embedding(gguf_path: str | Path, weight: torch.Tensor):
-    """The GGUF file's Q8_0 token embedding as (q, d), if it is `weight`'s; else None."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(gguf_path))
-    for tensor in reader.tensors:
-        if tensor.name != "token_embd.weight" or tensor.tensor_type != GGML_Q8_0:
-            continue
-        out_features, in_features = weight.shape
-        data = torch.from_numpy(tensor.data.copy())
-        if tuple(data.shape) != (out_features, in_features // GROUP * Q8_0_BLOCK_BYTES):
-            return None
-        blocks = data.reshape(out_features, in_features // GROUP, Q8_0_BLOCK_BYTES)
-        d = blocks[..., 0:2].contiguous().view(torch.float16).squeeze(-1).float()
-        q = blocks[..., 2:].contiguous().view(torch.int8).reshape(out_features, in_features)
-        reference = weight.detach().float()
-        error = (
-            (
-                (q.float().reshape(blocks.shape[0], -1, GROUP) * d[..., None]).reshape(
-                    out_features, in_features
-                )
-                - reference
-            )
-            .abs()
-            .max()
-        )
-        if error > 1e-2 * reference.abs().max():
-            return None
-        return q, d
-    return None

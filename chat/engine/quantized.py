@@ -203,25 +203,89 @@ def quantize_blocks(model, *, gguf_path: str | Path | None = None) -> tuple[list
     the file.
     """
     output = _output_linear(model)
-    parts = gguf_q4_1_parts(gguf_path, model) if gguf_path is not None else {}
-    undo, from_gguf = [], 0
+    from_file = gguf_block_layers(gguf_path, model) if gguf_path is not None else {}
+    undo = []
     for parent, name, child, linear, qualified in _projections(model):
-        if linear is output or linear.in_features % GROUP:
-            blocks = None
-            if gguf_path is not None and _tied(model, linear):
-                blocks = blockquant.gguf_q8_0_embedding(gguf_path, linear.weight)
-            from_gguf += blocks is not None
-            layer = blockquant.BlockQuantLinear.q8_0(
-                *(blocks or blockquant.q8_0_parts(linear.weight))
-            )
-        elif qualified in parts:
-            layer = blockquant.BlockQuantLinear.q4_1(*parts[qualified])
-            from_gguf += 1
-        else:
-            layer = blockquant.BlockQuantLinear.q4_1(*int4_parts(linear.weight))
+        layer = from_file.get(qualified)
+        if layer is None and (linear is output or linear.in_features % GROUP):
+            layer = blockquant.BlockQuantLinear.q8_0(*blockquant.q8_0_parts(linear.weight))
+        elif layer is None:
+            q, d, m = int4_parts(linear.weight)
+            layer = blockquant.BlockQuantLinear.q4_1(q, d, m)
         setattr(parent, name, layer)
         undo.append((parent, name, child))
-    return undo, from_gguf
+    return undo, len(from_file)
+
+
+def gguf_block_layers(gguf_path: str | Path, model) -> dict[str, nn.Module]:
+    """BlockQuantLinears holding the GGUF file's bytes as stored, by module name.
+
+    Q4_1 projections of a Llama-architecture file (rows of q/k un-permuted), and the Q8_0 token
+    embedding for a head tied to it. The first and last layers and the head are checked against
+    the loaded weights; a file that does not match gives {} (the caller quantizes the weights).
+    """
+    import gguf
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    field = reader.fields.get("general.architecture")
+    if field is None or bytes(field.parts[-1]).decode() != "llama":
+        return {}
+    config = model.config
+    modules = {q: lin for _, _, _, lin, q in _projections(model)}
+    output = _output_linear(model)
+    layers: dict[str, nn.Module] = {}
+    for tensor in reader.tensors:
+        pieces = tensor.name.split(".")
+        if tensor.name == "token_embd.weight" and tensor.tensor_type == blockquant.GGML_Q8_0:
+            if output is None or not _tied(model, output):
+                continue
+            qualified, linear = next((q, lin) for q, lin in modules.items() if lin is output)
+            block_bytes, check = blockquant.Q8_0_BLOCK_BYTES, True
+        elif (
+            len(pieces) == 4
+            and pieces[0] == "blk"
+            and pieces[2] in LLAMA_NAMES
+            and tensor.tensor_type == GGML_Q4_1
+        ):
+            qualified = f"model.layers.{pieces[1]}.{LLAMA_NAMES[pieces[2]]}"
+            linear = modules.get(qualified)
+            if linear is None:
+                return {}
+            block_bytes = Q4_1_BLOCK_BYTES
+            check = pieces[1] in ("0", str(config.num_hidden_layers - 1))
+        else:
+            continue
+        out_features, in_features = linear.weight.shape
+        data = torch.from_numpy(tensor.data.copy())
+        if tuple(data.shape) != (out_features, in_features // GROUP * block_bytes):
+            return {}
+        blocks = data.reshape(out_features, in_features // GROUP, block_bytes)
+        d = blocks[..., 0:2].contiguous().view(torch.float16).squeeze(-1).float()
+        if block_bytes == Q4_1_BLOCK_BYTES:
+            m = blocks[..., 2:4].contiguous().view(torch.float16).squeeze(-1).float()
+            qs = blocks[..., 4:].reshape(out_features, -1)
+            if pieces[2] in ("attn_q", "attn_k"):
+                heads = (
+                    config.num_attention_heads
+                    if pieces[2] == "attn_q"
+                    else config.num_key_value_heads
+                )
+                order = _unpermute_rows(out_features, heads)
+                qs, d, m = qs[order], d[order], m[order]
+            layer = blockquant.BlockQuantLinear("q4_1", in_features, out_features, qs, d, m)
+        else:
+            qs = blocks[..., 2:].contiguous().view(torch.int8).reshape(out_features, in_features)
+            layer = blockquant.BlockQuantLinear("q8_0", in_features, out_features, qs, d)
+        if check:
+            reference = linear.weight.detach().float()
+            error = (layer.weight_float() - reference).abs().max()
+            if error > GGUF_MATCH_TOLERANCE * reference.abs().max():
+                log.info(
+                    "GGUF %s does not match %s: quantizing the weights", tensor.name, qualified
+                )
+                return {}
+        layers[qualified] = layer
+    return layers
 
 
 def _tied(model, linear: nn.Linear) -> bool:

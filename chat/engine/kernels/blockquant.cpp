@@ -12,6 +12,8 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <vector>
+
 namespace {
 
 constexpr int64_t kBlock = 32;
@@ -188,7 +190,174 @@ torch::Tensor q8_0_mm(torch::Tensor x, torch::Tensor qs, torch::Tensor d) {
   return out;
 }
 
+// -- int8 activations: llama.cpp's dot products --------------------------------------------
+//
+// Each activation row is quantized per block of 32 to int8 with its own scale (Q8_1: dx and the
+// block's sum), so a block's dot product is four integer instructions (maddubs, madd) instead of
+// widening every weight to fp32: sum w x = d dx sum(q qx) + m (dx sum qx) for Q4_1, and
+// d dx sum(q qx) for Q8_0.
+
+namespace {
+
+struct QuantizedRows {
+  std::vector<int8_t> q;   // [M, K]
+  std::vector<float> dx;   // [M, K / 32]
+  std::vector<float> sum;  // [M, K / 32]: dx * sum(qx), the block's sum as quantized
+};
+
+QuantizedRows quantize_rows(const float* x, int64_t M, int64_t K) {
+  const int64_t blocks = K / kBlock;
+  QuantizedRows rows{std::vector<int8_t>(M * K), std::vector<float>(M * blocks),
+                     std::vector<float>(M * blocks)};
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t i = 0; i < M * blocks; ++i) {
+    const float* src = x + i * kBlock;
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+      v[j] = _mm256_loadu_ps(src + 8 * j);
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float max = _mm_cvtss_f32(m);
+    const float d = max / 127.f;
+    const __m256 inv = _mm256_set1_ps(max > 0.f ? 127.f / max : 0.f);
+    __m256i q[4];
+    for (int j = 0; j < 4; ++j)
+      q[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], inv),
+                                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    // Pack 32 int32 to int8 in order (packs interleave 128-bit lanes; the permute undoes it).
+    __m256i p16a = _mm256_packs_epi32(q[0], q[1]);
+    __m256i p16b = _mm256_packs_epi32(q[2], q[3]);
+    __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+    p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(rows.q.data() + i * kBlock), p8);
+    const __m256i s32 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]),
+                                         _mm256_add_epi32(q[2], q[3]));
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+    s = _mm_hadd_epi32(s, s);
+    s = _mm_hadd_epi32(s, s);
+    rows.dx[i] = d;
+    rows.sum[i] = d * static_cast<float>(_mm_cvtsi128_si32(s));
+  }
+  return rows;
+}
+
+inline __m256 block_dot_u8(__m256i w, __m256i qx) {  // w unsigned 0..15, qx signed
+  const __m256i pairs = _mm256_maddubs_epi16(w, qx);
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+inline __m256 block_dot_i8(__m256i w, __m256i qx) {  // both signed: |w| * (qx with w's sign)
+  const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(qx, w));
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+template <int R>
+void q4_1_row_q8(const QuantizedRows& x, int64_t row0, int64_t K, const uint8_t* qs,
+                 const float* d, const float* m, float* out, int64_t N) {
+  const int64_t blocks = K / kBlock;
+  __m256 acc[R];
+  float low[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    low[r] = 0.f;
+  }
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + b * 16));
+    const __m256i w = _mm256_and_si256(
+        _mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1), mask);
+    for (int r = 0; r < R; ++r) {
+      const int64_t i = (row0 + r) * blocks + b;
+      const __m256i qx =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q.data() + i * kBlock));
+      acc[r] = _mm256_fmadd_ps(block_dot_u8(w, qx), _mm256_set1_ps(d[b] * x.dx[i]), acc[r]);
+      low[r] += m[b] * x.sum[i];
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r * N] = hsum(acc[r]) + low[r];
+}
+
+template <int R>
+void q8_0_row_q8(const QuantizedRows& x, int64_t row0, int64_t K, const int8_t* qs,
+                 const float* d, float* out, int64_t N) {
+  const int64_t blocks = K / kBlock;
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + b * kBlock));
+    for (int r = 0; r < R; ++r) {
+      const int64_t i = (row0 + r) * blocks + b;
+      const __m256i qx =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q.data() + i * kBlock));
+      acc[r] = _mm256_fmadd_ps(block_dot_i8(w, qx), _mm256_set1_ps(d[b] * x.dx[i]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r * N] = hsum(acc[r]);
+}
+
+}  // namespace
+
+// As q4_1_mm and q8_0_mm, with the activations quantized to int8 per block of 32 first.
+torch::Tensor q4_1_mm_q8(torch::Tensor x, torch::Tensor qs, torch::Tensor d, torch::Tensor m) {
+  check(x, qs, 16);
+  const int64_t M = x.size(0), K = x.size(1), N = qs.size(0), blocks = K / kBlock;
+  auto out = torch::empty({M, N}, x.options());
+  const QuantizedRows rows = quantize_rows(x.data_ptr<float>(), M, K);
+  const uint8_t* Q = qs.data_ptr<uint8_t>();
+  const float* D = d.data_ptr<float>();
+  const float* L = m.data_ptr<float>();
+  float* O = out.data_ptr<float>();
+  at::parallel_for(0, N, 8, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const uint8_t* q = Q + n * blocks * 16;
+      const float* dn = D + n * blocks;
+      const float* mn = L + n * blocks;
+      int64_t r = 0;
+      for (; r + kRows <= M; r += kRows)
+        q4_1_row_q8<kRows>(rows, r, K, q, dn, mn, O + r * N + n, N);
+      switch (M - r) {
+        case 3: q4_1_row_q8<3>(rows, r, K, q, dn, mn, O + r * N + n, N); break;
+        case 2: q4_1_row_q8<2>(rows, r, K, q, dn, mn, O + r * N + n, N); break;
+        case 1: q4_1_row_q8<1>(rows, r, K, q, dn, mn, O + r * N + n, N); break;
+        default: break;
+      }
+    }
+  });
+  return out;
+}
+
+torch::Tensor q8_0_mm_q8(torch::Tensor x, torch::Tensor qs, torch::Tensor d) {
+  check(x, qs, kBlock);
+  const int64_t M = x.size(0), K = x.size(1), N = qs.size(0), blocks = K / kBlock;
+  auto out = torch::empty({M, N}, x.options());
+  const QuantizedRows rows = quantize_rows(x.data_ptr<float>(), M, K);
+  const int8_t* Q = qs.data_ptr<int8_t>();
+  const float* D = d.data_ptr<float>();
+  float* O = out.data_ptr<float>();
+  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const int8_t* q = Q + n * K;
+      const float* dn = D + n * blocks;
+      int64_t r = 0;
+      for (; r + kRows <= M; r += kRows) q8_0_row_q8<kRows>(rows, r, K, q, dn, O + r * N + n, N);
+      switch (M - r) {
+        case 3: q8_0_row_q8<3>(rows, r, K, q, dn, O + r * N + n, N); break;
+        case 2: q8_0_row_q8<2>(rows, r, K, q, dn, O + r * N + n, N); break;
+        case 1: q8_0_row_q8<1>(rows, r, K, q, dn, O + r * N + n, N); break;
+        default: break;
+      }
+    }
+  });
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("q4_1_mm", &q4_1_mm, "x @ W.T for Q4_1 blocks (qs, d, m)");
   module.def("q8_0_mm", &q8_0_mm, "x @ W.T for Q8_0 blocks (qs, d)");
+  module.def("q4_1_mm_q8", &q4_1_mm_q8, "q4_1_mm with int8 activations");
+  module.def("q8_0_mm_q8", &q8_0_mm_q8, "q8_0_mm with int8 activations");
 }
