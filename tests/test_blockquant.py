@@ -48,10 +48,10 @@ def _q8_0(out_features: int, in_features: int, seed: int = 0) -> BlockQuantLinea
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, blockquant.MAX_KERNEL_ROWS + 3])
 @pytest.mark.parametrize("int8_activations", [False, True], ids=["fp32-act", "int8-act"])
 def test_a_block_linear_computes_with_the_weight_its_blocks_stand_for(
-    kernels, monkeypatch, make, rows, int8_activations
+    kernels, make, rows, int8_activations
 ):
-    monkeypatch.setattr(blockquant, "INT8_ACTIVATIONS", int8_activations)
     layer = make(96, 160)
+    layer.int8_activations = int8_activations
     hidden = torch.randn(rows, 1, 160, generator=torch.Generator().manual_seed(rows))
     got = layer(hidden)
     want = hidden @ layer.weight_float().t()
@@ -97,6 +97,21 @@ class _Tiny(nn.Module):
         return None
 
 
+@pytest.mark.parametrize(
+    "seconds, kept", [({"none": 1.0, "gguf": 0.5}, True), ({"none": 1.0, "gguf": 0.95}, False)]
+)
+def test_auto_keeps_gguf_only_when_its_timed_steps_are_faster(kernels, seconds, kept):
+    model = _Tiny()
+    order = iter(["none", "gguf"])
+    line = quantized.choose(model, "auto", lambda: seconds[next(order)])
+    assert "gguf 500 ms" in line or "gguf 950 ms" in line
+    if kept:
+        assert line.startswith("weights gguf (auto)") and isinstance(model.up, BlockQuantLinear)
+        assert model.up.kind == "q4_1" and not model.up.int8_activations
+    else:
+        assert line.startswith("weights not quantized (auto)") and type(model.up) is nn.Linear
+
+
 # -- on the real model ---------------------------------------------------------------------
 
 
@@ -115,12 +130,15 @@ def test_the_gguf_files_blocks_are_read_as_stored_and_match_the_model(backend, k
         )
 
 
-def test_gguf_mode_keeps_the_models_predictions(backend, kernels):
+@pytest.mark.parametrize("int8_activations", [False, True], ids=["gguf", "gguf-q8"])
+def test_gguf_mode_keeps_the_models_predictions(backend, kernels, int8_activations):
     """Same next-token choice on a real prompt, logits close; then the layers go back."""
     ids = torch.tensor([backend.encode([{"role": "user", "content": "Name three fruits."}])])
     with torch.inference_mode():
         before = backend.model(ids).logits[0, -1]
-        undo, from_file = quantized.quantize_blocks(backend.model, gguf_path=bundled_gguf_path())
+        undo, from_file = quantized.quantize_blocks(
+            backend.model, gguf_path=bundled_gguf_path(), int8_activations=int8_activations
+        )
         try:
             assert from_file == 211
             # The prompt's last token through the decode-step kernels (one row, int8 activations).

@@ -32,10 +32,6 @@ EXTENSION = "chat_blockquant_v2"
 GROUP = 32
 Q8_0_BLOCK_BYTES = 34  # fp16 d, then 32 int8
 GGML_Q8_0 = 8
-# Decode-step activations are quantized to int8 per block of 32 (Q8_1, as llama.cpp does) so a
-# block's dot product is integer maddubs/madd: half the time of widening weights to fp32, for
-# a relative error about 5e-3 per matmul. Quality measured in docs/benchmarks.md.
-INT8_ACTIVATIONS = True
 # A decode step has a handful of rows; above this the dequantize-and-GEMM path is faster.
 MAX_KERNEL_ROWS = 16
 
@@ -112,6 +108,10 @@ class BlockQuantLinear(nn.Module):
 
     def __init__(self, kind: str, in_features: int, out_features: int, qs, d, m=None):
         super().__init__()
+        # With int8 activations (Q8_1 per block of 32, as llama.cpp computes) a block's dot
+        # product is integer maddubs/madd: about half the kernel time, at a relative error of
+        # about 5e-3 per matmul. Off by default: see docs/engine.md for the quality figures.
+        self.int8_activations = False
         if kind not in ("q4_1", "q8_0"):
             raise ValueError(f"unknown block kind {kind!r}")
         self.kind = kind
@@ -156,17 +156,18 @@ class BlockQuantLinear(nn.Module):
         if rows.shape[0] > MAX_KERNEL_ROWS:
             out = torch.nn.functional.linear(rows, self.weight_float())
         elif self.kind == "q4_1":
-            mm = self._kernels.q4_1_mm_q8 if INT8_ACTIVATIONS else self._kernels.q4_1_mm
+            mm = self._kernels.q4_1_mm_q8 if self.int8_activations else self._kernels.q4_1_mm
             out = mm(rows.contiguous(), self.qs, self.d, self.m)
         else:
-            mm = self._kernels.q8_0_mm_q8 if INT8_ACTIVATIONS else self._kernels.q8_0_mm
+            mm = self._kernels.q8_0_mm_q8 if self.int8_activations else self._kernels.q8_0_mm
             out = mm(rows.contiguous(), self.qs, self.d)
         if out.dtype != hidden.dtype:
             out = out.to(hidden.dtype)
         return out.reshape(*hidden.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"{self.kind}, in_features={self.in_features}, out_features={self.out_features}"
+        activations = "int8" if self.int8_activations else "fp32"
+        return f"{self.kind}, activations {activations}, in_features={self.in_features}, out_features={self.out_features}"
 
 
 def q8_0_parts(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
