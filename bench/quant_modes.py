@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-MODES = ("none", "int8", "int4")
+MODES = ("none", "int8", "int4", "gguf", "gguf-q8")
 
 
 def load_mode(mode: str, *, simulate: bool, progress, dtype: str | None = None):

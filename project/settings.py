@@ -251,8 +251,10 @@ CHAT_TORCH_THREADS = envint("CHAT_TORCH_THREADS", 0)
 # Decode-step matmuls as W @ x.T (chat/engine/weight_major.py): auto times both orders per weight
 # shape at load and keeps the faster; on and off force it.
 CHAT_WEIGHT_MAJOR = env("CHAT_WEIGHT_MAJOR", "auto")
-# Weight-only quantized linears (chat/engine/quantized.py): auto times each mode at load against
-# the float model and keeps the fastest; none, int8 and int4 force one.
+# Weight-only quantized linears (chat/engine/quantized.py, docs/engine.md): auto times the modes
+# whose quality matched fp32 against the float model at load and keeps a faster one; gguf (the
+# GGUF file's own blocks through the project's AVX2 kernels; gguf-q8 with llama.cpp's int8
+# activations), int8, int4 and none force one.
 CHAT_MODEL_QUANT = env("CHAT_MODEL_QUANT", "auto")
 # While answers decode, a newcomer's prompt is prefilled this many tokens per decode step, so a
 # long prompt never freezes the others for its whole prefill; 0 prefills every prompt at once.
@@ -267,9 +269,9 @@ if CHAT_PREFIX_CACHE_MB < 0:
     raise ImproperlyConfigured("CHAT_PREFIX_CACHE_MB must be 0 (off) or a number of megabytes")
 if CHAT_WEIGHT_MAJOR not in {"auto", "on", "off"}:
     raise ImproperlyConfigured(f"CHAT_WEIGHT_MAJOR={CHAT_WEIGHT_MAJOR!r}: use auto, on or off")
-if CHAT_MODEL_QUANT not in {"auto", "none", "int8", "int4"}:
+if CHAT_MODEL_QUANT not in {"auto", "none", "int8", "int4", "gguf", "gguf-q8"}:
     raise ImproperlyConfigured(
-        f"CHAT_MODEL_QUANT={CHAT_MODEL_QUANT!r}: use auto, none, int8 or int4"
+        f"CHAT_MODEL_QUANT={CHAT_MODEL_QUANT!r}: use auto, none, gguf, gguf-q8, int8 or int4"
     )
 CHAT_MAX_NEW_TOKENS = envint("CHAT_MAX_NEW_TOKENS", 768)  # default per answer (docs/decoding.md)
 CHAT_MAX_NEW_TOKENS_CAP = envint("CHAT_MAX_NEW_TOKENS_CAP", 1024)  # no request may ask for more

@@ -117,8 +117,14 @@ def fresh_rate_limits():
 @pytest.fixture(scope="session")
 def runtime():
     """The process's real model and scheduler, loaded once for the whole session."""
+    from django.conf import settings as django_settings
+
     from chat.infra.runtime import runtime as chat_runtime
 
+    # The in-process model stays float, whatever `auto` would pick on this CPU: tests compare
+    # against its weights and swap quantized layers in and out (test_quantized, test_blockquant).
+    # Live daphne servers keep the production default.
+    django_settings.CHAT_MODEL_QUANT = "none"
     chat_runtime.start()
     assert chat_runtime.wait(timeout=600), chat_runtime.detail
     return chat_runtime

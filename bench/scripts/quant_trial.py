@@ -8,6 +8,8 @@ busy neighbour on the CPU hurts them alike):
   int8[/bf16]   aten._weight_int8pack_mm, int8 per row, activations fp32 (or bf16)
   int4[/bf16]   aten._weight_int4pack_mm_for_cpu from the GGUF file's own Q4_1 blocks, LM head int8
   int4-requant  the same kernel, re-quantized from the loaded (dequantized) weights
+  gguf          the GGUF file's own Q4_1/Q8_0 blocks through chat/engine/kernels, fp32 activations
+  gguf-q8       the same blocks with int8 activations (llama.cpp's arithmetic)
   dyn8          torch.ao quantize_dynamic (FBGEMM: int8 weights and per-step int8 activations)
 
 Speed: per round, one step's best of --steps at each batch size; the median over rounds is
@@ -42,7 +44,7 @@ def main() -> None:
     import torch
     from torch import nn
 
-    from chat.engine import quantized, weight_major
+    from chat.engine import blockquant, quantized, weight_major
     from chat.engine.loading import bundled_gguf_path, load_backend
     from chat.infra.runtime import runtime
 
@@ -76,12 +78,17 @@ def main() -> None:
         "int4-requant": layers_of("int4"),
         "dyn8": {q: dyn_modules[q] for q in originals},
     }
+    if blockquant.kernels() is not None:
+        candidates["gguf"] = quantized.gguf_block_layers(gguf, model)
+        candidates["gguf-q8"] = candidates["gguf"]
     del dynamic
     if args.only:
         keep = {"fp32", *args.only.split(",")}
         candidates = {k: v for k, v in candidates.items() if k in keep}
 
     def use(name):
+        for layer in candidates.get("gguf", {}).values():
+            layer.int8_activations = name == "gguf-q8"
         for q, layer in candidates[name].items():
             setattr(parents[q][0], parents[q][1], layer)
 

@@ -141,7 +141,10 @@ class LocalBackend(SteppedBackend):
                 "  " + weight_major.choose(model, backend.time_decode_step, config.weight_major)
             )
         progress(
-            "  " + quantized.choose(model, config.quant, backend.time_quant_steps, gguf_path=gguf)
+            "  "
+            + quantized.choose(
+                model, config.quant, backend.time_quant_steps, gguf_path=gguf, progress=progress
+            )
         )
         # The timing runs above stored KV of weights that may since have been replaced.
         backend.prefix_store.clear()

@@ -144,7 +144,7 @@ def load_backend(config: EngineConfig | None = None, progress: Progress = log.in
     model_dir = resolve_model_dir(config, progress)
     fingerprint = weights_fingerprint(model_dir, config.data_dir)
     gguf = None
-    if not config.model_path and config.quant in ("auto", "int4"):
+    if not config.model_path and config.quant in ("auto", "int4", "gguf", "gguf-q8"):
         try:
             gguf = bundled_gguf_path()  # the blocks the converted copy came from
         except ModelNotFound:

@@ -28,11 +28,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import blockquant
 from .weight_major import WeightMajorLinear
 
 log = logging.getLogger(__name__)
 
-MODES = ("auto", "none", "int8", "int4")
+MODES = ("auto", "none", "int8", "int4", "gguf", "gguf-q8")
 GROUP = 32  # int4 group size along the input: GGUF's Q4_1/Q8_0 block
 GGML_Q4_1 = 3
 Q4_1_BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles
@@ -198,6 +199,109 @@ def restore(undo: list[tuple[nn.Module, str, nn.Module]]) -> None:
         setattr(parent, name, original)
 
 
+def quantize_blocks(
+    model, *, gguf_path: str | Path | None = None, int8_activations: bool = False
+) -> tuple[list, int]:
+    """Swap every bias-free nn.Linear for a BlockQuantLinear (blockquant.py): "gguf" mode, or
+    "gguf-q8" with `int8_activations`.
+
+    Projections take the GGUF file's Q4_1 blocks where they are this model's (else are quantized
+    to Q4_1 from the weights); the LM head takes the file's Q8_0 token embedding when the head is
+    tied to it (else Q8_0 from the weights). Returns the undo list and how many layers came from
+    the file.
+    """
+    output = _output_linear(model)
+    from_file = gguf_block_layers(gguf_path, model) if gguf_path is not None else {}
+    undo = []
+    for parent, name, child, linear, qualified in _projections(model):
+        layer = from_file.get(qualified)
+        if layer is None and (linear is output or linear.in_features % GROUP):
+            layer = blockquant.BlockQuantLinear.q8_0(*blockquant.q8_0_parts(linear.weight))
+        elif layer is None:
+            q, d, m = int4_parts(linear.weight)
+            layer = blockquant.BlockQuantLinear.q4_1(q, d, m)
+        layer.int8_activations = int8_activations
+        setattr(parent, name, layer)
+        undo.append((parent, name, child))
+    return undo, len(from_file)
+
+
+def gguf_block_layers(gguf_path: str | Path, model) -> dict[str, nn.Module]:
+    """BlockQuantLinears holding the GGUF file's bytes as stored, by module name.
+
+    Q4_1 projections of a Llama-architecture file (rows of q/k un-permuted), and the Q8_0 token
+    embedding for a head tied to it. The first and last layers and the head are checked against
+    the loaded weights; a file that does not match gives {} (the caller quantizes the weights).
+    """
+    import gguf
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    field = reader.fields.get("general.architecture")
+    if field is None or bytes(field.parts[-1]).decode() != "llama":
+        return {}
+    config = model.config
+    modules = {q: lin for _, _, _, lin, q in _projections(model)}
+    output = _output_linear(model)
+    layers: dict[str, nn.Module] = {}
+    for tensor in reader.tensors:
+        pieces = tensor.name.split(".")
+        if tensor.name == "token_embd.weight" and tensor.tensor_type == blockquant.GGML_Q8_0:
+            if output is None or not _tied(model, output):
+                continue
+            qualified, linear = next((q, lin) for q, lin in modules.items() if lin is output)
+            block_bytes, check = blockquant.Q8_0_BLOCK_BYTES, True
+        elif (
+            len(pieces) == 4
+            and pieces[0] == "blk"
+            and pieces[2] in LLAMA_NAMES
+            and tensor.tensor_type == GGML_Q4_1
+        ):
+            qualified = f"model.layers.{pieces[1]}.{LLAMA_NAMES[pieces[2]]}"
+            linear = modules.get(qualified)
+            if linear is None:
+                return {}
+            block_bytes = Q4_1_BLOCK_BYTES
+            check = pieces[1] in ("0", str(config.num_hidden_layers - 1))
+        else:
+            continue
+        out_features, in_features = linear.weight.shape
+        data = torch.from_numpy(tensor.data.copy())
+        if tuple(data.shape) != (out_features, in_features // GROUP * block_bytes):
+            return {}
+        blocks = data.reshape(out_features, in_features // GROUP, block_bytes)
+        d = blocks[..., 0:2].contiguous().view(torch.float16).squeeze(-1).float()
+        if block_bytes == Q4_1_BLOCK_BYTES:
+            m = blocks[..., 2:4].contiguous().view(torch.float16).squeeze(-1).float()
+            qs = blocks[..., 4:].reshape(out_features, -1)
+            if pieces[2] in ("attn_q", "attn_k"):
+                heads = (
+                    config.num_attention_heads
+                    if pieces[2] == "attn_q"
+                    else config.num_key_value_heads
+                )
+                order = _unpermute_rows(out_features, heads)
+                qs, d, m = qs[order], d[order], m[order]
+            layer = blockquant.BlockQuantLinear("q4_1", in_features, out_features, qs, d, m)
+        else:
+            qs = blocks[..., 2:].contiguous().view(torch.int8).reshape(out_features, in_features)
+            layer = blockquant.BlockQuantLinear("q8_0", in_features, out_features, qs, d)
+        if check:
+            reference = linear.weight.detach().float()
+            error = (layer.weight_float() - reference).abs().max()
+            if error > GGUF_MATCH_TOLERANCE * reference.abs().max():
+                log.info(
+                    "GGUF %s does not match %s: quantizing the weights", tensor.name, qualified
+                )
+                return {}
+        layers[qualified] = layer
+    return layers
+
+
+def _tied(model, linear: nn.Linear) -> bool:
+    embedding = model.get_input_embeddings()
+    return embedding is not None and embedding.weight.data_ptr() == linear.weight.data_ptr()
+
+
 # -- GGUF Q4_1 blocks ------------------------------------------------------------------------
 
 # GGUF tensor name (per layer) -> transformers Llama module name.
@@ -349,60 +453,91 @@ def choose(
     time_steps: Callable[[], float],
     *,
     gguf_path: str | Path | None = None,
+    progress: Callable[[str], None] = log.info,
 ) -> str:
     """Quantize the model's linears per `mode`; returns a line for the start-up log.
 
-    "int8"/"int4" apply that mode. "auto" tries each mode the quality figures allow
-    (AUTO_CANDIDATES): a one-row probe of the largest projection first, then `time_steps` (the
-    seconds of representative decode steps) against the model as loaded, and keeps the fastest
-    if it beats the float model by MARGIN. "none" leaves the model alone.
+    "gguf", "int8", "int4" apply that mode. "auto" tries the modes the quality figures allow
+    (AUTO_CANDIDATES, in order of preference): for torch's kernels a one-row probe of the largest
+    projection first; then `time_steps` (the seconds of representative decode steps) against the
+    model as loaded, keeping the first that beats the float model by MARGIN. "none" leaves the
+    model alone.
     """
     if mode not in MODES:
         raise ValueError(f"CHAT_MODEL_QUANT={mode!r}: use one of {', '.join(MODES)}")
     if mode == "none":
         return "weights not quantized (CHAT_MODEL_QUANT=none)"
-    if model.device.type != "cpu" or not kernels_available():
+    if model.device.type != "cpu":
         if mode == "auto":
             return f"weights not quantized: no weight-only kernel for {model.device.type} here"
-        raise ValueError(f"CHAT_MODEL_QUANT={mode}: torch has no such kernel for {model.device}")
-    blocks: dict[str, QuantLinear] = {}
-    if gguf_path is not None and mode == "int4":
-        blocks = gguf_int4_layers(gguf_path, model)
+        raise ValueError(f"CHAT_MODEL_QUANT={mode}: there is no such kernel for {model.device}")
     if mode != "auto":
-        _, from_gguf = quantize(model, mode, gguf_blocks=blocks)
+        unavailable = _unavailable(mode, progress)
+        if unavailable:
+            raise ValueError(f"CHAT_MODEL_QUANT={mode}: {unavailable}")
+        _, from_gguf = _apply(model, mode, gguf_path)
         return f"weights {mode} (CHAT_MODEL_QUANT={mode}){_source(mode, from_gguf)}"
     if not AUTO_CANDIDATES:
         return (
             "weights not quantized (auto): no mode has yet matched fp32's quality "
-            "(CHAT_MODEL_QUANT=int4 or int8 forces one)"
+            "(CHAT_MODEL_QUANT=gguf, int4 or int8 forces one)"
         )
-    gate = _largest_projection(model)
     timings: dict[str, float] = {}
-    notes = []
+    notes: list[str] = []
+    applied: tuple[str, list, int] | None = None  # the candidate left in place after its timing
+    gate = _largest_projection(model)[1]  # probed while the float layers are in place
     for candidate in AUTO_CANDIDATES:
-        ratio = probe(gate[1], getattr(QuantLinear, candidate)(gate[1].weight))
-        if ratio > PROBE_LIMIT:
-            notes.append(f"{candidate} kernel {ratio:.1f}x float on one row, not tried")
+        unavailable = _unavailable(candidate, progress)
+        if unavailable:
+            notes.append(f"{candidate}: {unavailable}")
             continue
-        if not timings:
+        if not candidate.startswith("gguf"):
+            ratio = probe(gate, getattr(QuantLinear, candidate)(gate.weight))
+            if ratio > PROBE_LIMIT:
+                notes.append(f"{candidate} kernel {ratio:.1f}x float on one row, not tried")
+                continue
+        if applied is not None:
+            restore(applied[1])
+        elif not timings:
             timings["none"] = time_steps()
-        if candidate == "int4" and gguf_path is not None and not blocks:
-            blocks = gguf_int4_layers(gguf_path, model)
-        undo, _ = quantize(model, candidate, gguf_blocks=blocks)
+        undo, from_gguf = _apply(model, candidate, gguf_path)
+        applied = (candidate, undo, from_gguf)
         timings[candidate] = time_steps()
-        restore(undo)
-    best = min(timings, key=lambda mode: timings[mode]) if timings else "none"
+    best = min(timings, key=timings.__getitem__) if timings else "none"
     if best != "none" and timings[best] >= timings["none"] * MARGIN:
         best = "none"
-    from_gguf = 0
-    if best != "none":
-        _, from_gguf = quantize(model, best, gguf_blocks=blocks)
+    if applied is not None and applied[0] != best:
+        restore(applied[1])
+        applied = None
+    if best != "none" and applied is None:
+        applied = (best, *_apply(model, best, gguf_path))
+    return _auto_line(best, timings, notes) + (_source(best, applied[2]) if applied else "")
+
+
+def _unavailable(mode: str, progress: Callable[[str], None]) -> str | None:
+    """Why `mode` cannot run here, or None."""
+    if mode in ("gguf", "gguf-q8"):
+        if blockquant.kernels(progress) is None:
+            return blockquant.failure()
+        return None
+    if not kernels_available():
+        return "torch has no such CPU kernel in this build"
+    return None
+
+
+def _apply(model, mode: str, gguf_path: str | Path | None) -> tuple[list, int]:
+    if mode in ("gguf", "gguf-q8"):
+        return quantize_blocks(model, gguf_path=gguf_path, int8_activations=mode == "gguf-q8")
+    blocks = gguf_int4_layers(gguf_path, model) if mode == "int4" and gguf_path else {}
+    return quantize(model, mode, gguf_blocks=blocks)
+
+
+def _auto_line(best: str, timings: dict[str, float], notes: list[str]) -> str:
     figures = ", ".join(f"{name} {seconds * 1000:.0f} ms" for name, seconds in timings.items())
     return (
         f"weights {'not quantized' if best == 'none' else best} (auto)"
         + (f": decode steps {figures}" if timings else "")
         + "".join(f"; {note}" for note in notes)
-        + _source(best, from_gguf)
     )
 
 
@@ -423,11 +558,16 @@ def _output_linear(model: nn.Module) -> nn.Module | None:
 
 
 def _source(mode: str, from_gguf: int) -> str:
-    return f", {from_gguf} layers from the GGUF's Q4_1 blocks" if mode == "int4" else ""
+    if mode == "int4":
+        return f", {from_gguf} layers from the GGUF's Q4_1 blocks"
+    if mode in ("gguf", "gguf-q8"):
+        return f", {from_gguf} layers read from the GGUF file's own blocks"
+    return ""
 
 
-# The modes `auto` may pick: those whose quality figures matched fp32's (docs/benchmarks.md). None
-# has yet: on the 20 dtypecheck prompts fp32 ended 19 answers on eos, int8 17 and int4 18 (with
-# perplexity +1.4 % and +0.1 %), and a mode that ends fewer answers is not the default. Add a mode
-# here once it ends as many; until then `auto` keeps the float model and int8/int4 are opt-in.
-AUTO_CANDIDATES: tuple[str, ...] = ()
+# The modes `auto` may pick, in order of preference: those whose quality figures matched fp32's
+# (docs/benchmarks.md). "gguf" computes the bundled file's own blocks in fp32 (the weights
+# llama.cpp reads, without the bf16 rounding of the converted copy): perplexity +0.0x %, 19 of
+# the 20 dtypecheck answers on eos as fp32. int8 (17/20), int4 (18/20) and gguf-q8 (18/20, its
+# int8 activations) ended fewer, so they stay opt-in.
+AUTO_CANDIDATES: tuple[str, ...] = ("gguf",)

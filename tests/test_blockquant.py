@@ -1,0 +1,173 @@
+"""GGUF block-quantized linears (chat/engine/blockquant.py) and the "gguf" weight mode.
+
+The kernels are compiled C++ (chat/engine/kernels/blockquant.cpp): every test here compares them
+with the float matmul of the weight the blocks stand for, on random blocks and on the bundled
+model, so a wrong shift, sign or stride fails loudly.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from chat.engine import blockquant, quantized
+from chat.engine.blockquant import BlockQuantLinear
+from chat.engine.loading import bundled_gguf_path
+
+supported, why = blockquant.cpu_supported()
+pytestmark = [
+    pytest.mark.integration,  # builds (or loads) a native extension
+    pytest.mark.skipif(not supported, reason=f"block-quant kernels need AVX2: {why}"),
+]
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    built = blockquant.kernels()
+    assert built is not None, blockquant.failure()  # on an AVX2 CPU a failed build is a bug
+    return built
+
+
+def _q4_1(out_features: int, in_features: int, seed: int = 0) -> BlockQuantLinear:
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (out_features, in_features), generator=generator)
+    d = torch.rand(out_features, in_features // 32, generator=generator) * 0.02
+    m = -torch.rand(out_features, in_features // 32, generator=generator) * 0.1
+    return BlockQuantLinear.q4_1(q, d, m)
+
+
+def _q8_0(out_features: int, in_features: int, seed: int = 0) -> BlockQuantLinear:
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randint(-127, 128, (out_features, in_features), generator=generator)
+    d = torch.rand(out_features, in_features // 32, generator=generator) * 0.02
+    return BlockQuantLinear.q8_0(q, d)
+
+
+@pytest.mark.parametrize("make", [_q4_1, _q8_0], ids=["q4_1", "q8_0"])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, blockquant.MAX_KERNEL_ROWS + 3])
+@pytest.mark.parametrize("int8_activations", [False, True], ids=["fp32-act", "int8-act"])
+def test_a_block_linear_computes_with_the_weight_its_blocks_stand_for(
+    kernels, make, rows, int8_activations
+):
+    layer = make(96, 160)
+    layer.int8_activations = int8_activations
+    hidden = torch.randn(rows, 1, 160, generator=torch.Generator().manual_seed(rows))
+    got = layer(hidden)
+    want = hidden @ layer.weight_float().t()
+    assert got.shape == (rows, 1, 96) and got.dtype == torch.float32
+    relative = ((got - want).abs().max() / want.abs().max()).item()
+    if int8_activations and rows <= blockquant.MAX_KERNEL_ROWS:
+        assert relative < 2e-2  # int8 activations: about 5e-3 measured
+    else:
+        assert relative < 1e-5  # fp32 all the way: only the summation order differs
+
+
+def test_q4_1_packing_keeps_ggml_order(kernels):
+    """Element j of a block is the low nibble of byte j, element j + 16 its high nibble."""
+    q = torch.arange(64).remainder(16).reshape(1, 64).flip(1)
+    layer = BlockQuantLinear.q4_1(q, torch.ones(1, 2), torch.zeros(1, 2))
+    assert torch.equal(layer.weight_float(), q.float())
+    assert layer.qs[0, 0].item() == (q[0, 0] | (q[0, 16] << 4)).item()
+
+
+def test_blocks_refuse_activations_that_do_not_fit(kernels):
+    with pytest.raises(RuntimeError, match="weight blocks do not match in_features"):
+        kernels.q4_1_mm(torch.randn(1, 64), _q4_1(8, 96).qs, torch.ones(8, 2), torch.ones(8, 2))
+
+
+def test_an_unsupported_cpu_gives_a_reason_and_forcing_gguf_says_it(monkeypatch):
+    monkeypatch.setattr(blockquant, "_kernels", None)
+    monkeypatch.setattr(blockquant, "_failure", None)
+    monkeypatch.setattr(blockquant, "cpu_supported", lambda: (False, "this CPU lacks avx2"))
+    model = _Tiny()
+    with pytest.raises(ValueError, match="CHAT_MODEL_QUANT=gguf: this CPU lacks avx2"):
+        quantized.choose(model, "gguf", lambda: 1.0)
+    assert type(model.up) is nn.Linear
+
+
+class _Tiny(nn.Module):
+    device = torch.device("cpu")
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(64, 64, bias=False)
+
+    def get_output_embeddings(self):
+        return None
+
+
+@pytest.mark.parametrize(
+    "seconds, kept", [({"none": 1.0, "gguf": 0.5}, True), ({"none": 1.0, "gguf": 0.95}, False)]
+)
+def test_auto_keeps_gguf_only_when_its_timed_steps_are_faster(kernels, seconds, kept):
+    model = _Tiny()
+    order = iter(["none", "gguf"])
+    line = quantized.choose(model, "auto", lambda: seconds[next(order)])
+    assert "gguf 500 ms" in line or "gguf 950 ms" in line
+    if kept:
+        assert line.startswith("weights gguf (auto)") and isinstance(model.up, BlockQuantLinear)
+        assert model.up.kind == "q4_1" and not model.up.int8_activations
+    else:
+        assert line.startswith("weights not quantized (auto)") and type(model.up) is nn.Linear
+
+
+# -- on the real model ---------------------------------------------------------------------
+
+
+def test_the_gguf_files_blocks_are_read_as_stored_and_match_the_model(backend, kernels):
+    layers = quantized.gguf_block_layers(bundled_gguf_path(), backend.model)
+    config = backend.model.config
+    assert len(layers) == 7 * config.num_hidden_layers + 1  # every projection, and the head
+    kinds = {layer.kind for name, layer in layers.items() if name != "lm_head"}
+    assert kinds == {"q4_1"} and layers["lm_head"].kind == "q8_0"
+    for name in ("model.layers.3.self_attn.q_proj", "model.layers.7.self_attn.k_proj", "lm_head"):
+        module = backend.model.get_submodule(name)
+        weight = module.linear.weight if hasattr(module, "linear") else module.weight
+        # The converted model is these very blocks rounded to bf16 (q/k rows un-permuted).
+        torch.testing.assert_close(
+            layers[name].weight_float(), weight.float(), rtol=1e-2, atol=2e-3
+        )
+
+
+@pytest.mark.parametrize("int8_activations", [False, True], ids=["gguf", "gguf-q8"])
+def test_gguf_mode_keeps_the_models_predictions(backend, kernels, int8_activations):
+    """Same next-token choice on a real prompt, logits close; then the layers go back."""
+    ids = torch.tensor([backend.encode([{"role": "user", "content": "Name three fruits."}])])
+    with torch.inference_mode():
+        before = backend.model(ids).logits[0, -1]
+        undo, from_file = quantized.quantize_blocks(
+            backend.model, gguf_path=bundled_gguf_path(), int8_activations=int8_activations
+        )
+        try:
+            assert from_file == 211
+            # The prompt's last token through the decode-step kernels (one row, int8 activations).
+            cache_ids = ids[:, :-1]
+            out = backend.model(cache_ids, use_cache=True)
+            after = backend.model(ids[:, -1:], past_key_values=out.past_key_values).logits[0, -1]
+        finally:
+            quantized.restore(undo)
+    assert after.argmax() == before.argmax()
+    kl = torch.nn.functional.kl_div(
+        after.log_softmax(-1), before.log_softmax(-1), log_target=True, reduction="sum"
+    )
+    assert kl.item() < 0.05
+    assert not any(isinstance(m, BlockQuantLinear) for m in backend.model.modules())
+
+
+def test_a_stream_in_gguf_mode_runs_through_the_engine(backend, kernels):
+    undo, _ = quantized.quantize_blocks(backend.model, gguf_path=bundled_gguf_path())
+    try:
+        chunks: list[str] = []
+        request = backend.request(
+            [{"role": "user", "content": "Say hello."}], max_new_tokens=12, min_new_tokens=12
+        )
+        batch = backend.new_batch()
+        batch.add([backend.row(request, chunks.append)])
+        for _ in range(40):
+            batch.step()
+            if not len(batch):
+                break
+    finally:
+        quantized.restore(undo)
+    assert "".join(chunks).strip()
