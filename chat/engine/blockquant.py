@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -36,7 +37,7 @@ GGML_Q8_0 = 8
 MAX_KERNEL_ROWS = 16
 
 _lock = threading.Lock()
-_kernels = None
+_kernels: Any = None
 _failure: str | None = None
 
 
@@ -61,7 +62,7 @@ def build_directory() -> Path:
     return path
 
 
-def kernels(progress: Callable[[str], None] = log.info):
+def kernels(progress: Callable[[str], None] = log.info) -> Any:
     """The compiled kernel module, building it on first use; None (see `failure()`) if it can't."""
     global _kernels, _failure
     with _lock:
@@ -106,7 +107,15 @@ class BlockQuantLinear(nn.Module):
     [out, in]), `d` and, for Q4_1, `m` (float32 [out, in / 32]).
     """
 
-    def __init__(self, kind: str, in_features: int, out_features: int, qs, d, m=None):
+    def __init__(
+        self,
+        kind: str,
+        in_features: int,
+        out_features: int,
+        qs: torch.Tensor,
+        d: torch.Tensor,
+        m: torch.Tensor | None = None,
+    ) -> None:
         super().__init__()
         # With int8 activations (Q8_1 per block of 32, as llama.cpp computes) a block's dot
         # product is integer maddubs/madd: about half the kernel time, at a relative error of

@@ -200,8 +200,8 @@ def restore(undo: list[tuple[nn.Module, str, nn.Module]]) -> None:
 
 
 def quantize_blocks(
-    model, *, gguf_path: str | Path | None = None, int8_activations: bool = False
-) -> tuple[list, int]:
+    model: nn.Module, *, gguf_path: str | Path | None = None, int8_activations: bool = False
+) -> tuple[list[tuple[nn.Module, str, nn.Module]], int]:
     """Swap every bias-free nn.Linear for a BlockQuantLinear (blockquant.py): "gguf" mode, or
     "gguf-q8" with `int8_activations`.
 
@@ -226,7 +226,7 @@ def quantize_blocks(
     return undo, len(from_file)
 
 
-def gguf_block_layers(gguf_path: str | Path, model) -> dict[str, nn.Module]:
+def gguf_block_layers(gguf_path: str | Path, model: nn.Module) -> dict[str, nn.Module]:
     """BlockQuantLinears holding the GGUF file's bytes as stored, by module name.
 
     Q4_1 projections of a Llama-architecture file (rows of q/k un-permuted), and the Q8_0 token
@@ -297,7 +297,7 @@ def gguf_block_layers(gguf_path: str | Path, model) -> dict[str, nn.Module]:
     return layers
 
 
-def _tied(model, linear: nn.Linear) -> bool:
+def _tied(model: nn.Module, linear: nn.Module) -> bool:
     embedding = model.get_input_embeddings()
     return embedding is not None and embedding.weight.data_ptr() == linear.weight.data_ptr()
 
@@ -484,7 +484,9 @@ def choose(
         )
     timings: dict[str, float] = {}
     notes: list[str] = []
-    applied: tuple[str, list, int] | None = None  # the candidate left in place after its timing
+    applied: tuple[str, list[tuple[nn.Module, str, nn.Module]], int] | None = (
+        None  # the candidate left in place after its timing
+    )
     gate = _largest_projection(model)[1]  # probed while the float layers are in place
     for candidate in AUTO_CANDIDATES:
         unavailable = _unavailable(candidate, progress)
@@ -525,7 +527,9 @@ def _unavailable(mode: str, progress: Callable[[str], None]) -> str | None:
     return None
 
 
-def _apply(model, mode: str, gguf_path: str | Path | None) -> tuple[list, int]:
+def _apply(
+    model: nn.Module, mode: str, gguf_path: str | Path | None
+) -> tuple[list[tuple[nn.Module, str, nn.Module]], int]:
     if mode in ("gguf", "gguf-q8"):
         return quantize_blocks(model, gguf_path=gguf_path, int8_activations=mode == "gguf-q8")
     blocks = gguf_int4_layers(gguf_path, model) if mode == "int4" and gguf_path else {}
