@@ -4,9 +4,10 @@ A decode step of a small model reads every weight once, so its speed is set by t
 weights take: 538 MB a token in fp32, about 95 MB as the bundled GGUF stores them (Q4_1
 projections, 20 bytes per 32 weights; a Q8_0 embedding/LM head, 34 bytes per 32). torch's own
 weight-only kernels are vectorized for AVX-512 only (quantized.py measured them 2.6x to 5x
-slower than fp32 on an AVX2 CPU), so this module compiles two small C++ kernels
+slower than fp32 on an AVX2 CPU), so this module compiles small C++ kernels
 (kernels/blockquant.cpp) with torch's extension builder, once per machine, and keeps the
-weights exactly as the file stores them: the matmuls llama.cpp computes, with fp32 activations.
+weights exactly as the file stores them: the matmuls llama.cpp computes, with fp32 activations
+(`gguf`) or, like llama.cpp, int8 ones (`gguf-q8`).
 
 Rows beyond MAX_KERNEL_ROWS (a prefill chunk) are computed by dequantizing the layer's weight
 into a scratch matrix and calling the float GEMM, whose blocking wins there.
