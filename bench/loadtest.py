@@ -14,6 +14,7 @@ Loopback only; every wait has a timeout; the counts and the duration are the cal
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -397,10 +398,8 @@ async def _sample_peak(pid: int | None, stop: asyncio.Event, report: Report) -> 
         value = rss_mb(pid)
         if value is not None:
             report.rss_peak_mb = max(report.rss_peak_mb or 0.0, value)
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 0.5)
-        except TimeoutError:
-            pass
 
 
 def run_load(

@@ -121,7 +121,7 @@ class OutputPolicyForm(forms.ModelForm):
 
     class Meta:
         model = OutputPolicy
-        fields = "__all__"
+        fields = "__all__"  # noqa: DJ007 (the admin's fieldsets choose and order them)
 
     def clean(self):
         cleaned = super().clean()

@@ -198,6 +198,18 @@ class OutputPolicy(models.Model):
     def __str__(self):
         return f"{self.name} ({self.slug} v{self.version})"
 
+    def save(self, *args, **kwargs):
+        if self.is_default:
+            # One default at a time: the new one takes over (the old one's answers do not change).
+            OutputPolicy.objects.filter(is_default=True).exclude(pk=self.pk).update(
+                is_default=False
+            )
+        if self.pk is not None:
+            previous = OutputPolicy.objects.filter(pk=self.pk).first()
+            if previous is not None and previous.snapshot() != self.snapshot():
+                self.version = previous.version + 1
+        super().save(*args, **kwargs)
+
     @property
     def effective_mode(self) -> str:
         """A schema cannot be checked on text already shown, so a schema turns stream into buffer."""
@@ -235,18 +247,6 @@ class OutputPolicy(models.Model):
             "require_review",
         ]
         return {name: getattr(self, name) for name in fields}
-
-    def save(self, *args, **kwargs):
-        if self.is_default:
-            # One default at a time: the new one takes over (the old one's answers do not change).
-            OutputPolicy.objects.filter(is_default=True).exclude(pk=self.pk).update(
-                is_default=False
-            )
-        if self.pk is not None:
-            previous = OutputPolicy.objects.filter(pk=self.pk).first()
-            if previous is not None and previous.snapshot() != self.snapshot():
-                self.version = previous.version + 1
-        super().save(*args, **kwargs)
 
 
 class PolicyRevision(models.Model):

@@ -144,19 +144,19 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         if not self._authorised():
-            return
+            return None
         if self.path.rstrip("/") == "/v1/models":
             if self.fake.models_status != 200:
                 return self._error(self.fake.models_status, "Internal Server Error", "ServerError")
             return self._json(
                 200, {"object": "list", "data": [{"id": self.fake.model, "object": "model"}]}
             )
-        self._error(404, f"no route {self.path}", "NotFoundError")
+        return self._error(404, f"no route {self.path}", "NotFoundError")
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
         if not self._authorised():
-            return
+            return None
         if self.path.rstrip("/") != "/v1/chat/completions":
             return self._error(404, f"no route {self.path}", "NotFoundError")
         with self.fake._lock:

@@ -98,7 +98,7 @@ class _Tiny(nn.Module):
 
 
 @pytest.mark.parametrize(
-    "seconds, kept", [({"none": 1.0, "gguf": 0.5}, True), ({"none": 1.0, "gguf": 0.95}, False)]
+    ("seconds", "kept"), [({"none": 1.0, "gguf": 0.5}, True), ({"none": 1.0, "gguf": 0.95}, False)]
 )
 def test_auto_keeps_gguf_only_when_its_timed_steps_are_faster(kernels, seconds, kept):
     model = _Tiny()

@@ -1,6 +1,7 @@
 """Managing conversations on the page (real browser, real model): rename, search, export, delete."""
 
 import json
+from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
@@ -43,11 +44,11 @@ def test_rename_search_export_and_delete_a_conversation(page, daphne_server):
     # Export both ways.
     with page.expect_download() as download:
         page.click("#export-md")
-    markdown = open(download.value.path(), encoding="utf-8").read()
+    markdown = Path(download.value.path()).read_text(encoding="utf-8")
     assert markdown.startswith("# Baking notes") and "How is bread baked?" in markdown
     with page.expect_download() as download:
         page.click("#export-json")
-    data = json.load(open(download.value.path(), encoding="utf-8"))
+    data = json.loads(Path(download.value.path()).read_text(encoding="utf-8"))
     assert data["title"] == "Baking notes" and len(data["messages"]) == 2
 
     # Delete, after a confirmation that can be declined.

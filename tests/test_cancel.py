@@ -68,7 +68,7 @@ async def test_another_visitor_cannot_cancel_an_answer_and_it_goes_on(make_clien
 
 @pytest.mark.integration
 @pytest.mark.parametrize(
-    "frame, code",
+    ("frame", "code"),
     [
         ({"message": "7"}, "bad_message"),
         ({"message": 0}, "bad_message"),

@@ -93,7 +93,7 @@ async def test_ping_gets_pong(client):
 
 
 @pytest.mark.parametrize(
-    "raw, code",
+    ("raw", "code"),
     [
         ("not json", "bad_json"),
         ("[1, 2]", "bad_frame"),

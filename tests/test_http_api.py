@@ -154,7 +154,7 @@ async def test_post_api_chat_returns_the_done_event_as_json(visitor):
 @pytest.mark.integration
 @pytest.mark.parametrize("path", ["/api/chat", "/api/chat/stream"])
 @pytest.mark.parametrize(
-    "body, code",
+    ("body", "code"),
     [
         (b"{not json", "bad_json"),
         (b"[1, 2]", "bad_frame"),

@@ -55,7 +55,7 @@ def test_percentile_edges():
     assert latency.percentile([2, 2, 2], 95) == 2.0
     assert latency.percentile(iter([1.5, 2.5]), 50) == 2.0  # any iterable
     for p in (-1, 100.5):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="percentile must be within 0..100"):
             latency.percentile([1, 2], p)
 
 
@@ -74,7 +74,7 @@ def test_percentile_matches_the_standard_librarys_inclusive_quantiles():
 
 
 @pytest.mark.parametrize(
-    "raw, hours",
+    ("raw", "hours"),
     [
         (None, 24),
         ("", 24),

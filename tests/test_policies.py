@@ -39,7 +39,7 @@ def kinds(events):
 @pytest.mark.integration
 @pytest.mark.django_db
 @pytest.mark.parametrize(
-    "fields, field, message",
+    ("fields", "field", "message"),
     [
         ({"json_schema": {"type": "objekt"}}, "json_schema", "not a valid JSON Schema"),
         ({"json_schema": {"required": "answer"}}, "json_schema", "not a valid JSON Schema"),

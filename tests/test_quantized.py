@@ -190,7 +190,7 @@ def _layers(model) -> list[str]:
 
 @pytest.mark.unit
 @pytest.mark.parametrize(
-    "seconds, expected",
+    ("seconds", "expected"),
     [
         ({"none": 1.0, "int4": 0.5, "int8": 0.7}, "int4"),
         ({"none": 1.0, "int4": 0.8, "int8": 0.6}, "int8"),

@@ -89,7 +89,7 @@ async def until_done(ws) -> dict:
 
 async def close_code(ws) -> int:
     """The code the server closed the socket with (after any events still on the way)."""
-    with pytest.raises(ConnectionClosed) as closed:
+    with pytest.raises(ConnectionClosed) as closed:  # noqa: PT012 (read until the close)
         while True:
             await asyncio.wait_for(ws.recv(), 60)
     return closed.value.rcvd.code

@@ -69,7 +69,7 @@ def test_each_event_has_its_wire_shape(event, wire):
 
 def test_a_done_takes_only_a_known_finish_reason():
     assert [reason.value for reason in e.Finish] == list(FINISH_REASONS)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="'sleepy' is not a valid Finish"):
         e.Done("r", 1, "", None, "sleepy", False, {}, None, "chat")
 
 

@@ -286,10 +286,7 @@ class RunningBatch:
         now = time.perf_counter()
         greedy = logits.argmax(dim=-1).tolist()
         for index, row in enumerate(rows):
-            if row.processors:
-                token = row.pick(logits[index : index + 1])
-            else:
-                token = greedy[index]
+            token = row.pick(logits[index : index + 1]) if row.processors else greedy[index]
             row.accept(token, now)
         done = [row for row in rows if row.reason is not None]
         if done:

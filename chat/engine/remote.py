@@ -21,6 +21,7 @@ waiting for the next token returns), which is how vLLM and TGI learn to stop gen
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import json
@@ -429,10 +430,8 @@ class _Stream:
         while not ended.is_set():
             if self.request.cancel.wait(_WATCH_SECONDS):
                 if not ended.is_set():
-                    try:
+                    with contextlib.suppress(OSError):  # already closed
                         sock.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass  # already closed
                 return
 
     def _read(self, response: http.client.HTTPResponse) -> None:

@@ -95,7 +95,7 @@ def _answers_stop(running: list[tuple[int, int | None, str]]) -> None:
 
 
 @receiver(post_delete, sender=Conversation, dispatch_uid="chat-erase-released-answers")
-def _conversation_deleted(sender, instance: Conversation, using: str, **kwargs) -> None:
+def _conversation_deleted(sender, instance: Conversation, using: str, **kwargs) -> None:  # noqa: ARG001 (Django's signature)
     on_commit_once(_sweep_after_commit, using=using)
 
 

@@ -88,5 +88,5 @@ def entry_servable(*, key: str, entry: dict) -> bool:
 
 
 @receiver(post_delete, sender=CachedAnswer, dispatch_uid="chat-evict-deleted-answers")
-def _record_deleted(sender, instance: CachedAnswer, using: str, **kwargs) -> None:
+def _record_deleted(sender, instance: CachedAnswer, using: str, **kwargs) -> None:  # noqa: ARG001 (Django's signature)
     eviction_schedule(key=instance.key, using=using)

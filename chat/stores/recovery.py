@@ -45,5 +45,5 @@ def interrupted_answers_close(*, instance: str | None = None, using: str = "defa
     return count
 
 
-def on_post_migrate(sender, using="default", **kwargs) -> None:
+def on_post_migrate(sender, using="default", **kwargs) -> None:  # noqa: ARG001 (Django's signature)
     interrupted_answers_close(using=using)

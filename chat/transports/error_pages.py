@@ -70,7 +70,7 @@ def permission_denied(request, exception=None):
     return error_response(request, 403, detail)
 
 
-def page_not_found(request, exception=None):
+def page_not_found(request, exception=None):  # noqa: ARG001 (Django's signature)
     """handler404: never echoes the path or the resolver's message."""
     return error_response(request, 404)
 

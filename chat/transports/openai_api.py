@@ -257,7 +257,7 @@ async def chat_completions(request):
 
 
 @csrf_exempt
-async def not_found(request, rest: str = ""):
+async def not_found(request, rest: str = ""):  # noqa: ARG001 (Django's signature)
     """Any other /v1/ path: OpenAI's 404, not an HTML page."""
     return _error_response(
         OpenAIError(

@@ -128,12 +128,12 @@ def conversation_export(request, conversation_id: int):
 
 
 @require_GET
-def metrics(request):
+def metrics(request):  # noqa: ARG001 (Django's signature)
     """Prometheus text format; scrape it, or read the plots in the admin."""
     return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)
 
 
 @require_GET
-def healthz(request):
+def healthz(request):  # noqa: ARG001 (Django's signature)
     ready, report = health()
     return JsonResponse(report, status=200 if ready else 503)

@@ -12,6 +12,7 @@ cancels: the listener logs, backs off and reconnects, and local cancels go on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 from collections.abc import Callable
@@ -115,10 +116,8 @@ class CancelBus:
         task, self._task = self._task, None
         if task is not None and not task.done():
             task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await task
-            except asyncio.CancelledError:
-                pass
 
     async def _listen(self) -> None:
         backoff = self.min_backoff

@@ -205,8 +205,7 @@ class Command(BaseCommand):
             runs = [r for r in runs if r is not None]
             if not runs:
                 return None
-            best = sorted(runs, key=lambda r: r.total_s)[len(runs) // 2]
-            return best
+            return sorted(runs, key=lambda r: r.total_s)[len(runs) // 2]
 
         self.note(f"  bare model.generate, {self.tokens} tokens")
         self.floors[self.tokens] = median_of(

@@ -1,5 +1,6 @@
 """`manage.py jsonpassrate`: how often the json policy's answers validate, with and without help."""
 
+import contextlib
 import statistics
 import time
 
@@ -92,10 +93,8 @@ class Command(BaseCommand):
                 result = backend.generate(request)
                 seconds.append(time.perf_counter() - start)
                 tokens.append(result.new_tokens)
-                try:
+                with contextlib.suppress(ExtractionError):
                     passed += not instance_errors(extract_json(result.text), SCHEMA)
-                except ExtractionError:
-                    pass
             self.stdout.write(
                 f"{name:42} {passed:>3}/{prompts:<3} {statistics.median(seconds):>9.2f} {statistics.median(tokens):>7.0f}"
             )
