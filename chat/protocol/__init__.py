@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from . import inputs
 from .events import Error, Event, Finish, event_fields
@@ -56,7 +57,7 @@ class Ping:
     pass
 
 
-def _request_id(frame: dict) -> str:
+def _request_id(frame: dict[str, Any]) -> str:
     value = frame.get("request_id")
     if not isinstance(value, str) or not value or len(value) > MAX_REQUEST_ID:
         raise ProtocolError(
@@ -78,7 +79,7 @@ _TEXT_CODES = {
 }
 
 
-def _json_object(text: str | bytes) -> dict:
+def _json_object(text: str | bytes) -> dict[str, Any]:
     """The frame's JSON object, through the input edge (chat/protocol/inputs.py): size, depth, text."""
     try:
         frame = inputs.json_parse(text, limit=MAX_FRAME_BYTES)
@@ -125,7 +126,7 @@ def parse_frame(text: str | None, *, max_prompt_chars: int) -> Prompt | Cancel |
     return parse_prompt(frame, request_id=_request_id(frame), max_prompt_chars=max_prompt_chars)
 
 
-def _cancel(frame: dict) -> Cancel:
+def _cancel(frame: dict[str, Any]) -> Cancel:
     if "message" not in frame:
         return Cancel(_request_id(frame))
     # With a message id the request_id is optional: another tab does not know it.
@@ -133,7 +134,7 @@ def _cancel(frame: dict) -> Cancel:
     return Cancel(request_id, message=message_id(frame.get("message"), request_id))
 
 
-def message_id(value, request_id: str | None = None) -> int:
+def message_id(value: Any, request_id: str | None = None) -> int:
     """A message id from a client (the `message` of `accepted`), or ProtocolError."""
     if not isinstance(value, int) or inputs.id_parse(value) is None:
         raise ProtocolError(
@@ -144,7 +145,7 @@ def message_id(value, request_id: str | None = None) -> int:
     return value
 
 
-def parse_prompt(frame: dict, *, request_id: str, max_prompt_chars: int) -> Prompt:
+def parse_prompt(frame: dict[str, Any], *, request_id: str, max_prompt_chars: int) -> Prompt:
     """The fields of a `prompt` frame (also the body of the HTTP API), checked."""
     prompt_text = frame.get("text")
     if not isinstance(prompt_text, str) or not prompt_text.strip():
@@ -181,7 +182,7 @@ def parse_prompt(frame: dict, *, request_id: str, max_prompt_chars: int) -> Prom
     )
 
 
-def parse_continue(frame: dict, *, request_id: str) -> Prompt:
+def parse_continue(frame: dict[str, Any], *, request_id: str) -> Prompt:
     """A `continue` frame: {"type": "continue", "request_id": ..., "message": <answer id>}."""
     answer = message_id(frame.get("message"), request_id)
     return Prompt(request_id=request_id, text="", conversation=None, policy=None, continues=answer)
@@ -262,7 +263,7 @@ def metrics(
     prompt_tokens: int | None,
     retries: int,
     cached_new_tokens: int | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """A `done` event's metrics, in milliseconds from when the server accepted the prompt.
 
     A cached answer generates nothing (new_tokens 0) and says in `cached_new_tokens` how many
@@ -300,7 +301,7 @@ CLOSE_TRY_LATER = 4503
 CLOSE_MESSAGE_TOO_BIG = 1009
 
 
-def error_fields(code: str, message: str, request_id: str | None = None) -> dict:
+def error_fields(code: str, message: str, request_id: str | None = None) -> dict[str, Any]:
     """An `error` event as a JSON body, for the HTTP views that answer one."""
     return event_fields(Error(request_id, code, message))
 

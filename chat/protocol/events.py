@@ -95,11 +95,11 @@ class Done(Event):
     json_value: object  # on the wire: `json`
     finish_reason: Finish
     cached: bool
-    metrics: dict
+    metrics: dict[str, Any]
     reason: str | None
     policy: str
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "finish_reason", Finish(self.finish_reason))
 
 
@@ -130,7 +130,7 @@ class Pong(Event):
 _WIRE_NAMES = {"json_value": "json"}
 
 
-def event_fields(event: Event) -> dict:
+def event_fields(event: Event) -> dict[str, Any]:
     """The event's fields by wire name, in wire order, `type` first."""
     body = {"type": event.type}
     for f in fields(cast(Any, event)):  # every Event subclass is a dataclass

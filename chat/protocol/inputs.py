@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 from itertools import accumulate
+from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
 
@@ -45,7 +46,7 @@ class InputError(ValueError):
         self.value = None
 
 
-def body_read(request, *, limit: int) -> bytes:
+def body_read(request: Any, *, limit: int) -> bytes:
     """An HTTP request's body, or InputError TOO_LARGE past `limit` bytes (or past Django's
     DATA_UPLOAD_MAX_MEMORY_SIZE, which would otherwise be its HTML 400 page)."""
     try:
@@ -77,7 +78,7 @@ def json_depth(raw: bytes) -> int:
     return max(accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0)
 
 
-def json_parse(raw: bytes | str, *, limit: int, max_depth: int = MAX_JSON_DEPTH):
+def json_parse(raw: bytes | str, *, limit: int, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """A request's JSON value, checked: at most `limit` bytes (characters for a str), nested at
     most `max_depth` deep, and every string in it (object keys too) clean text."""
     if len(raw) > limit:
@@ -119,7 +120,7 @@ def text_check(text: str, param: str | None = None) -> str:
     return text
 
 
-def strings_check(value, path: str = "") -> None:
+def strings_check(value: Any, path: str = "") -> None:
     """Every string in a decoded JSON value, keys included, is clean text (InputError otherwise).
     Recursion is bounded by the depth check json_parse made first."""
     if isinstance(value, str):
@@ -138,7 +139,7 @@ def strings_check(value, path: str = "") -> None:
             strings_check(item, where)
 
 
-def id_parse(value) -> int | None:
+def id_parse(value: Any) -> int | None:
     """A database id from a query parameter, a form field or a JSON number, or None.
 
     ASCII digits only: str.isdigit() also takes "²" and "٣", which int() then refuses or
