@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -75,6 +77,7 @@ def kernels(progress: Callable[[str], None] = log.info) -> Any:
             return None
         from torch.utils import cpp_extension
 
+        _put_venv_ninja_on_path()
         directory = build_directory()
         built = any(directory.glob(f"{EXTENSION}*.so"))
         if not built:
@@ -95,6 +98,14 @@ def kernels(progress: Callable[[str], None] = log.info) -> Any:
         if not built:
             progress(f"  kernels compiled in {time.perf_counter() - started:.0f} s")
         return _kernels
+
+
+def _put_venv_ninja_on_path() -> None:
+    """torch's builder runs `ninja` from PATH; the pinned one lives beside this interpreter,
+    which is not on PATH when the venv's python is run without activating the venv."""
+    here = str(Path(sys.executable).parent)
+    if shutil.which("ninja") is None and (Path(here) / "ninja").exists():
+        os.environ["PATH"] = here + os.pathsep + os.environ.get("PATH", "")
 
 
 def failure() -> str | None:
