@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels") / "blockquant.cpp"
 # Bump when the C++ interface changes, so an old build is never imported.
-EXTENSION = "chat_blockquant_v2"
+EXTENSION = "chat_blockquant_v3"
 GROUP = 32
 Q8_0_BLOCK_BYTES = 34  # fp16 d, then 32 int8
 GGML_Q8_0 = 8

@@ -12,6 +12,7 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -122,6 +123,20 @@ void q8_0_row(const float* x, int64_t K, const int8_t* qs, const float* d, float
   finish<R>(acc, nullptr, out, N);
 }
 
+// Calls fn(rows, r) over M activation rows: groups of kRows, then the 1 to 3 left, with `rows` a
+// compile-time count so each group's accumulators stay in registers.
+template <typename Fn>
+inline void row_groups(int64_t M, Fn&& fn) {
+  int64_t r = 0;
+  for (; r + kRows <= M; r += kRows) fn(std::integral_constant<int, kRows>{}, r);
+  switch (M - r) {
+    case 3: fn(std::integral_constant<int, 3>{}, r); break;
+    case 2: fn(std::integral_constant<int, 2>{}, r); break;
+    case 1: fn(std::integral_constant<int, 1>{}, r); break;
+    default: break;
+  }
+}
+
 void check(const torch::Tensor& x, const torch::Tensor& qs, int64_t bytes_per_block) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
               "activations must be a contiguous float32 matrix");
@@ -150,15 +165,10 @@ torch::Tensor q4_1_mm(torch::Tensor x, torch::Tensor qs, torch::Tensor d, torch:
       const uint8_t* q = Q + n * blocks * 16;
       const float* dn = D + n * blocks;
       const float* mn = L + n * blocks;
-      int64_t r = 0;
-      for (; r + kRows <= M; r += kRows)
-        q4_1_row<kRows>(X + r * K, XS + r * blocks, K, q, dn, mn, O + r * N + n, N);
-      switch (M - r) {
-        case 3: q4_1_row<3>(X + r * K, XS + r * blocks, K, q, dn, mn, O + r * N + n, N); break;
-        case 2: q4_1_row<2>(X + r * K, XS + r * blocks, K, q, dn, mn, O + r * N + n, N); break;
-        case 1: q4_1_row<1>(X + r * K, XS + r * blocks, K, q, dn, mn, O + r * N + n, N); break;
-        default: break;
-      }
+      row_groups(M, [&](auto group, int64_t r) {
+        q4_1_row<decltype(group)::value>(X + r * K, XS + r * blocks, K, q, dn, mn, O + r * N + n,
+                                         N);
+      });
     }
   });
   return out;
@@ -177,14 +187,9 @@ torch::Tensor q8_0_mm(torch::Tensor x, torch::Tensor qs, torch::Tensor d) {
     for (int64_t n = n0; n < n1; ++n) {
       const int8_t* q = Q + n * K;
       const float* dn = D + n * blocks;
-      int64_t r = 0;
-      for (; r + kRows <= M; r += kRows) q8_0_row<kRows>(X + r * K, K, q, dn, O + r * N + n, N);
-      switch (M - r) {
-        case 3: q8_0_row<3>(X + r * K, K, q, dn, O + r * N + n, N); break;
-        case 2: q8_0_row<2>(X + r * K, K, q, dn, O + r * N + n, N); break;
-        case 1: q8_0_row<1>(X + r * K, K, q, dn, O + r * N + n, N); break;
-        default: break;
-      }
+      row_groups(M, [&](auto group, int64_t r) {
+        q8_0_row<decltype(group)::value>(X + r * K, K, q, dn, O + r * N + n, N);
+      });
     }
   });
   return out;
@@ -316,15 +321,9 @@ torch::Tensor q4_1_mm_q8(torch::Tensor x, torch::Tensor qs, torch::Tensor d, tor
       const uint8_t* q = Q + n * blocks * 16;
       const float* dn = D + n * blocks;
       const float* mn = L + n * blocks;
-      int64_t r = 0;
-      for (; r + kRows <= M; r += kRows)
-        q4_1_row_q8<kRows>(rows, r, K, q, dn, mn, O + r * N + n, N);
-      switch (M - r) {
-        case 3: q4_1_row_q8<3>(rows, r, K, q, dn, mn, O + r * N + n, N); break;
-        case 2: q4_1_row_q8<2>(rows, r, K, q, dn, mn, O + r * N + n, N); break;
-        case 1: q4_1_row_q8<1>(rows, r, K, q, dn, mn, O + r * N + n, N); break;
-        default: break;
-      }
+      row_groups(M, [&](auto group, int64_t r) {
+        q4_1_row_q8<decltype(group)::value>(rows, r, K, q, dn, mn, O + r * N + n, N);
+      });
     }
   });
   return out;
@@ -342,14 +341,9 @@ torch::Tensor q8_0_mm_q8(torch::Tensor x, torch::Tensor qs, torch::Tensor d) {
     for (int64_t n = n0; n < n1; ++n) {
       const int8_t* q = Q + n * K;
       const float* dn = D + n * blocks;
-      int64_t r = 0;
-      for (; r + kRows <= M; r += kRows) q8_0_row_q8<kRows>(rows, r, K, q, dn, O + r * N + n, N);
-      switch (M - r) {
-        case 3: q8_0_row_q8<3>(rows, r, K, q, dn, O + r * N + n, N); break;
-        case 2: q8_0_row_q8<2>(rows, r, K, q, dn, O + r * N + n, N); break;
-        case 1: q8_0_row_q8<1>(rows, r, K, q, dn, O + r * N + n, N); break;
-        default: break;
-      }
+      row_groups(M, [&](auto group, int64_t r) {
+        q8_0_row_q8<decltype(group)::value>(rows, r, K, q, dn, O + r * N + n, N);
+      });
     }
   });
   return out;
