@@ -171,3 +171,19 @@ def test_a_stream_in_gguf_mode_runs_through_the_engine(backend, kernels):
     finally:
         quantized.restore(undo)
     assert "".join(chunks).strip()
+
+
+def test_the_files_blocks_are_kept_beside_the_model_and_read_back_the_same(
+    backend, kernels, monkeypatch
+):
+    first = quantized.gguf_block_layers(bundled_gguf_path(), backend.model)
+    cache = quantized._block_cache_path(bundled_gguf_path(), backend.model)
+    assert cache is not None and cache.exists()
+    monkeypatch.setattr(
+        quantized, "_read_gguf_block_layers", lambda *a: pytest.fail("read the GGUF again")
+    )
+    again = quantized.gguf_block_layers(bundled_gguf_path(), backend.model)
+    assert again.keys() == first.keys()
+    for name, layer in first.items():
+        assert (again[name].kind, again[name].in_features) == (layer.kind, layer.in_features)
+        assert torch.equal(again[name].weight_float(), layer.weight_float())

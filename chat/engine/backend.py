@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, StopStringCriteria
 
 from . import quantized, weight_major
@@ -136,16 +137,17 @@ class LocalBackend(SteppedBackend):
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).to(device).eval()
         backend = cls(model, tokenizer, config, model_id=folder.name, fingerprint=fingerprint)
-        if device == "cpu" and config.weight_major != "off" and config.quant in ("auto", "none"):
+        # Weights first: a block mode leaves no float linear for weight-major to time, which
+        # saves seconds of start-up; the float model keeps weight-major's choice as before.
+        quant_line = quantized.choose(
+            model, config.quant, backend.time_quant_steps, gguf_path=gguf, progress=progress
+        )
+        float_linears = any(type(module) is nn.Linear for module in model.modules())
+        if device == "cpu" and config.weight_major != "off" and float_linears:
             progress(
                 "  " + weight_major.choose(model, backend.time_decode_step, config.weight_major)
             )
-        progress(
-            "  "
-            + quantized.choose(
-                model, config.quant, backend.time_quant_steps, gguf_path=gguf, progress=progress
-            )
-        )
+        progress("  " + quant_line)
         # The timing runs above stored KV of weights that may since have been replaced.
         backend.prefix_store.clear()
         progress(f"  model ready in {time.perf_counter() - started:.1f} s")

@@ -19,6 +19,7 @@ candidate at load and keeps the fastest whose quality was measured acceptable
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -227,6 +228,58 @@ def quantize_blocks(
 
 
 def gguf_block_layers(gguf_path: str | Path, model: nn.Module) -> dict[str, nn.Module]:
+    """BlockQuantLinears holding the GGUF file's bytes as stored, by module name (see
+    `_read_gguf_block_layers`), kept in the model folder after the first read.
+
+    gguf's reader parses the whole file's metadata (the tokenizer's 100,000 strings) in Python,
+    seconds at every start; the kept copy loads in a fraction of one. Its name carries the GGUF
+    file's and the folder's weights' sizes and times, so a changed file is read afresh.
+    """
+    cache = _block_cache_path(gguf_path, model)
+    if cache is not None and cache.exists():
+        try:
+            saved = torch.load(cache, weights_only=True)
+            return {
+                name: blockquant.BlockQuantLinear(
+                    part["kind"], part["in"], part["out"], part["qs"], part["d"], part["m"]
+                )
+                for name, part in saved.items()
+            }
+        except Exception as error:  # a torn or foreign file: read the GGUF again
+            log.info("re-reading the GGUF blocks: %s unreadable (%s)", cache, error)
+    layers = _read_gguf_block_layers(gguf_path, model)
+    if cache is not None and layers:
+        parts = {
+            name: {
+                "kind": layer.kind,
+                "in": layer.in_features,
+                "out": layer.out_features,
+                "qs": layer.qs,
+                "d": layer.d,
+                "m": layer.m,
+            }
+            for name, layer in layers.items()
+        }
+        partial = cache.with_suffix(".partial")
+        try:
+            torch.save(parts, partial)
+            partial.replace(cache)
+        except OSError as error:
+            log.info("GGUF blocks not kept (%s): read again at the next start", error)
+    return layers
+
+
+def _block_cache_path(gguf_path: str | Path, model: nn.Module) -> Path | None:
+    folder = Path(str(getattr(model.config, "_name_or_path", "")))
+    if not folder.is_dir():
+        return None
+    identity = [Path(gguf_path)] + sorted(folder.glob("*.safetensors"))
+    stamp = "|".join(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in identity)
+    digest = hashlib.sha256(stamp.encode()).hexdigest()[:16]
+    return folder / f"gguf-blocks-{digest}.pt"
+
+
+def _read_gguf_block_layers(gguf_path: str | Path, model: nn.Module) -> dict[str, nn.Module]:
     """BlockQuantLinears holding the GGUF file's bytes as stored, by module name.
 
     Q4_1 projections of a Llama-architecture file (rows of q/k un-permuted), and the Q8_0 token
