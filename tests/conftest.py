@@ -77,10 +77,12 @@ def model_guard():
 
 # Tests keep their cached answers apart from anything else on the machine's Redis,
 # and start every test with an empty cache so an earlier answer is never served.
-# TEST_REDIS_DB moves them (to db N and N-1), so two suites can run side by side.
+# TEST_REDIS_DB moves them (to db N and N-1), and TEST_REDIS_ADDR to another server, so two
+# suites can run side by side.
 _TEST_REDIS_DB = int(os.environ.get("TEST_REDIS_DB", "15"))
-TEST_CACHE_URL = f"redis://127.0.0.1:6379/{_TEST_REDIS_DB}"
-LIVE_CACHE_URL = f"redis://127.0.0.1:6379/{_TEST_REDIS_DB - 1}"
+_TEST_REDIS_ADDR = os.environ.get("TEST_REDIS_ADDR", "127.0.0.1:6379")
+TEST_CACHE_URL = f"redis://{_TEST_REDIS_ADDR}/{_TEST_REDIS_DB}"
+LIVE_CACHE_URL = f"redis://{_TEST_REDIS_ADDR}/{_TEST_REDIS_DB - 1}"
 
 
 @pytest.fixture(autouse=True)
