@@ -20,6 +20,7 @@ MODEL_FIXTURES = {
     "client",
     "make_client",
     "daphne_server",
+    "live_v1",
     "peer",
 }
 BROWSER_FIXTURES = {"browser", "page"}
