@@ -251,7 +251,7 @@ def attempt(ask: Callable[[Endpoint, str], Person], endpoint: Endpoint, text: st
         parsed = ask(endpoint, text)
         error = None
     except Exception as exc:  # a library's give-up comes in many types; the table counts them all
-        parsed, error = None, f"{type(exc).__name__}: {str(exc)[:200]}"
+        parsed, error = None, f"{type(exc).__name__}: {' '.join(str(exc).split())[:240]}"
     return Outcome(parsed, endpoint.requests, time.perf_counter() - started, error)
 
 

@@ -1,5 +1,5 @@
 """The product's settings plus the measurement tools (`bench`): benchmark, loadtest, streamtiming,
-jsonpassrate, dtypecheck. Used by `make benchmark`, `make loadtest` and the test suite; a deployment does not
+jsonpassrate, dtypecheck, clientpassrate. Used by `make benchmark`, `make loadtest` and the test suite; a deployment does not
 need it."""
 
 from .settings import *  # noqa: F403
