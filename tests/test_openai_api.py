@@ -151,6 +151,31 @@ def test_a_json_schema_answer_validates_and_arrives_whole(daphne_server, keys, s
     jsonschema.validate(json.loads(content), ANSWER_SCHEMA)
 
 
+@pytest.mark.parametrize(
+    "response_format",
+    [
+        {"type": "json_object"},
+        {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER_SCHEMA}},
+    ],
+    ids=["json_object", "json_schema_not_strict"],
+)
+def test_json_object_and_a_non_strict_schema_give_valid_json(daphne_server, keys, response_format):
+    """Without `strict` (instructor's JSON modes) the answer is still decoded under the schema:
+    valid JSON, a JSON object for json_object, valid for the schema for json_schema."""
+    answer = client(daphne_server, keys["carol"]).chat.completions.create(
+        model="smollm2",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        response_format=response_format,
+        max_tokens=40,
+    )
+    value = json.loads(answer.choices[0].message.content)
+    assert isinstance(value, dict)
+    schema = response_format.get("json_schema", {}).get("schema")
+    if schema:
+        jsonschema.validate(value, schema)
+    assert stored(daphne_server, answer.id)["retries"] == 0  # valid by construction
+
+
 def test_closing_the_stream_cancels_the_model(daphne_server, keys):
     """The client reads a few deltas and closes the stream: the answer is stored as cancelled,
     long before its token limit."""

@@ -95,13 +95,45 @@ def test_an_override_adds_stops_caps_tokens_buffers_for_a_schema_and_is_recorded
     assert PolicyOverride().apply(policy) is policy
     schema = {"type": "object"}
     changed = PolicyOverride(
-        schema=schema, strict=True, stop_strings=(",",), max_new_tokens=10**6, temperature=0.3
+        schema=schema, stop_strings=(",",), max_new_tokens=10**6, temperature=0.3
     ).apply(policy)
     assert changed.mode == "buffer" and changed.schema == schema and changed.constrained
     assert changed.stop_strings == ("\nUser:", ",") and changed.max_new_tokens == 64
     assert changed.system_prompt.startswith("Hi.") and '{"type":"object"}' in changed.system_prompt
     assert changed.overrides["max_new_tokens"] == 64 and changed.temperature == 0.3
     assert (changed.slug, changed.version) == (policy.slug, policy.version)
+
+
+def test_a_policys_own_schema_wins_over_the_requests_and_stays_constrained():
+    """A request never loosens a policy: its schema loses to the policy's, and asking for any
+    schema (strict or not, json_object too) turns constrained decoding on, never off."""
+    own = {"type": "object", "required": ["answer"]}
+    policy = ResolvedPolicy(
+        id=1, slug="json", version=1, mode="buffer", schema=own, constrained=False
+    )
+    changed = PolicyOverride(schema={"type": "object"}).apply(policy)
+    assert changed.schema == own and changed.constrained and changed.mode == "buffer"
+    assert '"required":["answer"]' in changed.system_prompt
+    prose = ResolvedPolicy(id=2, slug="chat", version=1, mode="stream")
+    asked = PolicyOverride(schema={"type": "object"}).apply(prose)
+    assert asked.schema == {"type": "object"} and asked.constrained
+
+
+@pytest.mark.parametrize(
+    "response_format",
+    [
+        {"type": "json_object"},
+        {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}},
+        {
+            "type": "json_schema",
+            "json_schema": {"name": "a", "schema": {"type": "object"}, "strict": False},
+        },
+    ],
+)
+def test_json_object_and_a_non_strict_schema_are_constrained(response_format):
+    messages = [{"role": "user", "content": "Hi"}]
+    chat = parse({"model": "smollm2", "messages": messages, "response_format": response_format})
+    assert chat.override.schema == {"type": "object"}
 
 
 def test_a_conversation_past_the_character_limit_is_refused():

@@ -213,7 +213,7 @@ async def test_a_json_schema_answer_is_held_validated_reasked_and_sent_as_one_de
     assert contents == ['{"answer": "Paris"}']
     assert len(backend.requests) == 2  # re-asked once
     assert "JSON Schema" in backend.requests[0].messages[0]["content"]  # the schema was asked for
-    assert backend.requests[0].json_schema is None  # not strict: validated, not constrained
+    assert backend.requests[0].json_schema == ANSWER_SCHEMA  # strict or not, a schema binds
 
 
 async def test_a_json_schema_answer_that_stays_invalid_is_a_refusal(scripted, alice):

@@ -274,6 +274,12 @@ class LocalBackend(SteppedBackend):
             constrained = logits_processor(
                 self.tokenizer, self.model.config.vocab_size, request.json_schema
             )
+        elif request.tool_grammar is not None:
+            from .constrained import tool_call_processor
+
+            constrained = tool_call_processor(
+                self.tokenizer, self.model.config.vocab_size, request.tool_grammar
+            )
         row.processors = sampling_processors(row, constrained)
         return row
 

@@ -1,32 +1,82 @@
-"""Schema-constrained decoding: only tokens that keep the output valid JSON for the schema.
+"""Grammar-constrained decoding: only tokens that keep the output valid for a JSON Schema, or
+tool calls in the `<tool_call>` format (Qwen's and Hermes's; chat/policy/tool_calls.py writes
+and reads it) with arguments valid for their function's parameters.
 
 Uses xgrammar's transformers logits processor. A small model rarely writes clean JSON
-unaided (`manage.py jsonpassrate` measures it; docs/engine.md), so a policy may ask for this.
+unaided (`manage.py jsonpassrate` measures it; docs/engine.md), so a schema always binds.
+A schema xgrammar cannot compile is not constrained (logged once): the turn's validation and
+re-asks still hold the answer to it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
+log = logging.getLogger(__name__)
+
 _lock = threading.Lock()
-_compiled: dict[str, Any] = {}  # xgrammar's objects (its types are skipped: mypy.ini)
+_compiled: dict[str, Any] = {}  # xgrammar's objects (its types are skipped: mypy.ini); None: failed
 _compilers: dict[int, Any] = {}
 
 
-def logits_processor(tokenizer: Any, vocab_size: int, schema: dict[str, Any]) -> Any:
-    """A fresh per-request processor (it keeps matcher state) for a grammar compiled once per schema."""
+def _compiler(tokenizer: Any, vocab_size: int) -> Any:
     import xgrammar as xgr
+
+    compiler = _compilers.get(id(tokenizer))
+    if compiler is None:
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+        compiler = _compilers[id(tokenizer)] = xgr.GrammarCompiler(info)
+    return compiler
+
+
+def _processor(key: str, tokenizer: Any, vocab_size: int, compile: Callable[[Any], Any]) -> Any:
+    """A fresh per-request processor (it keeps matcher state) for a grammar compiled once per
+    key, or None when the grammar cannot be compiled."""
     from xgrammar.contrib.hf import LogitsProcessor
 
-    key = json.dumps(schema, sort_keys=True)
     with _lock:
-        compiler = _compilers.get(id(tokenizer))
-        if compiler is None:
-            info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
-            compiler = _compilers[id(tokenizer)] = xgr.GrammarCompiler(info)
         if key not in _compiled:
-            _compiled[key] = compiler.compile_json_schema(schema, any_whitespace=False)
+            try:
+                _compiled[key] = compile(_compiler(tokenizer, vocab_size))
+            except Exception as exc:  # xgrammar raises plain RuntimeErrors for what it lacks
+                log.warning("decoding not constrained: xgrammar cannot compile %s: %s", key, exc)
+                _compiled[key] = None
         grammar = _compiled[key]
-    return LogitsProcessor(grammar)
+    return None if grammar is None else LogitsProcessor(grammar)
+
+
+def logits_processor(tokenizer: Any, vocab_size: int, schema: dict[str, Any]) -> Any:
+    """A processor for JSON valid for `schema`, or None if xgrammar cannot express it."""
+    key = "schema:" + json.dumps(schema, sort_keys=True)
+    return _processor(
+        key,
+        tokenizer,
+        vocab_size,
+        lambda compiler: compiler.compile_json_schema(schema, any_whitespace=False),
+    )
+
+
+def tool_call_processor(tokenizer: Any, vocab_size: int, spec: dict[str, Any]) -> Any:
+    """A processor for `spec` (GenerationRequest.tool_grammar: OpenAI's `tools`, `tool_choice`
+    and `parallel_tool_calls`), or None. xgrammar's Qwen-3 structural tag is that format: under
+    "auto" free text until `<tool_call>`, then a call of a listed function; under "required" or
+    a named function only calls."""
+
+    def compile(compiler: Any) -> Any:
+        import xgrammar as xgr
+
+        tag = xgr.get_model_structural_tag(
+            "qwen_3",
+            tools=spec["tools"],
+            tool_choice=spec["tool_choice"],
+            reasoning="disabled",
+            parallel_tool_calls=spec["parallel_tool_calls"],
+        )
+        return compiler.compile_structural_tag(tag)
+
+    key = "tools:" + json.dumps(spec, sort_keys=True)
+    return _processor(key, tokenizer, vocab_size, compile)

@@ -88,6 +88,10 @@ class GenerationRequest:
         no_repeat_ngram_size: never repeat an n-gram of the answer this long (0 is off).
         frequency_penalty, presence_penalty: OpenAI's, over the answer so far (0 is off).
         json_schema: constrain decoding so the output is JSON valid for this schema.
+        tool_grammar: constrain decoding to prose or tool calls (engine/constrained.py):
+            {"tools": OpenAI's function tools, "tool_choice": "auto", "required" or
+            {"type": "function", "function": {"name": ...}}, "parallel_tool_calls": bool}.
+            A remote backend does not constrain to it; the turn validates the calls.
         min_new_tokens: suppress eos until this many tokens (benchmarks use it for fixed lengths).
         cancel: set it from any thread to stop after at most one more decode step.
         messages: the chat as role/content dicts; a remote backend sends these instead of input_ids.
@@ -104,6 +108,7 @@ class GenerationRequest:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     json_schema: dict[str, Any] | None = None
+    tool_grammar: dict[str, Any] | None = None
     min_new_tokens: int = 0
     cancel: threading.Event = field(default_factory=threading.Event)
     label: str = ""

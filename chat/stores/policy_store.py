@@ -68,8 +68,10 @@ class PolicyOverride:
 
     Args:
         system_prompt: replaces the policy's system prompt.
-        schema: the answer must be JSON valid for it: the turn buffers, validates and re-asks.
-        strict: also constrain decoding to `schema` (OpenAI's `strict: true`).
+        schema: the answer must be JSON valid for it: decoding is constrained to it (on the
+            local engine; a remote server gets it as `response_format`), and the turn buffers,
+            validates and re-asks. A policy with its own schema keeps it: the policy's schema
+            wins (a request never loosens what staff configured), and is then constrained too.
         stop_strings: added to the policy's own.
         max_new_tokens: capped by CHAT_MAX_NEW_TOKENS_CAP.
         temperature, top_p: replace the policy's.
@@ -79,7 +81,6 @@ class PolicyOverride:
 
     system_prompt: str | None = None
     schema: dict | None = None
-    strict: bool = False
     stop_strings: tuple[str, ...] = ()
     max_new_tokens: int | None = None
     temperature: float | None = None
@@ -90,12 +91,15 @@ class PolicyOverride:
         changes: dict = {}
         system_prompt = policy.system_prompt if self.system_prompt is None else self.system_prompt
         if self.schema is not None:
+            schema = policy.schema if policy.schema is not None else self.schema
             # A small model needs the schema in its instructions, not only in the re-ask.
             instruction = "Reply only with JSON that matches this JSON Schema: " + json.dumps(
-                self.schema, separators=(",", ":")
+                schema, separators=(",", ":")
             )
             system_prompt = f"{system_prompt}\n\n{instruction}" if system_prompt else instruction
-            changes.update(mode="buffer", schema=self.schema, constrained=self.strict)
+            # Strict or not, a requested schema binds: a grammar makes the answer valid by
+            # construction, and validation and re-asks stay for what it cannot express.
+            changes.update(mode="buffer", schema=schema, constrained=True)
         if system_prompt != policy.system_prompt:
             changes["system_prompt"] = system_prompt
         stops = tuple(dict.fromkeys(policy.stop_strings + self.stop_strings))

@@ -434,13 +434,12 @@ def parse_chat_request(body: bytes, *, model_name: str, max_prompt_chars: int) -
         for m in request.messages
         if m.role in ("user", "assistant")
     ]
-    schema, strict = _response_format(request.response_format)
+    schema = _response_format(request.response_format)
     stop = request.stop
     max_tokens = [t for t in (request.max_completion_tokens, request.max_tokens) if t is not None]
     override = PolicyOverride(
         system_prompt="\n\n".join(system) if system else None,
         schema=schema,
-        strict=strict,
         stop_strings=() if stop is None else (stop,) if isinstance(stop, str) else tuple(stop),
         max_new_tokens=min(max_tokens) if max_tokens else None,
         temperature=None if request.temperature is None else float(request.temperature),
@@ -460,15 +459,16 @@ def parse_chat_request(body: bytes, *, model_name: str, max_prompt_chars: int) -
     )
 
 
-def _response_format(response_format: ResponseFormat | None) -> tuple[dict | None, bool]:
-    """(schema or None, strict) from a checked `response_format`."""
+def _response_format(response_format: ResponseFormat | None) -> dict | None:
+    """The schema a checked `response_format` asks for, or None. `strict` changes nothing:
+    every schema binds (PolicyOverride)."""
     if response_format is None or response_format.type == "text":
-        return None, False
+        return None
     if response_format.type == "json_object":
-        return JSON_OBJECT_SCHEMA, False
+        return JSON_OBJECT_SCHEMA
     spec = response_format.json_schema
     assert spec is not None  # a json_schema format without one was refused by _valid_schema
-    return spec.schema_, bool(spec.strict)
+    return spec.schema_
 
 
 _FIELD_NAMES = {
