@@ -314,7 +314,7 @@ async def test_models_lists_the_default_and_each_policy(scripted, alice):
         (ask(model="gpt-4"), 404, "model"),
         (ask(model="smollm2:nope"), 404, "model"),
         (ask(n=2), 400, "n"),
-        (ask(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
+        (ask(functions=[{"name": "f"}]), 400, "functions"),  # the legacy form of tools
         (ask(logprobs=True), 400, "logprobs"),
         (ask(max_tokens=0), 400, "max_tokens"),
         (ask(temperature=3), 400, "temperature"),
@@ -325,7 +325,11 @@ async def test_models_lists_the_default_and_each_policy(scripted, alice):
             400,
             "messages",
         ),
-        ({"model": "smollm2", "messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0]"),
+        (
+            {"model": "smollm2", "messages": [{"role": "tool", "content": "x"}]},
+            400,
+            "messages[0].tool_call_id",
+        ),
     ],
 )
 async def test_unsupported_or_bad_parameters_get_an_openai_shaped_error(

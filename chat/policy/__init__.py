@@ -21,6 +21,7 @@ from .gate import (
     Outcome,
     Retract,
     StreamGate,
+    ToolCallGate,
     gate_for,
 )
 from .moderation import (
@@ -35,6 +36,7 @@ from .moderation import (
     moderate,
 )
 from .retry import reask_message
+from .tool_calls import ToolCall, ToolSpec, reask_tool_message
 from .validation import instance_errors, json_path, schema_errors
 
 __all__ = [
@@ -56,6 +58,9 @@ __all__ = [
     "RepetitionHook",
     "Retract",
     "StreamGate",
+    "ToolCall",
+    "ToolCallGate",
+    "ToolSpec",
     "Verdict",
     "extract_json",
     "gate_for",
@@ -64,5 +69,6 @@ __all__ = [
     "load_hook",
     "moderate",
     "reask_message",
+    "reask_tool_message",
     "schema_errors",
 ]

@@ -9,6 +9,7 @@ from typing import Any
 from .extraction import ExtractionError, extract_json
 from .moderation import ModerationHook, Verdict, moderate
 from .structure import scan
+from .tool_calls import ToolSpec, judge_calls
 from .validation import instance_errors
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "StreamGate",
     "BufferGate",
     "AutoGate",
+    "ToolCallGate",
     "gate_for",
     "MODES",
 ]
@@ -243,6 +245,32 @@ class BufferGate(_StructuredGate):
         return [], self._structured(self._text, self._schema)
 
 
+class ToolCallGate(BufferGate):
+    """Holds the answer, then judges its tool calls (chat/policy/tool_calls.py): an answer with
+    calls has them as its JSON value, `{"tool_calls": [{"name", "arguments"}, ...]}`; prose
+    (allowed under tool_choice "auto") has none."""
+
+    hold_reason = "holding the answer until its tool calls are checked"
+
+    def __init__(
+        self,
+        hooks: Iterable[ModerationHook],
+        tools: ToolSpec,
+        *,
+        window_chars: int = 64,
+        shown: str = "",
+    ) -> None:
+        super().__init__(hooks, None, window_chars=window_chars, shown=shown)
+        self._tools = tools
+
+    def _judge(self) -> tuple[list[Action], Outcome]:
+        judged = judge_calls(self._text, self._tools)
+        if judged.error:
+            return [], Outcome("invalid", self._text, None, judged.error, self._text)
+        value = {"tool_calls": [c.as_dict() for c in judged.calls]} if judged.calls else None
+        return [], Outcome("ok", self._text, value, "", self._text)
+
+
 class AutoGate(_StructuredGate):
     """Streams prose; from a JSON fence or a leading { / [ on, holds and validates the rest."""
 
@@ -290,9 +318,13 @@ def gate_for(
     schema: object | None = None,
     window_chars: int = 64,
     shown: str = "",
+    tools: ToolSpec | None = None,
 ) -> Gate:
     """The gate for a policy mode; stream ignores the schema (the caller picks buffer for it).
-    `shown` is the answer so far when the gate judges the rest of a continued answer."""
+    `shown` is the answer so far when the gate judges the rest of a continued answer. With
+    `tools` the answer is held and its calls judged, whatever the mode."""
+    if tools is not None:
+        return ToolCallGate(hooks, tools, window_chars=window_chars, shown=shown)
     if mode == "stream":
         return StreamGate(hooks, window_chars=window_chars, shown=shown)
     if mode == "buffer":

@@ -9,7 +9,7 @@ from jsonschema.exceptions import SchemaError, ValidationError
 from jsonschema.protocols import Validator
 from jsonschema.validators import Draft202012Validator, validator_for
 
-__all__ = ["schema_errors", "instance_errors", "json_path"]
+__all__ = ["schema_errors", "instance_errors", "json_path", "unresolvable_refs"]
 
 # Messages quote the offending value; a rambling answer must not produce a page of error.
 _MAX_MESSAGE = 200
@@ -45,6 +45,35 @@ def schema_errors(schema: object) -> list[str]:
         meta = meta_cls(cls.META_SCHEMA, format_checker=meta_cls.FORMAT_CHECKER)
         found = [_format(error) for error in _sorted(meta.iter_errors(schema))]
         return found or [_format(exc)]
+    return []
+
+
+def unresolvable_refs(schema: object) -> list[str]:
+    """Each `$ref` in `schema` that does not resolve within it (nothing is fetched: a remote
+    reference never resolves), so a schema that cannot be applied is refused up front."""
+    from referencing import Registry, Resource
+    from referencing.exceptions import Unresolvable
+    from referencing.jsonschema import DRAFT202012
+
+    if not isinstance(schema, dict):
+        return []
+    resource = Resource.from_contents(schema, default_specification=DRAFT202012)
+    resolver = Registry().with_resource("", resource).resolver(base_uri="")
+    found = []
+    for ref in _refs(schema):
+        try:
+            resolver.lookup(ref)
+        except Unresolvable:
+            found.append(ref)
+    return found
+
+
+def _refs(value: object) -> list[str]:
+    if isinstance(value, dict):
+        own = [value["$ref"]] if isinstance(value.get("$ref"), str) else []
+        return own + [r for v in value.values() for r in _refs(v)]
+    if isinstance(value, list):
+        return [r for v in value for r in _refs(v)]
     return []
 
 

@@ -45,6 +45,12 @@ ERROR_CODES: dict[str, ErrorCode] = {
         ErrorCode("bad_policy", 400, "policy is not a slug"),
         ErrorCode("bad_message", 400, "message does not name an answer that can be used so"),
         ErrorCode("bad_request", 400, "Django refused the request before the view"),
+        ErrorCode(
+            "bad_tools",
+            400,
+            "tools, tool_choice or a tool message that cannot be served (/v1)",
+            param="tools",
+        ),
         # HTTP only: the page's conversation API (chat/transports/views.py) and the error
         # pages (chat/transports/error_pages.py) for /api and /v1 paths.
         ErrorCode("bad_query", 400, "a ?q= with a NUL"),

@@ -15,7 +15,15 @@ from django.conf import settings
 from ..engine.eos import token_id
 from ..engine.types import PENALTY_LIMITS, penalty_errors
 from ..models import OutputPolicy
-from ..policy import BlocklistHook, HookConfigError, ModerationHook, load_hook, schema_errors
+from ..policy import (
+    BlocklistHook,
+    HookConfigError,
+    ModerationHook,
+    ToolSpec,
+    load_hook,
+    schema_errors,
+)
+from ..policy.tool_calls import tools_instruction
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +35,12 @@ PROSE_REPETITION_PENALTY = 1.1
 
 class UnknownPolicy(LookupError):
     code = "unknown_policy"
+
+
+class ToolsRefused(ValueError):
+    """A request's tools that its policy cannot serve (a policy with its own schema)."""
+
+    code = "bad_tools"
 
 
 @dataclass(frozen=True)
@@ -60,6 +74,9 @@ class ResolvedPolicy:
     snapshot: dict = field(default_factory=dict, compare=False)
     # What one request changed (PolicyOverride.apply); part of the cache key when not empty.
     overrides: dict = field(default_factory=dict, compare=False)
+    # The functions the answer may call (a request's `tools`); the answer is then held and
+    # its calls judged (chat/policy/tool_calls.py).
+    tools: ToolSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +94,9 @@ class PolicyOverride:
         temperature, top_p: replace the policy's.
         penalties: repetition_penalty, frequency_penalty, presence_penalty by name; replace the
             policy's.
+        tools: the functions the answer may call, told in the system prompt; decoding is
+            constrained to prose or calls. A policy with its own schema refuses them
+            (ToolsRefused): its answers are its schema's.
     """
 
     system_prompt: str | None = None
@@ -86,10 +106,20 @@ class PolicyOverride:
     temperature: float | None = None
     top_p: float | None = None
     penalties: dict[str, float] = field(default_factory=dict)
+    tools: ToolSpec | None = None
 
     def apply(self, policy: ResolvedPolicy) -> ResolvedPolicy:
         changes: dict = {}
         system_prompt = policy.system_prompt if self.system_prompt is None else self.system_prompt
+        if self.tools is not None:
+            if policy.schema is not None:
+                raise ToolsRefused(
+                    f"the policy {policy.slug!r} answers only with its own JSON Schema; "
+                    "call tools through a policy without one"
+                )
+            instruction = tools_instruction(self.tools)
+            system_prompt = f"{system_prompt}\n\n{instruction}" if system_prompt else instruction
+            changes.update(mode="buffer", tools=self.tools)
         if self.schema is not None:
             schema = policy.schema if policy.schema is not None else self.schema
             # A small model needs the schema in its instructions, not only in the re-ask.
@@ -118,7 +148,10 @@ class PolicyOverride:
         )
         if not changes:
             return policy
-        recorded = {k: list(v) if isinstance(v, tuple) else v for k, v in changes.items()}
+        recorded = {
+            k: v.as_dict() if isinstance(v, ToolSpec) else list(v) if isinstance(v, tuple) else v
+            for k, v in changes.items()
+        }
         return replace(policy, **changes, overrides=recorded)
 
 

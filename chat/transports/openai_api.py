@@ -41,6 +41,7 @@ from .openai_protocol import (
     model_list,
     model_object,
     parse_chat_request,
+    tool_call_deltas,
     turn_error,
     usage_of,
 )
@@ -149,13 +150,14 @@ class _Reply:
         """The last server-sent events of a stream, after every delta."""
         if self.done is None:
             return [_sse(self.failure().body())]
-        answer = answer_of(self.done, shown=self.shown)
+        answer = answer_of(self.done, shown=self.shown, tools=self.chat.tools is not None)
         delta = {}
         if answer.delta:
             delta["content"] = answer.delta
         if answer.refusal:
             delta["refusal"] = answer.refusal
         events = [self.chunk(delta=delta)] if delta else []
+        events += [self.chunk(delta=d) for d in tool_call_deltas(answer.tool_calls or [])]
         events.append(
             self.chunk(
                 delta={},
@@ -168,7 +170,7 @@ class _Reply:
         return events
 
     def completion(self) -> dict:
-        answer = answer_of(self.done, shown=self.shown)
+        answer = answer_of(self.done, shown=self.shown, tools=self.chat.tools is not None)
         return completion(
             completion_id=self.id,
             created=self.created,

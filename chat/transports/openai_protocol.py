@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, cast
 
@@ -28,7 +29,9 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from ..engine.types import penalty_errors
-from ..policy import schema_errors
+from ..policy import ToolSpec, schema_errors
+from ..policy.tool_calls import EMPTY_PARAMETERS, call_text, parse_calls, result_text
+from ..policy.validation import unresolvable_refs
 from ..protocol import inputs
 from ..protocol.errors import error_code
 from ..stores.policy_store import PolicyOverride
@@ -42,6 +45,12 @@ MAX_STOP_STRINGS = 4  # as OpenAI
 MAX_STOP_CHARS = 100
 MAX_POLICY_SLUG = 50
 JSON_OBJECT_SCHEMA = {"type": "object"}
+# Tools: each function's parameters schema, and all of them together, as compact JSON. Far
+# past what a 135M model's context can hold; a bound on the work of compiling their grammar.
+MAX_TOOLS = 64
+MAX_TOOL_SCHEMA_CHARS = 16 * 1024
+MAX_TOOLS_CHARS = 64 * 1024
+FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 
 # The native (wire protocol) finish reasons as OpenAI's; see `answer_of` for moderated/invalid.
 FINISH_REASON = {
@@ -112,17 +121,26 @@ class _Body(BaseModel):
 
 
 class ChatMessage(_Body):
-    role: Any = None  # checked in `_check`, which knows tools and says which roles there are
+    role: Any = None  # checked in `_check`, which says which roles there are
     content: Any = None  # a string, or a list of text parts (images and audio are refused)
-    tool_calls: Any = None
+    tool_calls: Any = None  # an assistant's: [{"id", "type": "function", "function": {...}}]
+    tool_call_id: Any = None  # a tool result's: the id of the call it answers
     function_call: Any = None
 
     @model_validator(mode="after")
     def _check(self):
-        if self.role in ("tool", "function") or self.tool_calls or self.function_call:
-            raise _unsupported("tools are not supported")
+        if self.role == "function" or self.function_call:
+            raise _unsupported("the legacy function_call is not supported; use tools")
         if self.role not in ROLES:
-            raise _problem("role must be system, developer, user or assistant", field="role")
+            raise _problem("role must be system, developer, user, assistant or tool", field="role")
+        if self.tool_calls is not None:
+            if self.role != "assistant":
+                raise _problem("only an assistant message has tool_calls", field="tool_calls")
+            self._check_tool_calls()
+        if self.role == "tool" and (
+            not isinstance(self.tool_call_id, str) or not self.tool_call_id
+        ):
+            raise _problem("a tool message needs its tool_call_id", field="tool_call_id")
         content = self.content
         if content is not None and not isinstance(content, (str, list)):
             raise _problem("content must be a string or a list of text parts", field="content")
@@ -133,12 +151,50 @@ class ChatMessage(_Body):
                 raise _problem("a text content part needs a string `text`", field="content")
         return self
 
+    def _check_tool_calls(self) -> None:
+        calls = self.tool_calls
+        if not isinstance(calls, list):
+            raise _problem("tool_calls must be a list", field="tool_calls")
+        for call in calls:
+            function = call.get("function") if isinstance(call, dict) else None
+            if (
+                not isinstance(function, dict)
+                or not isinstance(call.get("id"), str)
+                or call.get("type", "function") != "function"
+                or not isinstance(function.get("name"), str)
+                or not isinstance(function.get("arguments", ""), str)
+            ):
+                raise _problem(
+                    'each tool call must be {"id", "type": "function", "function": '
+                    '{"name", "arguments": <JSON string>}}',
+                    field="tool_calls",
+                )
+
     @property
     def text(self) -> str:
         content = self.content
         if isinstance(content, list):
             return "".join(part["text"] for part in content)
         return content or ""
+
+    @property
+    def call_ids(self) -> list[str]:
+        return [call["id"] for call in self.tool_calls or ()]
+
+    def model_text(self) -> str:
+        """What the model reads for this message: a tool result wrapped as one, an assistant's
+        calls written back as it would write them (tool_calls.py's format)."""
+        if self.role == "tool":
+            return result_text(self.text)
+        parts = [self.text] if self.text else []
+        for call in self.tool_calls or ():
+            function = call["function"]
+            try:
+                arguments = json.loads(function.get("arguments") or "{}")
+            except ValueError:
+                arguments = function.get("arguments")
+            parts.append(call_text(function["name"], arguments))
+        return "\n".join(parts)
 
 
 class JsonSchemaFormat(_Body):
@@ -175,10 +231,11 @@ class ChatCompletionRequest(_Body):
     model: Annotated[str, Field(min_length=1)]
     policy: _Slug | None = None  # ours: a policy slug; it wins over the model's suffix
     n: Any = None
-    tools: Any = None
     functions: Any = None
-    tool_choice: Any = None
     function_call: Any = None
+    tools: Any = None  # checked in `_tool_spec`, beside the messages' calls
+    tool_choice: Any = None
+    parallel_tool_calls: StrictBool | None = None
     logprobs: Any = None
     top_logprobs: Any = None
     modalities: Any = None
@@ -220,18 +277,18 @@ class ChatCompletionRequest(_Body):
             raise _unsupported("only n=1 is supported")
         return n
 
-    @field_validator("tools", "functions")
+    @field_validator("functions")
     @classmethod
-    def _no_tools(cls, value):
+    def _no_functions(cls, value):
         if value:
-            raise _unsupported("tools are not supported")
+            raise _unsupported("the legacy functions are not supported; use tools")
         return value
 
-    @field_validator("tool_choice", "function_call")
+    @field_validator("function_call")
     @classmethod
-    def _no_tool_choice(cls, value):
+    def _no_function_call(cls, value):
         if value not in (None, "none"):
-            raise _unsupported("tools are not supported")
+            raise _unsupported("the legacy function_call is not supported; use tool_choice")
         return value
 
     @field_validator("logprobs")
@@ -264,9 +321,13 @@ class ChatCompletionRequest(_Body):
             raise _too_long(
                 f"the messages hold {total} characters; the limit is {MAX_CONVERSATION_CHARS}"
             )
-        turns = [m for m in messages if m.role in ("user", "assistant")]
-        if not turns or turns[-1].role != "user" or not turns[-1].text.strip():
-            raise _problem("the last message must be a non-empty user message")
+        turns = [m for m in messages if m.role in ("user", "assistant", "tool")]
+        if (
+            not turns
+            or turns[-1].role == "assistant"
+            or (turns[-1].role == "user" and not turns[-1].text.strip())
+        ):
+            raise _problem("the last message must be a non-empty user or tool message")
         limit, text = cast(dict, info.context)["max_prompt_chars"], turns[-1].text
         if len(text) > limit:
             raise _too_long(f"the last message is {len(text)} characters; the limit is {limit}")
@@ -303,7 +364,7 @@ class ChatCompletionRequest(_Body):
         return {name: float(value) for name, value in given.items() if value is not None}
 
 
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 # Our own checks' errors: `field` names what lies below the field that raised it (a message's
@@ -335,6 +396,7 @@ class ChatRequest:
     override: PolicyOverride
     stream: bool
     include_usage: bool
+    tools: ToolSpec | None = None  # the functions the answer may call (tool_choice not "none")
 
 
 def input_error(exc: inputs.InputError) -> OpenAIError:
@@ -383,6 +445,7 @@ _FIELD_MESSAGES = {
     "max_tokens": "max_tokens must be a positive integer",
     "temperature": "temperature must be a number in [0, 2]",
     "top_p": "top_p must be a number in (0, 1]",
+    "parallel_tool_calls": "parallel_tool_calls must be a boolean",
     "policy": "policy must be a policy slug",
 }
 
@@ -429,12 +492,18 @@ def parse_chat_request(body: bytes, *, model_name: str, max_prompt_chars: int) -
     except ValidationError as exc:
         raise _validation_error(exc) from None
     system = [m.text for m in request.messages if m.role in ("system", "developer")]
-    turns = [
-        {"role": m.role, "content": m.text}
-        for m in request.messages
-        if m.role in ("user", "assistant")
-    ]
+    turns = _turns(request.messages)
+    tools = _tool_spec(request)
     schema = _response_format(request.response_format)
+    if tools is not None and schema is not None:
+        raise _tool_error("response_format asks for JSON and tools for calls: use one", "tools")
+    limit = max_prompt_chars + MAX_TOOL_RESULT_WRAPPER
+    if len(turns[-1]["content"]) > limit:  # the tool results of one turn, wrapped together
+        raise bad_request(
+            f"the last turn is {len(turns[-1]['content'])} characters; the limit is {limit}",
+            "messages",
+            "context_length_exceeded",
+        )
     stop = request.stop
     max_tokens = [t for t in (request.max_completion_tokens, request.max_tokens) if t is not None]
     override = PolicyOverride(
@@ -445,6 +514,7 @@ def parse_chat_request(body: bytes, *, model_name: str, max_prompt_chars: int) -
         temperature=None if request.temperature is None else float(request.temperature),
         top_p=None if request.top_p is None else float(request.top_p),
         penalties=request.penalties,
+        tools=tools,
     )
     options = request.stream_options
     model = request.model
@@ -456,7 +526,136 @@ def parse_chat_request(body: bytes, *, model_name: str, max_prompt_chars: int) -
         override=override,
         stream=bool(request.stream),
         include_usage=bool(request.stream and options and options.include_usage),
+        tools=tools,
     )
+
+
+# Room for the `<tool_response>` wrappers of the last turn's results beside the prompt limit.
+MAX_TOOL_RESULT_WRAPPER = 1024
+
+
+def _turns(messages: list[ChatMessage]) -> list[dict]:
+    """The user and assistant turns the model reads. Tool results are user turns (the model
+    knows no tool role), joined with the user message beside them, and each must answer a
+    call an earlier assistant message made."""
+    turns: list[dict] = []
+    called: set[str] = set()
+    joins = False  # the last turn holds a tool result: the next user turn goes into it
+    for index, message in enumerate(messages):
+        if message.role in ("system", "developer"):
+            continue
+        if message.role == "tool" and message.tool_call_id not in called:
+            raise _tool_error(
+                f"tool_call_id {message.tool_call_id[:100]!r} answers no earlier tool call",
+                f"messages[{index}].tool_call_id",
+            )
+        called.update(message.call_ids)
+        role = "assistant" if message.role == "assistant" else "user"
+        text = message.model_text()
+        if (
+            turns
+            and role == "user"
+            and turns[-1]["role"] == "user"
+            and (joins or message.role == "tool")
+        ):
+            turns[-1]["content"] += "\n" + text
+            joins = True
+            continue
+        turns.append({"role": role, "content": text})
+        joins = message.role == "tool"
+    return turns
+
+
+def _tool_error(message: str, param: str) -> OpenAIError:
+    known = error_code("bad_tools")
+    return OpenAIError(
+        known.status, message, type=known.openai_type, param=param, code=known.openai
+    )
+
+
+def _tool_spec(request: ChatCompletionRequest) -> ToolSpec | None:
+    """The request's tools as the turn needs them, or None without tools or with tool_choice
+    "none"; a tool the server cannot serve is a 400 naming it."""
+    tools, choice = request.tools, request.tool_choice
+    if tools is None:
+        tools = []
+    if not isinstance(tools, list):
+        raise _tool_error("tools must be a list", "tools")
+    if len(tools) > MAX_TOOLS:
+        raise _tool_error(f"at most {MAX_TOOLS} tools", "tools")
+    if len(json.dumps(tools, separators=(",", ":"))) > MAX_TOOLS_CHARS:
+        raise _tool_error(f"the tools are limited to {MAX_TOOLS_CHARS} characters of JSON", "tools")
+    functions = [_function(tool, f"tools[{i}]") for i, tool in enumerate(tools)]
+    names = [name for name, _, _ in functions]
+    if len(set(names)) != len(names):
+        raise _tool_error("two tools have the same name", "tools")
+    if choice is None:
+        choice = "auto" if functions else "none"
+    if isinstance(choice, dict):
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if choice.get("type") != "function" or not isinstance(name, str):
+            raise _tool_error(
+                'tool_choice must be none, auto, required or {"type": "function", '
+                '"function": {"name": ...}}',
+                "tool_choice",
+            )
+        if name not in names:
+            raise _tool_error(
+                f"tool_choice names {name[:100]!r}, which is not in tools", "tool_choice"
+            )
+        choice = name
+    elif choice not in ("none", "auto", "required"):
+        raise _tool_error(
+            'tool_choice must be none, auto, required or {"type": "function", '
+            '"function": {"name": ...}}',
+            "tool_choice",
+        )
+    elif choice == "required" and not functions:
+        raise _tool_error('tool_choice "required" needs tools', "tool_choice")
+    if choice == "none" or not functions:
+        return None
+    parallel = request.parallel_tool_calls is not False
+    return ToolSpec(functions=tuple(functions), choice=choice, parallel=parallel)
+
+
+def _function(tool: object, param: str) -> tuple[str, str, dict]:
+    """(name, description, parameters) of one checked `tools` entry."""
+    function = tool.get("function") if isinstance(tool, dict) else None
+    if (
+        not isinstance(tool, dict)
+        or tool.get("type") != "function"
+        or not isinstance(function, dict)
+    ):
+        raise _tool_error('a tool must be {"type": "function", "function": {...}}', param)
+    name = function.get("name")
+    if not isinstance(name, str) or not FUNCTION_NAME.fullmatch(name):
+        raise _tool_error(
+            "a function's name must be 1 to 64 letters, digits, _ or -", f"{param}.function.name"
+        )
+    description = function.get("description") or ""
+    if not isinstance(description, str):
+        raise _tool_error("description must be a string", f"{param}.function.description")
+    parameters = function.get("parameters")
+    where = f"{param}.function.parameters"
+    if parameters is None:
+        return name, description, EMPTY_PARAMETERS
+    if not isinstance(parameters, dict):
+        raise _tool_error("parameters must be a JSON Schema object", where)
+    if len(json.dumps(parameters, separators=(",", ":"))) > MAX_TOOL_SCHEMA_CHARS:
+        raise _tool_error(
+            f"a function's parameters are limited to {MAX_TOOL_SCHEMA_CHARS} characters of JSON",
+            where,
+        )
+    problems = schema_errors(parameters)
+    if problems:
+        raise _tool_error(f"not a valid JSON Schema: {problems[0]}", where)
+    if parameters.get("type", "object") != "object":
+        raise _tool_error("parameters must describe a JSON object (type: object)", where)
+    unresolved = unresolvable_refs(parameters)
+    if unresolved:
+        raise _tool_error(f"$ref {unresolved[0][:100]!r} does not resolve within the schema", where)
+    return name, description, parameters
 
 
 def _response_format(response_format: ResponseFormat | None) -> dict | None:
@@ -531,9 +730,10 @@ class Answer:
     refusal: str | None
     finish_reason: str
     native_finish_reason: str
+    tool_calls: list[dict] | None = None  # OpenAI's message.tool_calls
 
 
-def answer_of(done: dict, *, shown: str) -> Answer:
+def answer_of(done: dict, *, shown: str, tools: bool = False) -> Answer:
     """The answer of a `done` event, given the `shown` text its chunks carried.
 
     A structured answer that was held back (nothing shown) is its validated JSON value.
@@ -548,12 +748,52 @@ def answer_of(done: dict, *, shown: str) -> Answer:
     if native == "invalid" and not done["text"]:
         reason = done.get("reason") or "it did not validate"
         return Answer(None, None, f"no valid structured answer: {reason}", finish, native)
+    if tools and isinstance(done["json"], dict) and done["json"].get("tool_calls"):
+        # Checked calls (chat/policy/tool_calls.py); any prose beside them is the content.
+        prose = parse_calls(done["text"])[0] or None
+        return Answer(prose, prose, None, "tool_calls", native, tool_calls(done["json"]))
     if done["json"] is not None and not shown:
         text = json.dumps(done["json"], ensure_ascii=False)
         return Answer(text, text, None, finish, native)
     text = done["text"]
     rest = text[len(shown) :] if text.startswith(shown) else ""
     return Answer(text, rest, None, finish, native)
+
+
+def tool_calls(value: dict) -> list[dict]:
+    """OpenAI's `tool_calls` for a stored answer's calls, each with a fresh `call_` id (a cached
+    answer's calls are new calls)."""
+    return [
+        {
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {
+                "name": call["name"],
+                "arguments": json.dumps(call["arguments"], ensure_ascii=False),
+            },
+        }
+        for call in value["tool_calls"]
+    ]
+
+
+def tool_call_deltas(calls: list[dict]) -> list[dict]:
+    """The deltas that stream `calls` as OpenAI does: each call's index, id and name first,
+    then its arguments."""
+    deltas = []
+    for index, call in enumerate(calls):
+        function = call["function"]
+        head = {"name": function["name"], "arguments": ""}
+        deltas.append(
+            {
+                "tool_calls": [
+                    {"index": index, "id": call["id"], "type": "function", "function": head}
+                ]
+            }
+        )
+        deltas.append(
+            {"tool_calls": [{"index": index, "function": {"arguments": function["arguments"]}}]}
+        )
+    return deltas
 
 
 def completion(
@@ -573,6 +813,7 @@ def completion(
                     "role": "assistant",
                     "content": answer.content,
                     "refusal": answer.refusal,
+                    **({"tool_calls": answer.tool_calls} if answer.tool_calls else {}),
                 },
                 "logprobs": None,
                 "finish_reason": answer.finish_reason,

@@ -69,7 +69,10 @@ def prepare_prompt(owner: Owner, prompt: Prompt, backend: Backend, given: Given)
     except policy_store.UnknownPolicy as exc:
         raise TurnError(exc.code, str(exc)) from None
     if given.override is not None:
-        policy = given.override.apply(policy)
+        try:
+            policy = given.override.apply(policy)
+        except policy_store.ToolsRefused as exc:
+            raise TurnError(exc.code, str(exc)) from None
     conversation = None
     if prompt.conversation is not None:
         conversation = conversations_for(owner).filter(pk=prompt.conversation).first()

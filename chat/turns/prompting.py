@@ -63,6 +63,7 @@ def request_for(
         frequency_penalty=policy.frequency_penalty,
         presence_penalty=policy.presence_penalty,
         json_schema=policy.schema if policy.constrained else None,
+        tool_grammar=policy.tools.grammar() if policy.tools is not None else None,
         label=label,
         messages=messages,
     )
@@ -85,6 +86,8 @@ def turn_cache_key(
         "top_p": request.top_p,
         "json_schema": request.json_schema,
     }
+    if request.tool_grammar is not None:  # only then, so other keys stay as they were
+        params["tool_grammar"] = request.tool_grammar
     # Only when set, so the keys of answers made without penalties stay as they were.
     params.update(
         (name, getattr(request, name))

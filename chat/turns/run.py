@@ -27,7 +27,7 @@ from ..engine.types import (
 )
 from ..infra import metrics as prometheus
 from ..models import Message, OutputPolicy
-from ..policy import Cut, Emit, Hold, Retract, gate_for, reask_message
+from ..policy import Cut, Emit, Hold, Retract, gate_for, reask_message, reask_tool_message
 from ..protocol import Prompt, events, metrics
 from ..protocol.events import Finish
 from ..stores import review, storage
@@ -187,7 +187,11 @@ class TurnRun:
         policy = self.policy
         while True:
             gate = gate_for(
-                policy.mode, hooks=policy.hooks, schema=policy.schema, shown=self.answer_so_far
+                policy.mode,
+                hooks=policy.hooks,
+                schema=policy.schema,
+                shown=self.answer_so_far,
+                tools=policy.tools,
             )
             outcome_event = await self._generate(gate)
             if isinstance(outcome_event, Failed):
@@ -286,7 +290,12 @@ class TurnRun:
         """Queue another attempt with the validation error; False if it cannot fit."""
         messages = self.messages + [
             {"role": "assistant", "content": bad_answer},
-            {"role": "user", "content": reask_message(reason, self.policy.schema)},
+            {
+                "role": "user",
+                "content": reask_tool_message(reason)
+                if self.policy.tools is not None
+                else reask_message(reason, self.policy.schema),
+            },
         ]
         backend = self._backend
         input_ids = backend.encode(messages)
