@@ -282,3 +282,123 @@ def test_the_packages_structured_output_parse_gets_a_validated_object(daphne_ser
         max_tokens=40,
     )
     assert isinstance(parsed.choices[0].message.parsed, Capital)
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+WEATHER_ASKED = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+
+
+def _streamed_message(chunks) -> tuple[str, list[dict], str | None]:
+    """(content, tool calls, finish_reason) assembled from streamed chunks as a client does:
+    a call's index, id and name arrive first, its arguments after."""
+    content, finish = "", None
+    calls: dict[int, dict] = {}
+    for chunk in chunks:
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        content += choice.delta.content or ""
+        for delta in choice.delta.tool_calls or ():
+            call = calls.setdefault(delta.index, {"id": None, "name": None, "arguments": ""})
+            if delta.id:
+                assert call["id"] is None and not call["arguments"]  # id and name come first
+                call["id"], call["name"] = delta.id, delta.function.name
+            call["arguments"] += delta.function.arguments or ""
+        finish = choice.finish_reason or finish
+    return content, [calls[i] for i in sorted(calls)], finish
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_the_package_runs_a_whole_tool_loop(daphne_server, keys, stream):
+    """A forced call with arguments valid for the tool's schema, the tool's result sent back
+    with the call's id, then the model's answer (prose, or a further valid call)."""
+    api = client(daphne_server, keys["alice"])
+    asked = dict(model="smollm2", tools=[WEATHER_TOOL], max_tokens=60, stream=stream)
+    first = api.chat.completions.create(messages=WEATHER_ASKED, tool_choice="required", **asked)
+    if stream:
+        _, calls, finish = _streamed_message(first)
+    else:
+        message = first.choices[0].message
+        finish = first.choices[0].finish_reason
+        assert message.content is None
+        calls = [
+            {"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+            for c in message.tool_calls
+        ]
+    assert finish == "tool_calls" and calls
+    for call in calls:
+        assert call["id"].startswith("call_") and call["name"] == "get_weather"
+        jsonschema.validate(json.loads(call["arguments"]), WEATHER_TOOL["function"]["parameters"])
+    history = WEATHER_ASKED + [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": c["id"],
+                    "type": "function",
+                    "function": {"name": c["name"], "arguments": c["arguments"]},
+                }
+                for c in calls
+            ],
+        },
+        *({"role": "tool", "tool_call_id": c["id"], "content": "sunny, 21 C"} for c in calls),
+    ]
+    final = api.chat.completions.create(messages=history, **asked)
+    if stream:
+        content, again, finish = _streamed_message(final)
+    else:
+        content = final.choices[0].message.content or ""
+        again = [
+            {"name": c.function.name, "arguments": c.function.arguments}
+            for c in final.choices[0].message.tool_calls or ()
+        ]
+        finish = final.choices[0].finish_reason
+    if again:
+        assert finish == "tool_calls"
+        for call in again:
+            json.loads(call["arguments"])
+    else:
+        assert finish in ("stop", "length") and content.strip()
+
+
+def test_a_stored_tool_call_keeps_its_calls(daphne_server, keys):
+    """A tool call is stored as the assistant's answer, its calls as the answer's JSON value."""
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    answer = client(daphne_server, keys["bob"]).chat.completions.create(
+        model="smollm2",
+        messages=WEATHER_ASKED,
+        tools=[WEATHER_TOOL],
+        tool_choice=named,
+        max_tokens=40,
+    )
+    row = stored(daphne_server, answer.id)
+    (call,) = json.loads(row["json_value"])["tool_calls"]
+    assert call["name"] == "get_weather" and row["retries"] == 0
+    assert (
+        json.loads(answer.choices[0].message.tool_calls[0].function.arguments) == call["arguments"]
+    )
+    assert row["metrics"]["new_tokens"] > 0
+
+
+def test_bad_tools_are_400s_the_package_raises(daphne_server, keys):
+    api = client(daphne_server, keys["carol"])
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"$ref": "#/$defs/nowhere"}}}
+    with pytest.raises(openai.BadRequestError) as raised:
+        api.chat.completions.create(model="smollm2", messages=WEATHER_ASKED, tools=[bad])
+    assert raised.value.body["param"] == "tools[0].function.parameters"
+    stray = WEATHER_ASKED + [{"role": "tool", "tool_call_id": "call_nobody", "content": "x"}]
+    with pytest.raises(openai.BadRequestError) as raised:
+        api.chat.completions.create(model="smollm2", messages=stray, tools=[WEATHER_TOOL])
+    assert raised.value.body["param"] == "messages[1].tool_call_id"

@@ -102,6 +102,8 @@ async def test_a_tool_call_is_message_tool_calls_and_is_stored_with_its_calls(sc
     request = backend.requests[0]
     assert request.tool_grammar["tool_choice"] == "auto" and len(request.tool_grammar["tools"]) == 2
     assert "<tools>" in request.messages[0]["content"]  # told in the system prompt
+    shown = request.messages[-2]  # the worked example's call, right before the prompt
+    assert shown["role"] == "assistant" and shown["content"].startswith("<tool_call>")
     stored = await Message.objects.aget(pk=body["message_id"])
     assert stored.json_value == {
         "tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]

@@ -23,7 +23,7 @@ from ..policy import (
     load_hook,
     schema_errors,
 )
-from ..policy.tool_calls import tools_instruction
+from ..policy.tool_calls import TOOL_EXAMPLE, tools_instruction
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,8 @@ class PolicyOverride:
                 )
             instruction = tools_instruction(self.tools)
             system_prompt = f"{system_prompt}\n\n{instruction}" if system_prompt else instruction
-            changes.update(mode="buffer", tools=self.tools)
+            examples = (*policy.examples, TOOL_EXAMPLE)  # the last example shows a call
+            changes.update(mode="buffer", tools=self.tools, examples=examples)
         if self.schema is not None:
             schema = policy.schema if policy.schema is not None else self.schema
             # A small model needs the schema in its instructions, not only in the re-ask.

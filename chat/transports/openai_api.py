@@ -150,7 +150,7 @@ class _Reply:
         """The last server-sent events of a stream, after every delta."""
         if self.done is None:
             return [_sse(self.failure().body())]
-        answer = answer_of(self.done, shown=self.shown, tools=self.chat.tools is not None)
+        answer = answer_of(self.done, shown=self.shown, tools=self.chat.tools)
         delta = {}
         if answer.delta:
             delta["content"] = answer.delta
@@ -170,7 +170,7 @@ class _Reply:
         return events
 
     def completion(self) -> dict:
-        answer = answer_of(self.done, shown=self.shown, tools=self.chat.tools is not None)
+        answer = answer_of(self.done, shown=self.shown, tools=self.chat.tools)
         return completion(
             completion_id=self.id,
             created=self.created,

@@ -733,7 +733,7 @@ class Answer:
     tool_calls: list[dict] | None = None  # OpenAI's message.tool_calls
 
 
-def answer_of(done: dict, *, shown: str, tools: bool = False) -> Answer:
+def answer_of(done: dict, *, shown: str, tools: ToolSpec | None = None) -> Answer:
     """The answer of a `done` event, given the `shown` text its chunks carried.
 
     A structured answer that was held back (nothing shown) is its validated JSON value.
@@ -748,9 +748,10 @@ def answer_of(done: dict, *, shown: str, tools: bool = False) -> Answer:
     if native == "invalid" and not done["text"]:
         reason = done.get("reason") or "it did not validate"
         return Answer(None, None, f"no valid structured answer: {reason}", finish, native)
-    if tools and isinstance(done["json"], dict) and done["json"].get("tool_calls"):
-        # Checked calls (chat/policy/tool_calls.py); any prose beside them is the content.
-        prose = parse_calls(done["text"])[0] or None
+    if tools is not None and isinstance(done["json"], dict) and done["json"].get("tool_calls"):
+        # Checked calls (chat/policy/tool_calls.py). Prose beside them is the content under
+        # "auto"; under "required" or a named tool the answer is its calls alone.
+        prose = None if tools.required else parse_calls(done["text"])[0] or None
         return Answer(prose, prose, None, "tool_calls", native, tool_calls(done["json"]))
     if done["json"] is not None and not shown:
         text = json.dumps(done["json"], ensure_ascii=False)
