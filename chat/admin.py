@@ -152,6 +152,7 @@ class OutputPolicyAdmin(admin.ModelAdmin):
                     "constrained",
                     "moderation_hooks",
                     "blocklist_terms",
+                    "holdback_chars",
                     "failure_action",
                     "fallback_text",
                     "max_retries",

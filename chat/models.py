@@ -136,6 +136,12 @@ class OutputPolicy(models.Model):
     blocklist_terms = models.TextField(
         blank=True, help_text="one term per line; an answer containing one is withdrawn"
     )
+    holdback_chars = models.PositiveIntegerField(
+        default=0,
+        help_text="prose is shown this many characters behind the model and judged by the hooks "
+        "first, so what they catch there is never shown (0: shown as it comes, withdrawn "
+        "after); a personal_data mask holds back at least 80",
+    )
     failure_action = models.CharField(
         max_length=10, choices=FailureAction.choices, default=FailureAction.REJECT
     )
@@ -229,6 +235,7 @@ class OutputPolicy(models.Model):
             "examples",
             "moderation_hooks",
             "blocklist_terms",
+            "holdback_chars",
             "failure_action",
             "fallback_text",
             "max_retries",

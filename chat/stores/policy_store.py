@@ -41,6 +41,7 @@ class ResolvedPolicy:
     constrained: bool = False
     examples: tuple[tuple[str, str], ...] = ()
     hooks: tuple[ModerationHook, ...] = ()
+    holdback_chars: int = 0
     failure_action: str = "reject"
     fallback_text: str = ""
     max_retries: int = 0
@@ -166,6 +167,7 @@ def resolve(policy) -> ResolvedPolicy:
             constrained=policy.constrained and policy.json_schema is not None,
             examples=tuple((e["user"], e["assistant"]) for e in policy.examples or ()),
             hooks=tuple(build_hooks(policy)),
+            holdback_chars=policy.holdback_chars,
             failure_action=policy.failure_action,
             fallback_text=policy.fallback_text,
             max_retries=policy.max_retries,

@@ -187,7 +187,11 @@ class TurnRun:
         policy = self.policy
         while True:
             gate = gate_for(
-                policy.mode, hooks=policy.hooks, schema=policy.schema, shown=self.answer_so_far
+                policy.mode,
+                hooks=policy.hooks,
+                schema=policy.schema,
+                holdback_chars=policy.holdback_chars,
+                shown=self.answer_so_far,
             )
             outcome_event = await self._generate(gate)
             if isinstance(outcome_event, Failed):
