@@ -79,7 +79,7 @@ class Gate:
     """Shared bookkeeping: assembled text, what was shown, windowed moderation, retraction.
 
     With a hold-back window of W characters, text is shown only once hooks have judged it with
-    at least W characters after it, so a match up to W characters long is caught (and masked or
+    at least W characters after it (they run every W/2 characters, at most every window_chars), so a match up to W characters long is caught (and masked or
     vetoed) before any of it is shown. W = 0 shows text as it comes and judges it every
     `window_chars` characters (a veto then withdraws what was shown).
     """
@@ -151,8 +151,10 @@ class Gate:
             return []
         self._text += chunk
         if self._holdback:
-            # Each release is judged first; a chunk that clears nothing new waits.
-            due = len(self._text) - self._holdback > self._cleared
+            # Each release is judged first, in steps of half the window (at most window_chars):
+            # text shows W to 1.5 W characters behind the model, and a slow hook runs less often.
+            step = max(1, min(self._window_chars, self._holdback // 2))
+            due = len(self._text) - self._holdback - self._cleared >= step
         else:
             # Per-window, not per-chunk: chunks can be one character and hooks scan everything.
             due = len(self._text) - self._checked >= self._window_chars

@@ -253,6 +253,7 @@ HOOKS: dict[str, str] = {
     "blocklist": "chat.policy.moderation.BlocklistHook",
     "repetition": "chat.policy.moderation.RepetitionHook",
     "personal_data": "chat.policy.pii.PersonalDataHook",
+    "profanity": "chat.policy.profanity.ProfanityHook",
 }
 
 
