@@ -60,6 +60,8 @@ class ModerationHook(ABC):
     """
 
     min_holdback: int = 0
+    # True for hooks that wait on a service: the turn then calls the gate off the event loop.
+    blocking: bool = False
 
     @abstractmethod
     def check(self, text: str, *, final: bool) -> Verdict:
@@ -254,6 +256,8 @@ HOOKS: dict[str, str] = {
     "repetition": "chat.policy.moderation.RepetitionHook",
     "personal_data": "chat.policy.pii.PersonalDataHook",
     "profanity": "chat.policy.profanity.ProfanityHook",
+    "remote_moderation": "chat.policy.remote_moderation.RemoteModerationHook",
+    "guard": "chat.policy.guard.GuardModelHook",
 }
 
 

@@ -208,7 +208,7 @@ class TurnRun:
                     raw=gate.raw,
                     reason=self.cancel_reason,
                 )
-            actions, outcome = gate.finish()
+            actions, outcome = await self._judging(gate.finish)
             await self._apply(actions)
             verdict = Verdict(outcome.status)
             if verdict is Verdict.OK:
@@ -257,7 +257,7 @@ class TurnRun:
             if isinstance(event, TextChunk):
                 if self.first_token_at is None:
                     self.first_token_at = time.perf_counter()
-                await self._apply(gate.feed(event.text))
+                await self._apply(await self._judging(gate.feed, event.text))
             elif isinstance(event, Queued):
                 await self.turn.emit(
                     events.Queued(self.turn.request_id, queue_position=event.position)
@@ -266,6 +266,13 @@ class TurnRun:
                 self.started_at = self.started_at or event.at
             elif isinstance(event, (Finished, Failed)):
                 return event
+
+    async def _judging(self, call, *args):
+        """Run a gate step; off the event loop when a hook waits on a service (a remote
+        moderation endpoint, a guard model), so other turns keep streaming meanwhile."""
+        if any(hook.blocking for hook in self.policy.hooks):
+            return await asyncio.to_thread(call, *args)
+        return call(*args)
 
     async def _apply(self, actions) -> None:
         turn = self.turn
