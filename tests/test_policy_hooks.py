@@ -171,6 +171,8 @@ def test_a_mask_of_text_already_shown_withdraws_the_answer():
         ("call 020 7946 0958 now", "phone"),
         ("card 4111 1111 1111 1111 ok", "card"),
         ("card 5500-0000-0000-0004 ok", "card"),
+        ("amex 3782 822463 10005 ok", "card"),
+        ("card 4111111111111111 ok", "card"),
         ("iban GB82 WEST 1234 5698 7654 32 ok", "iban"),
         ("iban DE89370400440532013000.", "iban"),
     ],
@@ -192,6 +194,7 @@ def test_personal_data_found(text, kind):
         "Order 12345678 shipped",
         "version 1.2.3.4 and 12:30 to 14:45",
         "ISBN 978-3-16-148410-0",
+        "ISBN 978-1-68-583718-5 passes Luhn but is grouped as an ISBN",
         "user @ example dot com",
     ],
 )

@@ -67,7 +67,17 @@ def _digits(text: str) -> str:
 
 def _card(match: str) -> bool:
     digits = _digits(match)
-    return 13 <= len(digits) <= 19 and luhn_valid(digits)
+    if not (13 <= len(digits) <= 19 and luhn_valid(digits)):
+        return False
+    # Written in groups, a card number is grouped by fours (Amex and Diners: 4-6-5, 4-6-4);
+    # other groupings that pass Luhn by chance are ISBNs and reference numbers.
+    groups = [len(group) for group in re.split(r"[ -]", match)]
+    return (
+        len(groups) == 1
+        or all(size == 4 for size in groups[:-1])
+        and 1 <= groups[-1] <= 4
+        or groups in ([4, 6, 5], [4, 6, 4])
+    )
 
 
 def _phone(match: str) -> bool:
