@@ -147,9 +147,15 @@ class Command(BaseCommand):
                 request, lambda text, marks=marks: marks.append((time.perf_counter(), text))
             )
             runs.append(marks)
+        speeds = [
+            sum(len(text) for _, text in marks) / (marks[-1][0] - marks[0][0])
+            for marks in runs
+            if len(marks) > 1
+        ]
         self.stdout.write(
             f"\nfirst-character delay after the first token ({len(PROMPTS)} answers of up to "
-            f"{tokens} tokens, median; hooks: profanity, blocklist, repetition)"
+            f"{tokens} tokens, median; hooks: profanity, blocklist, repetition; the model "
+            f"streamed {statistics.median(speeds):.0f} characters/s)"
         )
         self.stdout.write(f"{'window':>7} {'delay':>10} {'chunks':>7} {'gate time/answer':>17}")
         for size in sizes:
