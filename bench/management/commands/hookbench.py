@@ -17,6 +17,7 @@ from chat.policy.pii import PersonalDataHook
 from chat.policy.profanity import ProfanityHook
 
 CORPORA = Path(__file__).resolve().parents[2] / "data" / "moderation"
+PROSE = CORPORA.parent / "public_domain.txt"
 # What each hook is for: its catch rate counts the hostile texts of these kinds.
 TARGETS = {
     "personal_data": {"email", "phone", "card", "iban"},
@@ -77,21 +78,17 @@ class Command(BaseCommand):
             "blocklist": BlocklistHook(terms=STARTER_TERMS),
             "repetition": RepetitionHook(),
         }
-        answer = ""
-        for row in benign:
-            if len(answer) >= answer_chars:
-                break
-            answer += row["text"] + " "
-        answer = answer[:answer_chars]
+        # Real prose for the timing (the corpora's templates repeat far more than answers do).
+        answer = PROSE.read_text()[:answer_chars]
         windows = [answer[:end] for end in range(WINDOW, len(answer) + 1, WINDOW)]
         self.stdout.write(
             f"corpora: {len(benign)} benign, {len(hostile)} hostile texts; cost per window: "
-            f"check() on each {WINDOW}-character window of a {len(answer)}-character answer "
-            f"({len(windows)} windows), the whole answer so far each time"
+            f"check() on each {WINDOW}-character window of {len(answer)} characters of "
+            f"{PROSE.name} ({len(windows)} windows), the whole text so far each time"
         )
         self.stdout.write(
             f"{'hook':14} {'false pos.':>11} {'catch':>16} {'all hostile':>12} "
-            f"{'mean/window':>12} {'max/window':>11} {'per text':>9}"
+            f"{'mean/window':>12} {'max/window':>11} {'per text':>9}  (window: best of 5)"
         )
         for name, hook in hooks.items():
             false_pos = sum(fired(hook, row["text"]) for row in benign) / len(benign)
@@ -99,15 +96,14 @@ class Command(BaseCommand):
             caught = sum(fired(hook, row["text"]) for row in aimed)
             everything = sum(fired(hook, row["text"]) for row in hostile) / len(hostile)
             catch = f"{caught / len(aimed):.1%} of {len(aimed)}" if aimed else "-"
-            costs = []
-            for _ in range(3):  # best of three passes, against a shared machine's noise
-                times = []
-                for text in windows:
+            # Each window's best of five, against a shared machine's preemptions.
+            per_window = [float("inf")] * len(windows)
+            for _ in range(5):
+                for index, text in enumerate(windows):
                     start = time.perf_counter()
                     hook.check(text, final=False)
-                    times.append(time.perf_counter() - start)
-                costs.append(times)
-            per_window = min(costs, key=statistics.mean)
+                    elapsed = time.perf_counter() - start
+                    per_window[index] = min(per_window[index], elapsed)
             start = time.perf_counter()
             for row in benign + hostile:
                 hook.check(row["text"], final=True)
