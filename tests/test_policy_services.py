@@ -239,3 +239,50 @@ def test_guard_model_request_is_served_by_the_products_own_v1(daphne_server, mon
     assert verdict.allowed or verdict.reason.startswith(
         ("guard model: unsafe", "guard model unavailable: the guard model answered neither")
     ), verdict.reason
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+async def test_a_turn_with_a_service_hook_is_judged_off_the_event_loop(
+    stub, scripted, application, make_policy
+):
+    """Over the socket: the moderation service flags the answer, which is withdrawn; the
+    service was asked from a worker thread, so the event loop never waited on it."""
+    from asgiref.sync import sync_to_async
+
+    from testing.scripted import Answer
+    from tests.conftest import ChatClient, chunks_text
+
+    stub.reply = moderation_reply({"violence": True})
+    stub.delay_s = 0.2
+    threads = []
+    original = RemoteModerationHook.check
+
+    def spy(self, text, *, final):
+        threads.append(threading.current_thread() is threading.main_thread())
+        return original(self, text, final=final)
+
+    RemoteModerationHook.check = spy  # type: ignore[method-assign]
+    try:
+        await sync_to_async(make_policy)(
+            slug="remote",
+            moderation_hooks=[
+                {"hook": "remote_moderation", "settings": {"url": stub.url, "api_key_env": ""}}
+            ],
+            holdback_chars=16,
+        )
+        answer = "I am going to describe something violent here, in some detail."
+        scripted(Answer(tuple(answer[i : i + 4] for i in range(0, len(answer), 4)), "eos"))
+        chat = await ChatClient(application).connect()
+        try:
+            request_id = await chat.prompt("Tell me something.", policy="remote")
+            events = await chat.receive_until("done", request_id, timeout=60)
+        finally:
+            await chat.close()
+    finally:
+        RemoteModerationHook.check = original  # type: ignore[method-assign]
+    done = events[-1]
+    assert done["finish_reason"] == "moderated" and "violence" in done["reason"]
+    assert "violent" not in chunks_text(events)  # caught inside the window
+    assert threads and not any(threads)
+    assert stub.seen and stub.seen[0]["body"]["input"].startswith("I am going")
