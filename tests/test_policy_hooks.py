@@ -296,3 +296,30 @@ def test_profanity_hook_vetoes_a_sentence_over_the_threshold_and_names_it():
 def test_profanity_settings_errors(config, message):
     with pytest.raises(HookConfigError, match=message):
         load_hook("profanity", config)
+
+
+# --- the shape a settings form is built from ----------------------------------------
+
+FORM_TYPES = (str, int, float, bool, list[str])
+
+
+@pytest.mark.parametrize("name", ["personal_data", "profanity", "remote_moderation", "guard"])
+def test_each_hook_takes_typed_keyword_settings_with_defaults(name):
+    """Keyword-only, each annotated (str, int, float, bool, list[str] or a Literal) and with a
+    default, plus a class docstring: enough to build the hook's settings form."""
+    import inspect
+    import typing
+
+    from chat.policy import HOOKS
+
+    hook = load_hook(name, {})
+    cls = type(hook)
+    assert HOOKS[name].endswith(cls.__name__) and (cls.__doc__ or "").strip()
+    hints = typing.get_type_hints(cls.__init__)
+    parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    assert parameters
+    for parameter in parameters:
+        assert parameter.kind is inspect.Parameter.KEYWORD_ONLY, parameter
+        assert parameter.default is not inspect.Parameter.empty, parameter
+        hint = hints[parameter.name]
+        assert hint in FORM_TYPES or typing.get_origin(hint) is typing.Literal, (parameter, hint)
