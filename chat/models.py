@@ -122,7 +122,8 @@ class OutputPolicy(models.Model):
     moderation_hooks = models.JSONField(
         default=list,
         blank=True,
-        help_text='a list of {"hook": "blocklist" | "repetition" | "dotted.path.Hook", "settings": {...}}',
+        help_text='a list of {"hook": "blocklist" | "repetition" | "personal_data" | "profanity" | '
+        '"remote_moderation" | "guard" | "dotted.path.Hook", "settings": {...}} (docs/policies.md)',
     )
     constrained = models.BooleanField(
         default=False,
