@@ -26,84 +26,45 @@ def link_existing(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("chat", "0009_chat_policy_decoding"),
+        ('chat', '0009_chat_policy_decoding'),
     ]
 
     operations = [
         migrations.CreateModel(
-            name="PendingEviction",
+            name='PendingEviction',
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
-                    ),
-                ),
-                ("key", models.CharField(max_length=64, unique=True)),
-                ("created_at", models.DateTimeField(auto_now_add=True)),
-                ("attempts", models.PositiveIntegerField(default=0)),
-                ("last_attempt_at", models.DateTimeField(blank=True, null=True)),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('key', models.CharField(max_length=64, unique=True)),
+                ('created_at', models.DateTimeField(auto_now_add=True)),
+                ('attempts', models.PositiveIntegerField(default=0)),
+                ('last_attempt_at', models.DateTimeField(blank=True, null=True)),
             ],
             options={
-                "ordering": ["created_at", "id"],
+                'ordering': ['created_at', 'id'],
             },
         ),
         migrations.AddField(
-            model_name="cachedanswer",
-            name="redacted_at",
-            field=models.DateTimeField(
-                blank=True,
-                help_text="when its prompt was erased: an approved answer kept after every conversation that held the prompt was deleted",
-                null=True,
-            ),
+            model_name='cachedanswer',
+            name='redacted_at',
+            field=models.DateTimeField(blank=True, help_text='when its prompt was erased: an approved answer kept after every conversation that held the prompt was deleted', null=True),
         ),
         migrations.AlterField(
-            model_name="conversation",
-            name="api_key",
-            field=models.ForeignKey(
-                blank=True,
-                null=True,
-                on_delete=django.db.models.deletion.RESTRICT,
-                related_name="conversations",
-                to="chat.apikey",
-            ),
+            model_name='conversation',
+            name='api_key',
+            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.RESTRICT, related_name='conversations', to='chat.apikey'),
         ),
         migrations.CreateModel(
-            name="CachedAnswerSource",
+            name='CachedAnswerSource',
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
-                    ),
-                ),
-                ("created_at", models.DateTimeField(auto_now_add=True)),
-                (
-                    "cached_answer",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="sources",
-                        to="chat.cachedanswer",
-                    ),
-                ),
-                (
-                    "conversation",
-                    models.ForeignKey(
-                        blank=True,
-                        null=True,
-                        on_delete=django.db.models.deletion.SET_NULL,
-                        related_name="cached_answer_sources",
-                        to="chat.conversation",
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('created_at', models.DateTimeField(auto_now_add=True)),
+                ('cached_answer', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='sources', to='chat.cachedanswer')),
+                ('conversation', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='cached_answer_sources', to='chat.conversation')),
             ],
             options={
-                "constraints": [
-                    models.UniqueConstraint(
-                        fields=("cached_answer", "conversation"), name="one_source_per_conversation"
-                    )
-                ],
+                'constraints': [models.UniqueConstraint(fields=('cached_answer', 'conversation'), name='one_source_per_conversation')],
             },
         ),
         migrations.RunPython(link_existing, migrations.RunPython.noop),
