@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-unit lint setup benchmark loadtest clean
+.PHONY: run test test-unit lint setup benchmark loadtest llama-peer clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -63,6 +63,14 @@ test-unit: $(STAMP)
 benchmark: $(STAMP)
 	$(PY) -m chat.engine.prepare
 	$(PY) manage.py benchmark --settings project.settings_bench $(BENCH_ARGS)
+
+# llama.cpp's server as a measuring peer for `make benchmark` (docs/benchmarks.md): built from
+# PyPI's source package (about 10 minutes on 2 cores) into a venv of its own under var/, so its
+# server's dependencies never meet the product's. Not part of `make test`.
+LLAMA_VENV := var/llama-venv
+llama-peer:
+	test -x $(LLAMA_VENV)/bin/python || $(PYTHON) -m venv $(LLAMA_VENV)
+	$(LLAMA_VENV)/bin/python -m pip install --quiet 'llama-cpp-python[server]==0.3.36'
 
 # 200 WebSockets for 60 s against a daphne of its own, then every stored answer checked.
 loadtest: $(STAMP)

@@ -57,7 +57,7 @@ def model_guard():
         return
     from chat.engine import loading
     from testing.liveserver import LiveServer
-    from testing.peer import TransformersServe
+    from testing.peer import ServerProcess
 
     def refuse(*args, **kwargs):
         raise AssertionError("CHAT_TEST_NO_MODEL=1: this test needs the model; mark it integration")
@@ -65,7 +65,7 @@ def model_guard():
     patched = [
         (loading, "load_backend"),
         (LiveServer, "start"),
-        (TransformersServe, "start"),
+        (ServerProcess, "start"),
     ]
     originals = [getattr(owner, name) for owner, name in patched]
     for owner, name in patched:
