@@ -31,7 +31,8 @@ run: $(STAMP)
 	$(PY) -m project.serve
 
 # The suite runs once per database: SQLite (the default) and the PostgreSQL server on 127.0.0.1
-# (production's database). `make test TEST_DATABASES=sqlite` runs the SQLite pass alone.
+# (production's database). `make test TEST_DATABASES=sqlite` runs the SQLite pass alone. After
+# the first database, only the tests that touch a database run again (tests/conftest.py).
 TEST_DATABASES ?= sqlite postgres://postgres@127.0.0.1:5432/chat
 
 # ruff (pyflakes, import order, bugbear, pyupgrade; and the format check), then mypy (mypy.ini:
@@ -45,12 +46,15 @@ lint: $(STAMP) $(NODE_STAMP)
 
 test: lint
 	$(PY) -m chat.engine.prepare
-	@set -e; for db in $(TEST_DATABASES); do \
+	@set -e; only=0; for db in $(TEST_DATABASES); do \
 	  if [ "$$db" = sqlite ]; then \
-	    echo "== make test: the suite on SQLite"; env -u DATABASE_URL $(PY) -m pytest $(PYTEST_ARGS); \
+	    echo "== make test: the suite on SQLite"; \
+	    env -u DATABASE_URL CHAT_TEST_DATABASE_ONLY=$$only $(PY) -m pytest $(PYTEST_ARGS); \
 	  else \
-	    echo "== make test: the suite on $$db"; DATABASE_URL=$$db $(PY) -m pytest $(PYTEST_ARGS); \
+	    echo "== make test: the suite on $$db"; \
+	    DATABASE_URL=$$db CHAT_TEST_DATABASE_ONLY=$$only $(PY) -m pytest $(PYTEST_ARGS); \
 	  fi; \
+	  only=1; \
 	done
 
 # The unit layer alone (docs/development.md): no model, no server, no browser, on SQLite, in
