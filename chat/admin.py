@@ -1,13 +1,17 @@
 import copy
 
+from asgiref.sync import async_to_sync
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
 from django.core.exceptions import PermissionDenied
 from django.forms.models import construct_instance
-from django.http import HttpResponseNotAllowed
+from django.http import Http404, HttpResponseNotAllowed
 from django.shortcuts import get_object_or_404, redirect
+from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
@@ -18,8 +22,10 @@ from .infra.runtime import runtime
 from .models import ApiKey, CachedAnswer, Conversation, Message, OutputPolicy, PolicyRevision
 from .stores import erasure, review
 from .stores.apikeys import new_key
-from .stores.policy_store import policy_errors
+from .stores.policy_store import compile_policy, policy_errors
 from .transports.accounts import AdminSignInForm
+from .turns.errors import TurnError
+from .turns.trial import trial_run
 
 # /admin/login/ counts failed attempts exactly like the page's sign-in.
 admin.site.login_form = AdminSignInForm
@@ -116,6 +122,10 @@ class PolicyRevisionInline(admin.TabularInline):
         return False
 
 
+# A refused trial's HTTP status: too many prompts, or no model to run it on yet.
+TRIAL_REFUSED_STATUS = {"rate_limited": 429, "model_loading": 503, "server_restarting": 503}
+
+
 class OutputPolicyForm(forms.ModelForm):
     """Refuses a policy that could not work, with the reason on the field staff must change."""
 
@@ -142,6 +152,7 @@ class OutputPolicyAdmin(admin.ModelAdmin):
     prepopulated_fields = {"slug": ("name",)}
     readonly_fields = ("version", "updated_at")
     inlines = [PolicyRevisionInline]
+    change_form_template = "admin/chat/outputpolicy/change_form.html"
     fieldsets = (
         (None, {"fields": ("name", "slug", "is_default", "mode", "version", "updated_at")}),
         (
@@ -178,6 +189,64 @@ class OutputPolicyAdmin(admin.ModelAdmin):
         ),
         ("Cache", {"fields": ("cache_enabled", "cache_ttl_seconds", "require_review")}),
     )
+
+    class Media:
+        js = ("chat/admin-trial.js",)
+        css = {"all": ("chat/admin-trial.css",)}
+
+    def get_urls(self):
+        trial = self.admin_site.admin_view(self.try_draft)
+        return [
+            path("try/", trial, name="chat_outputpolicy_try_new"),
+            path("<path:object_id>/try/", trial, name="chat_outputpolicy_try"),
+            *super().get_urls(),
+        ]
+
+    def try_draft(self, request, object_id=None):
+        """POST the change form's current values and `trial_prompt`: the unsaved draft answers it
+        on the live engine (chat/turns/trial.py); an HTML fragment for the page's panel."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        stored = None
+        if object_id is not None:
+            stored = self.get_object(request, unquote(object_id))
+            if stored is None:
+                raise Http404("no such policy")
+        allowed = (
+            self.has_change_permission(request, stored)
+            if stored is not None
+            else self.has_add_permission(request)
+        )
+        if not allowed:
+            raise PermissionDenied
+        form = self.get_form(request, stored, change=stored is not None)(
+            request.POST, instance=stored
+        )
+        prompt = request.POST.get("trial_prompt", "").strip()
+        context = {"prompt": prompt, "form": form, "result": None, "problem": ""}
+        status = 200
+        if not prompt:
+            context["problem"], status = "Type a prompt to try the draft with.", 400
+        elif len(prompt) > settings.CHAT_MAX_PROMPT_CHARS:
+            context["problem"] = (
+                f"the prompt is {len(prompt)} characters; the limit is "
+                f"{settings.CHAT_MAX_PROMPT_CHARS}"
+            )
+            status = 400
+        elif not form.is_valid():  # the same checks as on save: nothing runs
+            context["problem"], status = "The draft would not save; nothing was run.", 400
+        else:
+            draft = form.save(commit=False)  # only in memory: the stored row is untouched
+            try:
+                context["result"] = async_to_sync(trial_run)(
+                    policy=compile_policy(draft), text=prompt, user_id=request.user.pk
+                )
+            except TurnError as exc:
+                context["problem"] = str(exc)
+                status = TRIAL_REFUSED_STATUS.get(exc.code, 400)
+        return TemplateResponse(
+            request, "admin/chat/outputpolicy/trial_result.html", context, status=status
+        )
 
     def save_model(self, request, obj, form, change):
         before = OutputPolicy.objects.get(pk=obj.pk).snapshot() if change else {}
