@@ -3,16 +3,27 @@ and stores, publishes and caches nothing."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 
 import pytest
 import redis
 from django.contrib.auth.models import User
+from django.core.management import CommandError, call_command
 from django.test import Client
 
 from chat.infra.ratelimit import prompt_limiter
-from chat.models import CachedAnswer, Conversation, Message, OutputPolicy
+from chat.models import (
+    CachedAnswer,
+    Conversation,
+    Message,
+    OutputPolicy,
+    RegressionCase,
+    RegressionRun,
+)
+from chat.turns.regressions import outcomes_of
+from chat.turns.trial import TrialResult
 from tests.conftest import TEST_CACHE_URL
 
 ANSWER_SCHEMA = {
@@ -204,3 +215,143 @@ def test_a_trial_is_rate_limited_like_a_turn_and_says_when_the_model_is_loading(
     assert "too many prompts" in text_of(limited.content.decode(), "trial-problem")
     empty = staff_client.post(try_url(policy), {**data, "trial_prompt": "  "})
     assert empty.status_code == 400
+
+
+# -- the regression set -------------------------------------------------------------------------
+
+
+def trial_result(**fields) -> TrialResult:
+    return TrialResult(prompt="p", **fields)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("fields", "outcomes"),
+    [
+        (
+            {"raw_text": "Hi.", "text": "Hi.", "finish_reason": "eos", "outcome": "ok"},
+            {"delivered"},
+        ),
+        (
+            {"raw_text": '{"a":1}', "text": '{"a":1}', "finish_reason": "eos", "outcome": "ok"}
+            | {"json_value": {"a": 1}},
+            {"delivered", "valid_json"},
+        ),
+        (
+            {"raw_text": "bad", "text": "", "finish_reason": "moderated", "outcome": "moderated"},
+            {"moderated"},
+        ),
+        (
+            {
+                "raw_text": "mail a@b.c",
+                "text": "mail [email]",
+                "finish_reason": "eos",
+                "outcome": "ok",
+            },
+            {"masked"},
+        ),
+        (
+            {"raw_text": "Red. Red. Red.", "text": "Red.", "finish_reason": "cut", "outcome": "ok"},
+            {"cut"},
+        ),
+        (
+            {"raw_text": "nope", "text": "Sorry", "finish_reason": "invalid", "outcome": "invalid"},
+            set(),
+        ),
+        ({"raw_text": "", "text": "", "error": "boom"}, set()),
+    ],
+)
+def test_each_answer_satisfies_exactly_its_expected_outcomes(fields, outcomes):
+    assert outcomes_of(trial_result(**fields)) == outcomes
+
+
+def cases_data(*cases: tuple[str, str], stored: int = 0) -> dict:
+    """The regression inline as the page posts it: `stored` existing rows first, then new ones."""
+    data = {
+        "regression_cases-TOTAL_FORMS": str(len(cases)),
+        "regression_cases-INITIAL_FORMS": str(stored),
+        "regression_cases-MIN_NUM_FORMS": "0",
+        "regression_cases-MAX_NUM_FORMS": "1000",
+    }
+    for n, (prompt, expected) in enumerate(cases):
+        data[f"regression_cases-{n}-prompt"] = prompt
+        data[f"regression_cases-{n}-expected"] = expected
+    return data
+
+
+@pytest.mark.integration
+def test_the_regression_set_as_typed_runs_through_the_draft_and_is_kept(
+    runtime, make_policy, staff_client
+):
+    policy = make_policy(slug="reg", max_new_tokens=8)
+    stored_case = RegressionCase.objects.create(
+        policy=policy, prompt="Say hello.", expected="delivered"
+    )
+    url = f"/admin/chat/outputpolicy/{policy.pk}/regressions/"
+    page = staff_client.get(f"/admin/chat/outputpolicy/{policy.pk}/change/").content.decode()
+    assert 'id="regressions-run"' in page and "Not run yet." in page
+    data = {
+        **form_data(policy),
+        **cases_data(("Say hello.", "delivered"), ("Name a colour.", "moderated"), stored=1),
+        "regression_cases-0-id": str(stored_case.pk),
+        "regression_cases-0-policy": str(policy.pk),
+    }
+    first = staff_client.post(url, data)
+    html = first.content.decode()
+    assert first.status_code == 200, html
+    assert 'data-passed="1" data-total="2"' in html and "the first run of this policy" in html
+    run = RegressionRun.objects.get()
+    assert (run.policy_id, run.policy_version, run.draft, run.passed, run.total) == (
+        policy.pk,
+        1,
+        True,
+        1,
+        2,
+    )
+    assert [r["expected"] for r in run.results] == ["delivered", "moderated"]
+    assert run.results[1]["got"] == ["delivered"] and not run.results[1]["passed"]
+
+    # The draft now vetoes everything: the second case passes, the first fails; beside the last.
+    veto_all = [{"hook": "blocklist", "settings": {"patterns": ["\\S"]}}]
+    second = staff_client.post(url, {**data, **form_data(policy, moderation_hooks=veto_all)})
+    html = second.content.decode()
+    assert 'data-passed="1" data-total="2"' in html
+    assert "the run before: 1 of 2 (50%), version 1 draft" in html
+    assert RegressionRun.objects.count() == 2
+    # Only the typed rows ran; nothing was saved of them, nor any conversation.
+    assert RegressionCase.objects.count() == 1
+    nothing_stored(policy, version=1)
+    page = staff_client.get(f"/admin/chat/outputpolicy/{policy.pk}/change/").content.decode()
+    assert "Last run: 1 of 2 passed (50%)" in page
+
+
+@pytest.mark.integration
+def test_a_regression_set_with_errors_or_no_cases_runs_nothing(runtime, make_policy, staff_client):
+    policy = make_policy(slug="reg-bad")
+    url = f"/admin/chat/outputpolicy/{policy.pk}/regressions/"
+    empty = staff_client.post(url, {**form_data(policy), **cases_data()})
+    assert empty.status_code == 400 and "Add a prompt" in empty.content.decode()
+    bad = staff_client.post(url, {**form_data(policy), **cases_data(("Hi", "great"))})
+    assert bad.status_code == 400
+    assert "regression case 1, expected" in bad.content.decode()
+    assert not RegressionRun.objects.exists()
+
+
+@pytest.mark.integration
+def test_the_command_runs_the_stored_set_and_fails_on_a_miss(runtime, make_policy):
+    policy = make_policy(slug="reg-cli", max_new_tokens=6)
+    RegressionCase.objects.create(policy=policy, prompt="Say hello.", expected="delivered")
+    out = io.StringIO()
+    call_command("policyregressions", "reg-cli", stdout=out, stderr=io.StringIO())
+    assert "1 of 1 passed (100%)" in out.getvalue()
+    RegressionCase.objects.create(policy=policy, prompt="Say hi.", expected="valid_json")
+    out = io.StringIO()
+    with pytest.raises(CommandError, match="1 regression case"):
+        call_command("policyregressions", "reg-cli", stdout=out, stderr=io.StringIO())
+    assert "the run before: 1 of 1 (100%)" in out.getvalue()
+    assert list(RegressionRun.objects.values_list("draft", "passed", "total")) == [
+        (False, 1, 2),
+        (False, 1, 1),
+    ]
+    with pytest.raises(CommandError, match="no output policy"):
+        call_command("policyregressions", "nope", stdout=io.StringIO())

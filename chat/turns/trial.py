@@ -119,13 +119,15 @@ def trial_prepare(policy: ResolvedPolicy, text: str, backend) -> tuple[Prepared,
     return prepared, prompt
 
 
-async def trial_run(*, policy: ResolvedPolicy, text: str, user_id: int) -> TrialResult:
+async def trial_run(*, policy: ResolvedPolicy, text: str, user_id: int | None) -> TrialResult:
     """Answer `text` under the draft `policy` on the live engine and say what happened.
 
-    Counted against the staff member's prompts per minute like a chat turn. TurnError says why
-    not (`rate_limited`, `model_loading`, `prompt_too_long`, a full queue).
+    Counted against the staff member `user_id`'s prompts per minute like a chat turn (None: the
+    caller counted it, as a regression run counts once). TurnError says why not
+    (`rate_limited`, `model_loading`, `prompt_too_long`, a full queue).
     """
-    turn_rate_check(owner=Owner(user_id, ""))
+    if user_id is not None:
+        turn_rate_check(owner=Owner(user_id, ""))
     try:
         backend, scheduler = runtime.require()
     except NotReady as exc:
