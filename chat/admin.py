@@ -35,6 +35,7 @@ from .stores.apikeys import new_key
 from .stores.policy_store import compile_policy, policy_errors
 from .stores.selectors import Owner
 from .transports.accounts import AdminSignInForm
+from .transports.policy_fields import ExamplesField, HooksField
 from .turns import regressions
 from .turns.errors import TurnError
 from .turns.limits import turn_rate_check
@@ -176,6 +177,13 @@ class RegressionRunAdmin(admin.ModelAdmin):
 
 class OutputPolicyForm(forms.ModelForm):
     """Refuses a policy that could not work, with the reason on the field staff must change."""
+
+    moderation_hooks = HooksField(
+        required=False, help_text=OutputPolicy._meta.get_field("moderation_hooks").help_text
+    )
+    examples = ExamplesField(
+        required=False, help_text=OutputPolicy._meta.get_field("examples").help_text
+    )
 
     class Meta:
         model = OutputPolicy

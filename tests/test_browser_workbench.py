@@ -46,10 +46,11 @@ def test_try_this_draft_shows_the_answer_of_the_unsaved_form(page, daphne_server
     expect(page.locator("#trial-verdict")).to_have_count(0)
 
     # Fixed, plus an unsaved hook that vetoes any visible character: the user would get nothing.
+    # The hook is added in the hooks editor (its inputs come from the hook's signature).
     page.fill("#id_json_schema", "")
-    page.fill(
-        "#id_moderation_hooks", '[{"hook": "blocklist", "settings": {"patterns": ["\\\\S"]}}]'
-    )
+    page.locator('details.hook-add[data-hook="blocklist"] summary').click()
+    page.check("#moderation_hooks-add-blocklist")
+    page.fill("#moderation_hooks-new-blocklist-p-patterns", "\\S")
     page.click("#trial-run")
     expect(page.locator("#trial-status")).to_have_text("done", timeout=120_000)
     expect(page.locator("#trial-result")).to_have_attribute("data-finish", "moderated")
@@ -60,9 +61,12 @@ def test_try_this_draft_shows_the_answer_of_the_unsaved_form(page, daphne_server
     if os.environ.get("DOCS_SCREENSHOTS") == "1":
         page.set_viewport_size({"width": 1280, "height": 900})
         page.locator("#trial-panel").screenshot(path=str(target() / "screenshot-workbench.png"))
+        page.locator("#moderation_hooks-editor").screenshot(
+            path=str(target() / "screenshot-hooks-editor.png")
+        )
 
     # Without the hook the same prompt is answered; still nothing was saved.
-    page.fill("#id_moderation_hooks", "[]")
+    page.uncheck("#moderation_hooks-add-blocklist")
     page.click("#trial-run")
     expect(page.locator("#trial-result")).not_to_have_attribute(
         "data-finish", "moderated", timeout=120_000
