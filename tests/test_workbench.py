@@ -215,6 +215,12 @@ def test_a_trial_is_rate_limited_like_a_turn_and_says_when_the_model_is_loading(
     assert "too many prompts" in text_of(limited.content.decode(), "trial-problem")
     empty = staff_client.post(try_url(policy), {**data, "trial_prompt": "  "})
     assert empty.status_code == 400
+    prompt_limiter.clear()
+    # A policy not saved yet is tried from the add page; its form is checked like a new one's.
+    taken = staff_client.post("/admin/chat/outputpolicy/try/", data)
+    assert taken.status_code == 400 and "slug" in taken.content.decode()
+    fresh = staff_client.post("/admin/chat/outputpolicy/try/", {**data, "slug": "fresh"})
+    assert fresh.status_code == 503
 
 
 # -- the regression set -------------------------------------------------------------------------
