@@ -15,9 +15,10 @@ PASSWORD = "workbench-pass-phrase-42"
 
 SEED = """
 from django.contrib.auth.models import User
-from chat.models import OutputPolicy
+from chat.models import OutputPolicy, RegressionCase
 User.objects.create_superuser({name!r}, password={password!r})
-OutputPolicy.objects.create(name={slug!r}, slug={slug!r}, max_new_tokens=12)
+policy = OutputPolicy.objects.create(name={slug!r}, slug={slug!r}, max_new_tokens=12)
+RegressionCase.objects.create(policy=policy, prompt="Say hello.", expected="delivered")
 """
 
 VERSION = """
@@ -72,5 +73,12 @@ def test_try_this_draft_shows_the_answer_of_the_unsaved_form(page, daphne_server
         "data-finish", "moderated", timeout=120_000
     )
     expect(page.locator("#trial-shown")).not_to_be_empty()
+
+    # The regression set (one saved case) through the same draft, beside no run before.
+    expect(page.locator("#regressions-last")).to_contain_text("Not run yet.")
+    page.click("#regressions-run")
+    expect(page.locator("#regressions-status")).to_have_text("done", timeout=120_000)
+    expect(page.locator("#regressions-summary")).to_contain_text("1 of 1 passed (100%)")
+    expect(page.locator("#regressions-summary")).to_contain_text("the first run of this policy")
     out = daphne_server.manage("shell", "-c", VERSION.format(slug=slug))
     assert "version 1" in out
