@@ -279,6 +279,67 @@ class PolicyRevision(models.Model):
         return f"{self.policy.slug} v{self.version}"
 
 
+class RegressionCase(models.Model):
+    """A prompt saved with a policy and what its answer must turn out to be; the set is run on a
+    draft before it is published (chat/turns/regressions.py says how each outcome is judged)."""
+
+    class Expected(models.TextChoices):
+        DELIVERED = "delivered", "delivered whole"
+        VALID_JSON = "valid_json", "valid JSON"
+        MODERATED = "moderated", "moderated (withdrawn)"
+        MASKED = "masked", "masked"
+        CUT = "cut", "cut short"
+
+    policy = models.ForeignKey(
+        OutputPolicy, related_name="regression_cases", on_delete=models.CASCADE
+    )
+    prompt = models.TextField()
+    expected = models.CharField(max_length=16, choices=Expected.choices)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self):
+        return f"{self.prompt[:40]} -> {self.expected}"
+
+
+class RegressionRun(models.Model):
+    """One run of a policy's regression set: on which version, a draft or not, and every case's
+    result (`results`: prompt, expected, got, passed, reason, text)."""
+
+    policy = models.ForeignKey(
+        OutputPolicy, related_name="regression_runs", on_delete=models.CASCADE
+    )
+    policy_version = models.PositiveIntegerField(help_text="the stored version it was run against")
+    draft = models.BooleanField(
+        default=False, help_text="run on the change page's unsaved values, not the stored policy"
+    )
+    ran_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    ran_at = models.DateTimeField(auto_now_add=True)
+    passed = models.PositiveIntegerField(default=0)
+    total = models.PositiveIntegerField(default=0)
+    results = models.JSONField(default=list)
+
+    class Meta:
+        ordering = ["-ran_at", "-id"]
+
+    def __str__(self):
+        return f"{self.policy.slug} v{self.policy_version}: {self.passed}/{self.total}"
+
+    @property
+    def pass_rate(self) -> float | None:
+        return self.passed / self.total if self.total else None
+
+    @property
+    def pass_percent(self) -> str:
+        """ "88%", or "—" for an empty run."""
+        rate = self.pass_rate
+        return "—" if rate is None else f"{rate:.0%}"
+
+
 class CachedAnswer(models.Model):
     """The review record of one cached completion; Redis holds the servable copy."""
 

@@ -8,6 +8,7 @@ import re
 import pytest
 from asgiref.sync import sync_to_async
 
+from chat.infra import behaviour
 from chat.models import Message
 from testing.scripted import Answer
 from tests.conftest import ChatClient, chunks_text
@@ -74,6 +75,12 @@ async def test_masked_personal_data_is_what_streams_stores_and_caches(scripted, 
     assert chunks_text(events) == masked and "retract" not in [e["type"] for e in events]
     stored = await Message.objects.aget(pk=done["message"])
     assert stored.text == masked and stored.raw_text == masked
+    # The raw text is gone, so the answer's metrics are what says it was masked (the admin's
+    # behaviour page counts it as masked, not delivered).
+    assert "email" in done["metrics"]["masked"] and stored.metrics["masked"]
+    rows, _ = await sync_to_async(behaviour.fetch_answers)(stored.created_at, stored.created_at)
+    [row] = [r for r in rows if r[1] == stored.policy_id]
+    assert behaviour.kinds_of(*row[4:9]) == {"masked"}
     repeat = (await ask(chat, "How do I reach Jane?", policy="private"))[-1]
     assert repeat["cached"] is True and repeat["text"] == masked and len(backend.requests) == 1
 

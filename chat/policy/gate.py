@@ -114,6 +114,7 @@ class Gate:
         self._outcome: Outcome | None = None
         self._cut: Verdict | None = None
         self._uncut = ""  # the text as generated, before a cut
+        self._masked = ""  # the reason of the first hook that rewrote the text
 
     @property
     def holdback(self) -> int:
@@ -134,6 +135,12 @@ class Gate:
     def raw(self) -> str:
         """Everything generated, a part cut off included (stored for review), masks applied."""
         return self._uncut or self._text
+
+    @property
+    def masked(self) -> str | None:
+        """Why a hook rewrote part of the answer (the first reason), or None: the raw text is
+        kept masked too, so this is the only trace that the user's text is not the model's."""
+        return self._masked or None
 
     @property
     def cut(self) -> str | None:
@@ -161,7 +168,7 @@ class Gate:
         if due:
             self._checked = len(self._text)
             verdict = moderate(self._hooks, self._text, final=False)
-            if verdict.replacement is not None and not self._replace(verdict.replacement):
+            if verdict.replacement is not None and not self._replace(verdict):
                 return self._retract(_too_late(verdict))
             if not verdict.allowed:
                 return self._veto(verdict)
@@ -213,7 +220,7 @@ class Gate:
         caller announces them); a veto without a cut retracts (then _outcome is set)."""
         while True:  # a cut shortens the text, so this ends
             verdict = moderate(self._hooks, self._text, final=True)
-            if verdict.replacement is not None and not self._replace(verdict.replacement):
+            if verdict.replacement is not None and not self._replace(verdict):
                 return self._retract(_too_late(verdict))
             if verdict.allowed:
                 return []
@@ -245,11 +252,14 @@ class Gate:
         self._cleared = min(self._cleared, len(self._text))
         self._after_cut()
 
-    def _replace(self, text: str) -> bool:
+    def _replace(self, verdict: Verdict) -> bool:
         """Take a hook's rewritten text; False if it changes what was already shown."""
+        text = verdict.replacement or ""
         if not text.startswith(self._shown):
             self._text = text  # still withdrawn, but the raw text is not what gets stored
             return False
+        if text != self._text and not self._masked:
+            self._masked = verdict.reason or "masked"
         self._text = text
         self._cleared = len(self._shown)  # positions after the change moved: judge again
         self._after_replace()

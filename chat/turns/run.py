@@ -221,10 +221,11 @@ class TurnRun:
                     outcome=Verdict.OK,
                     reason=gate.cut or "",
                     json_value=outcome.json,
+                    masked=gate.masked,
                 )
             if verdict is Verdict.MODERATED:
                 return await self._withdraw(result, gate.raw, outcome.reason)
-            prometheus.VALIDATION_FAILURES.inc()
+            self._count_invalid()
             # invalid: nothing was shown in buffer mode, so the model may try again
             if (
                 policy.mode == OutputPolicy.Mode.BUFFER
@@ -243,6 +244,9 @@ class TurnRun:
                 outcome=Verdict.INVALID,
                 reason=outcome.reason,
             )
+
+    def _count_invalid(self) -> None:
+        prometheus.VALIDATION_FAILURES.inc()
 
     async def _withdraw(self, result, raw: str, reason: str) -> None:
         """A moderation veto: nothing is kept as the answer; the raw text is stored for review."""
@@ -336,10 +340,53 @@ class TurnRun:
         outcome: Verdict | str = "",
         reason: str = "",
         json_value=None,
+        masked: str | None = None,
     ) -> None:
         turn = self.turn
         done_at = time.perf_counter()
         done_metrics = self._metrics(done_at, result)
+        if masked:
+            done_metrics["masked"] = masked  # the stored raw text is masked too: the only trace
+        await self._store(
+            text=text,
+            finish_reason=finish_reason,
+            done_metrics=done_metrics,
+            raw=raw,
+            outcome=outcome,
+            reason=reason,
+            json_value=json_value,
+        )
+        if finish_reason is Finish.MODERATED and self.retracted is None:
+            # Vetoed only at the end: anything shown must still be withdrawn.
+            await turn.emit(events.Retract(turn.request_id, reason))
+        await turn.emit(
+            events.Done(
+                turn.request_id,
+                message=turn.message_id,
+                text=text,
+                json_value=json_value,
+                finish_reason=finish_reason,
+                cached=False,
+                metrics=done_metrics,
+                reason=reason or None,
+                policy=self.policy.slug,
+            )
+        )
+        await self._account(text, json_value, finish_reason, outcome, done_metrics)
+
+    async def _store(
+        self,
+        *,
+        text: str,
+        finish_reason: Finish,
+        done_metrics: dict,
+        raw: str,
+        outcome: Verdict | str,
+        reason: str,
+        json_value,
+    ) -> None:
+        """The answer stored as the turn's message; the client told when that failed."""
+        turn = self.turn
         status = (
             Message.Status.CANCELLED if finish_reason is Finish.CANCELLED else Message.Status.DONE
         )
@@ -373,22 +420,11 @@ class TurnRun:
                     f"the answer was generated but could not be saved: {problem}",
                 )
             )
-        if finish_reason is Finish.MODERATED and self.retracted is None:
-            # Vetoed only at the end: anything shown must still be withdrawn.
-            await turn.emit(events.Retract(turn.request_id, reason))
-        await turn.emit(
-            events.Done(
-                turn.request_id,
-                message=turn.message_id,
-                text=text,
-                json_value=json_value,
-                finish_reason=finish_reason,
-                cached=False,
-                metrics=done_metrics,
-                reason=reason or None,
-                policy=self.policy.slug,
-            )
-        )
+
+    async def _account(
+        self, text: str, json_value, finish_reason: Finish, outcome: Verdict | str, done_metrics
+    ) -> None:
+        """After `done`: the answer counted in the process's metrics, and cached when it may be."""
         prometheus.observe_done(done_metrics, finish_reason, cached=False)
         if (
             outcome is Verdict.OK
