@@ -270,3 +270,20 @@ def test_without_redis_each_process_generates_for_itself():
     play(scheduler.tickets[0], "Hi.", end="Hi.", start=True)
     assert listener.done.wait(10) and listener.text == "Hi."
     assert len(scheduler.tickets) == 1 and coalescer.across.joined == 0
+
+
+def test_the_owners_failure_and_queue_position_reach_a_follower():
+    scheduler = ScriptedScheduler()
+    a, b = process(), process()
+    owner, follower = Listener(), Listener()
+    a.sharing(scheduler, "key").submit(request(), owner)
+    # Still queued (the scripted scheduler said position 1): the follower is told so.
+    _, position = b.sharing(scheduler, "key").submit(request(), follower)
+    assert position == 1
+    play(scheduler.tickets[0], "Once ", start=True)
+    scheduler.tickets[0].sink(Failed("the model broke", time.perf_counter()))
+    assert owner.done.wait(10) and follower.done.wait(10)
+    assert isinstance(follower.events[0], Queued) and follower.events[0].position == 1
+    assert follower.text == "Once "
+    assert isinstance(follower.events[-1], Failed)
+    assert follower.events[-1].error == "the model broke"
