@@ -115,7 +115,8 @@ class GenerationRegistry:
         self.lease_ms = max(1, int(lease_seconds * 1000))
         self.max_events = max_events
         self.events_ttl_ms = max(self.lease_ms * 3, int(events_ttl_seconds * 1000))
-        self.client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=2)
+        # Claims and cancels run on the server's event loop: a Redis that hangs must not hold it.
+        self.client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5)
         # Blocking reads wait up to `renew_seconds` on their own connection pool.
         self.reader = redis.Redis.from_url(
             url, socket_connect_timeout=0.5, socket_timeout=self.renew_seconds + 5
