@@ -1,4 +1,5 @@
-"""Two daphne processes on one Redis: identical prompts in flight share one generation across them."""
+"""Two daphne processes on one Redis: identical prompts in flight share one generation across
+them, on the local model and in front of an inference server."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import urllib.request
 import pytest
 
 from testing.liveserver import LiveServer
+from testing.openai_server import FakeOpenAIServer
 from tests.conftest import LIVE_CACHE_URL
 from tests.test_consumer import LONG
 from tests.test_scaleout import Visitor, database_url, receive, receive_until  # noqa: F401
@@ -40,6 +42,31 @@ def servers(database_url, tmp_path_factory):  # noqa: F811 (the imported fixture
     finally:
         for server in started:
             server.stop()
+
+
+@pytest.fixture(scope="module")
+def remote_servers(database_url, backend, tmp_path_factory):  # noqa: F811 (the imported fixture)
+    """Two processes on CHAT_BACKEND=openai in front of one loopback inference server (serving
+    the real model's tokens from this process)."""
+    fake = FakeOpenAIServer(backend).start()
+    env = {
+        "CHAT_CACHE_REDIS_URL": LIVE_CACHE_URL,
+        "CHAT_BACKEND": "openai",
+        "CHAT_REMOTE_URL": fake.url,
+        "CHAT_REMOTE_MODEL": fake.model,
+        "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+    }
+    workdir = tmp_path_factory.mktemp("coalescing-remote")
+    started: list[LiveServer] = []
+    try:
+        for _ in range(2):
+            started.append(LiveServer(workdir, database_url=database_url, **env).start())
+        started[0].policy(POLICY, max_new_tokens=48)
+        yield fake, started
+    finally:
+        for server in started:
+            server.stop()
+        fake.stop()
 
 
 def counters(server: LiveServer) -> dict[str, float]:
@@ -145,7 +172,7 @@ async def test_the_owners_cancel_leaves_the_followers_answer_complete(servers):
 
 
 async def test_a_follower_of_a_killed_owner_gets_an_error_not_a_hang(servers):
-    """Runs last: it kills process A. B's turn ends with an error frame once A's lease runs out,
+    """Runs after the other tests on `servers`: it kills process A. B's turn ends with an error frame once A's lease runs out,
     and its message is stored as failed."""
     a, b = servers
     visitor = Visitor(b)
@@ -158,3 +185,21 @@ async def test_a_follower_of_a_killed_owner_gets_an_error_not_a_hang(servers):
     assert not any(e["type"] == "done" for e in events)
     stored = visitor.answer(b, accepted_b["conversation"], accepted_b["message"])
     assert stored["status"] == "failed"
+
+
+async def test_on_the_remote_tier_the_same_prompt_on_both_processes_opens_one_upstream_stream(
+    remote_servers,
+):
+    """Coalescing sits above the scheduler: two web processes in front of one inference server
+    send it one request, and both answer in full."""
+    fake, (a, b) = remote_servers
+    visitor = Visitor(a)
+    posts = fake.posts
+    async with visitor.socket(a) as on_a, visitor.socket(b) as on_b:
+        await asyncio.gather(on_a.send(prompt("a")), on_b.send(prompt("b")))
+        got = await asyncio.gather(receive_until(on_a, "done"), receive_until(on_b, "done"))
+    ends = [events[-1] for events in got]
+    assert fake.posts - posts == 1
+    assert [end["cached"] for end in ends] == [False, False]
+    assert ends[0]["text"] == ends[1]["text"] and ends[0]["finish_reason"] in ("eos", "length")
+    assert [chunks(events) for events in got] == [ends[0]["text"]] * 2
