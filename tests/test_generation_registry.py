@@ -72,15 +72,15 @@ def test_a_generation_is_given_up_only_when_no_listener_remains(registry):
 
 
 def test_leases_run_out_for_a_silent_owner_and_a_silent_listener():
-    registry = GenerationRegistry(TEST_CACHE_URL, lease_seconds=0.2)
+    registry = GenerationRegistry(TEST_CACHE_URL, lease_seconds=1)
     try:
         assert registry.claim("g", "owner", "owner")
         assert registry.claim("g", "follower", "follower") is False
-        time.sleep(0.5)
+        time.sleep(1.5)
         # The follower's lease ran out: it no longer keeps the generation alive.
         assert registry.abandon("g", "owner") is True
         assert registry.claim("h", "owner", "owner")
-        time.sleep(0.5)
+        time.sleep(1.5)
         # The owner's lease ran out: it may not publish, a listener hears it is gone.
         assert registry.publish("h", "owner", [event(0, "started")]) == -1
         assert registry.read("h") == []
@@ -218,7 +218,7 @@ def test_a_followers_cancel_leaves_the_owner_running():
 
 def test_the_owners_cancel_leaves_a_follower_and_the_last_listener_stops_it():
     scheduler = ScriptedScheduler()
-    a, b = process(lease_seconds=1), process(lease_seconds=1)
+    a, b = process(lease_seconds=2), process(lease_seconds=2)
     owner, follower = Listener(), Listener()
     owner_view = a.sharing(scheduler, "key")
     owner_ticket, _ = owner_view.submit(request(), owner)
@@ -244,13 +244,13 @@ def test_the_owners_cancel_leaves_a_follower_and_the_last_listener_stops_it():
 def test_a_follower_of_an_owner_that_died_gets_a_failure():
     """The owner's process vanished: its lease runs out with no last event."""
     scheduler = ScriptedScheduler()
-    dead = GenerationRegistry(TEST_CACHE_URL, lease_seconds=0.5)
+    dead = GenerationRegistry(TEST_CACHE_URL, lease_seconds=1)
     follower = Listener()
     try:
         identity = generation_id("key", request().input_ids)
         assert dead.claim(identity, "dead", "dead")
         dead.publish(identity, "dead", [event(0, "started"), event(1, text="Once ")])
-        process(lease_seconds=0.5).sharing(scheduler, "key").submit(request(), follower)
+        process(lease_seconds=1).sharing(scheduler, "key").submit(request(), follower)
         assert follower.done.wait(30)
     finally:
         dead.close()
