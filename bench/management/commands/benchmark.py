@@ -14,6 +14,7 @@ import time
 import traceback
 from pathlib import Path
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 import chat.engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads, as the server does)
@@ -241,7 +242,23 @@ class Command(BaseCommand):
         self.results["newcomer"] = bm.newcomer_first_chunk(backend, self.newcomer_tokens)
 
     def prefix_rows(self, backend):
-        self.results["prefix"] = prefix_reuse.run_all(backend, self.note, quick=self.quick)
+        self.results["prefix"] = prefix_reuse.run_all(
+            backend, self.note, quick=self.quick, redis_url=self.coalescing_redis()
+        )
+
+    def coalescing_redis(self) -> str | None:
+        """The completion cache's Redis, for the two-process coalescing row, if it answers."""
+        import redis
+
+        url = settings.CHAT_CACHE_REDIS_URL
+        try:
+            client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5)
+            client.ping()
+            client.close()
+        except (redis.RedisError, OSError):
+            self.note(f"  no Redis at {url}: the two-process coalescing row is skipped")
+            return None
+        return url
 
     def prefix_report(self):
         out = self.stdout.write
