@@ -56,6 +56,7 @@ def form_data(policy: OutputPolicy, **changes) -> dict:
         "no_repeat_ngram_size": str(policy.no_repeat_ngram_size),
         "frequency_penalty": str(policy.frequency_penalty),
         "presence_penalty": str(policy.presence_penalty),
+        "holdback_chars": str(policy.holdback_chars),
         "cache_enabled": "on" if policy.cache_enabled else "",
         "cache_ttl_seconds": str(policy.cache_ttl_seconds),
     }
