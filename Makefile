@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-unit lint setup benchmark loadtest clean
+.PHONY: run test test-unit lint setup benchmark loadtest llama-peer clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,7 +34,8 @@ run: $(STAMP)
 	$(PY) -m project.serve
 
 # The suite runs once per database: SQLite (the default) and the PostgreSQL server on 127.0.0.1
-# (production's database). `make test TEST_DATABASES=sqlite` runs the SQLite pass alone.
+# (production's database). `make test TEST_DATABASES=sqlite` runs the SQLite pass alone. After
+# the first database, only the tests that touch a database run again (tests/conftest.py).
 TEST_DATABASES ?= sqlite postgres://postgres@127.0.0.1:5432/chat
 
 # ruff (pyflakes, import order, bugbear, pyupgrade; and the format check), then mypy (mypy.ini:
@@ -48,12 +49,15 @@ lint: $(STAMP) $(NODE_STAMP)
 
 test: lint
 	$(PY) -m chat.engine.prepare
-	@set -e; for db in $(TEST_DATABASES); do \
+	@set -e; only=0; for db in $(TEST_DATABASES); do \
 	  if [ "$$db" = sqlite ]; then \
-	    echo "== make test: the suite on SQLite"; env -u DATABASE_URL $(PY) -m pytest $(PYTEST_ARGS); \
+	    echo "== make test: the suite on SQLite"; \
+	    env -u DATABASE_URL CHAT_TEST_DATABASE_ONLY=$$only $(PY) -m pytest $(PYTEST_ARGS); \
 	  else \
-	    echo "== make test: the suite on $$db"; DATABASE_URL=$$db $(PY) -m pytest $(PYTEST_ARGS); \
+	    echo "== make test: the suite on $$db"; \
+	    DATABASE_URL=$$db CHAT_TEST_DATABASE_ONLY=$$only $(PY) -m pytest $(PYTEST_ARGS); \
 	  fi; \
+	  only=1; \
 	done
 
 # The unit layer alone (docs/development.md): no model, no server, no browser, on SQLite, in
@@ -66,6 +70,14 @@ test-unit: $(STAMP)
 benchmark: $(STAMP)
 	$(PY) -m chat.engine.prepare
 	$(PY) manage.py benchmark --settings project.settings_bench $(BENCH_ARGS)
+
+# llama.cpp's server as a measuring peer for `make benchmark` (docs/benchmarks.md): built from
+# PyPI's source package (about 10 minutes on 2 cores) into a venv of its own under var/, so its
+# server's dependencies never meet the product's. Not part of `make test`.
+LLAMA_VENV := var/llama-venv
+llama-peer:
+	test -x $(LLAMA_VENV)/bin/python || $(PYTHON) -m venv $(LLAMA_VENV)
+	$(LLAMA_VENV)/bin/python -m pip install --quiet 'llama-cpp-python[server]==0.3.36'
 
 # 200 WebSockets for 60 s against a daphne of its own, then every stored answer checked.
 loadtest: $(STAMP)

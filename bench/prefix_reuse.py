@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from chat.engine.coalescing import Coalescer
+from chat.engine.coalescing_across import AcrossProcesses
 from chat.engine.scheduler import ContinuousScheduler
 from chat.engine.types import Failed, Finished, GenerationResult
 
@@ -206,15 +207,26 @@ class Identical:
     generations: int
     complete: int
     tokens: int
+    processes: int = 1  # Coalescers the prompts were split between (2: across Redis)
 
     @property
     def ratio(self) -> float:
         return self.together_s / self.one_s
 
 
-def identical(backend, scheduler, users: int = 8, tokens: int = 64, rounds: int = 3) -> Identical:
+def identical(
+    backend,
+    scheduler,
+    users: int = 8,
+    tokens: int = 64,
+    rounds: int = 3,
+    *,
+    redis_url: str | None = None,
+) -> Identical:
     """(c) `users` identical prompts at once: one generation, every answer complete. One answer
-    and the coalesced ones alternate for `rounds`; medians, as other work shares the CPUs."""
+    and the coalesced ones alternate for `rounds`; medians, as other work shares the CPUs.
+    With `redis_url`, the prompts alternate between two Coalescers that share that Redis, as
+    two processes' turns would (coalescing_across.py; the one engine here runs for both)."""
     messages = [{"role": "user", "content": "Describe the lamp room of a lighthouse."}]
 
     def request():
@@ -226,7 +238,10 @@ def identical(backend, scheduler, users: int = 8, tokens: int = 64, rounds: int 
     inner_submit = scheduler.submit
     for _ in range(rounds):
         ones.append(run_together(scheduler, [request()])[1])
-        coalescer = Coalescer()
+        coalescers = [Coalescer()] if redis_url is None else [Coalescer(), Coalescer()]
+        if redis_url is not None:
+            for coalescer in coalescers:
+                coalescer.across = AcrossProcesses(lambda: redis_url)
         submitted: list[int] = []
 
         def counting(*args, submitted=submitted, **kwargs):
@@ -235,7 +250,10 @@ def identical(backend, scheduler, users: int = 8, tokens: int = 64, rounds: int 
 
         scheduler.submit = counting
         try:
-            views = [coalescer.sharing(scheduler, "identical") for _ in range(users)]
+            views = [
+                coalescers[n % len(coalescers)].sharing(scheduler, "identical")
+                for n in range(users)
+            ]
             outcomes, together_s = run_together(scheduler, [request() for _ in views], views=views)
         finally:
             del scheduler.submit
@@ -257,6 +275,7 @@ def identical(backend, scheduler, users: int = 8, tokens: int = 64, rounds: int 
         max(generations),
         min(complete),
         tokens,
+        len(coalescers),
     )
 
 
@@ -305,9 +324,12 @@ def budget(backend, scheduler, rows: int = 8, tokens: int = 600) -> Budget:
     )
 
 
-def run_all(backend, note=lambda line: None, *, quick: bool = False) -> dict:
+def run_all(
+    backend, note=lambda line: None, *, quick: bool = False, redis_url: str | None = None
+) -> dict:
     """Every row on one scheduler of up to 8 rows; returns them by name. `quick`: small sizes
-    for a smoke run (the figures then say little)."""
+    for a smoke run (the figures then say little). `redis_url`: also the identical prompts
+    split between two processes' coalescing on that Redis."""
     history_tokens = 300 if quick else 1500
     scheduler = ContinuousScheduler(backend, max_batch=8)
     try:
@@ -321,6 +343,15 @@ def run_all(backend, note=lambda line: None, *, quick: bool = False) -> dict:
         results["identical"] = identical(
             backend, scheduler, tokens=12 if quick else 64, rounds=1 if quick else 3
         )
+        if redis_url is not None:
+            note("  (c) the same, split between two processes' coalescing on one Redis")
+            results["identical_across"] = identical(
+                backend,
+                scheduler,
+                tokens=12 if quick else 64,
+                rounds=1 if quick else 3,
+                redis_url=redis_url,
+            )
     finally:
         scheduler.close()
         backend.prefix_store.clear()
@@ -368,6 +399,13 @@ def report(results: dict) -> list[str]:
             f"  (c) {c.users} identical prompts x {c.tokens} tokens: {c.generations} generation(s), "
             f"{c.complete}/{c.users} complete answers, {c.together_s:.2f} s vs {c.one_s:.2f} s "
             f"for one ({c.ratio:.2f}x)"
+        )
+    c = results.get("identical_across")
+    if c:
+        lines.append(
+            f"      the same split between {c.processes} processes' coalescing on one Redis (one "
+            f"engine): {c.generations} generation(s), {c.complete}/{c.users} complete answers, "
+            f"{c.together_s:.2f} s vs {c.one_s:.2f} s for one ({c.ratio:.2f}x)"
         )
     d = results.get("budget")
     if d:

@@ -122,7 +122,8 @@ class OutputPolicy(models.Model):
     moderation_hooks = models.JSONField(
         default=list,
         blank=True,
-        help_text='a list of {"hook": "blocklist" | "repetition" | "dotted.path.Hook", "settings": {...}}',
+        help_text='a list of {"hook": "blocklist" | "repetition" | "personal_data" | "profanity" | '
+        '"remote_moderation" | "guard" | "dotted.path.Hook", "settings": {...}} (docs/policies.md)',
     )
     constrained = models.BooleanField(
         default=False,
@@ -135,6 +136,12 @@ class OutputPolicy(models.Model):
     )
     blocklist_terms = models.TextField(
         blank=True, help_text="one term per line; an answer containing one is withdrawn"
+    )
+    holdback_chars = models.PositiveIntegerField(
+        default=0,
+        help_text="prose is shown this many characters behind the model and judged by the hooks "
+        "first, so what they catch there is never shown (0: shown as it comes, withdrawn "
+        "after); a personal_data mask holds back at least 80",
     )
     failure_action = models.CharField(
         max_length=10, choices=FailureAction.choices, default=FailureAction.REJECT
@@ -229,6 +236,7 @@ class OutputPolicy(models.Model):
             "examples",
             "moderation_hooks",
             "blocklist_terms",
+            "holdback_chars",
             "failure_action",
             "fallback_text",
             "max_retries",
@@ -269,6 +277,67 @@ class PolicyRevision(models.Model):
 
     def __str__(self):
         return f"{self.policy.slug} v{self.version}"
+
+
+class RegressionCase(models.Model):
+    """A prompt saved with a policy and what its answer must turn out to be; the set is run on a
+    draft before it is published (chat/turns/regressions.py says how each outcome is judged)."""
+
+    class Expected(models.TextChoices):
+        DELIVERED = "delivered", "delivered whole"
+        VALID_JSON = "valid_json", "valid JSON"
+        MODERATED = "moderated", "moderated (withdrawn)"
+        MASKED = "masked", "masked"
+        CUT = "cut", "cut short"
+
+    policy = models.ForeignKey(
+        OutputPolicy, related_name="regression_cases", on_delete=models.CASCADE
+    )
+    prompt = models.TextField()
+    expected = models.CharField(max_length=16, choices=Expected.choices)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self):
+        return f"{self.prompt[:40]} -> {self.expected}"
+
+
+class RegressionRun(models.Model):
+    """One run of a policy's regression set: on which version, a draft or not, and every case's
+    result (`results`: prompt, expected, got, passed, reason, text)."""
+
+    policy = models.ForeignKey(
+        OutputPolicy, related_name="regression_runs", on_delete=models.CASCADE
+    )
+    policy_version = models.PositiveIntegerField(help_text="the stored version it was run against")
+    draft = models.BooleanField(
+        default=False, help_text="run on the change page's unsaved values, not the stored policy"
+    )
+    ran_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    ran_at = models.DateTimeField(auto_now_add=True)
+    passed = models.PositiveIntegerField(default=0)
+    total = models.PositiveIntegerField(default=0)
+    results = models.JSONField(default=list)
+
+    class Meta:
+        ordering = ["-ran_at", "-id"]
+
+    def __str__(self):
+        return f"{self.policy.slug} v{self.policy_version}: {self.passed}/{self.total}"
+
+    @property
+    def pass_rate(self) -> float | None:
+        return self.passed / self.total if self.total else None
+
+    @property
+    def pass_percent(self) -> str:
+        """ "88%", or "—" for an empty run."""
+        rate = self.pass_rate
+        return "—" if rate is None else f"{rate:.0%}"
 
 
 class CachedAnswer(models.Model):

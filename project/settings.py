@@ -328,6 +328,13 @@ CHAT_REMOTE_LEASE_SECONDS = envfloat(
 # A local tokenizer folder for token counts; empty: CHAT_MODEL_PATH or the bundled model if present; "none": none.
 CHAT_REMOTE_TOKENIZER = env("CHAT_REMOTE_TOKENIZER", "")
 
+# Identical prompts in flight share one generation across the processes on CHAT_CACHE_REDIS_URL
+# (in-process sharing is always on); a process gone for this long counts as dead.
+CHAT_COALESCE_ACROSS_PROCESSES = envbool("CHAT_COALESCE_ACROSS_PROCESSES", True)
+CHAT_COALESCE_LEASE_SECONDS = envfloat("CHAT_COALESCE_LEASE_SECONDS", 10.0)
+if CHAT_COALESCE_LEASE_SECONDS <= 0:
+    raise ImproperlyConfigured("CHAT_COALESCE_LEASE_SECONDS must be a positive number of seconds")
+
 if CHAT_KV_CACHE_MB < 1 or CHAT_MAX_BATCH < 1:
     raise ImproperlyConfigured("CHAT_KV_CACHE_MB and CHAT_MAX_BATCH must be at least 1")
 if CHAT_BACKEND not in {"local", "openai"}:

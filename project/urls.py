@@ -3,7 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from chat.transports import account_views, accounts, api, apikey_views, openai_api, views
-from chat.transports.admin_views import latency_view
+from chat.transports.admin_views import behaviour_view, latency_view
 
 # The product's own error pages; JSON in the API's shape on /api/ and /v1/
 # (chat/transports/error_pages.py).
@@ -80,5 +80,6 @@ urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     path("metrics", views.metrics, name="metrics"),
     path("admin/latency/", admin.site.admin_view(latency_view), name="admin-latency"),
+    path("admin/behaviour/", admin.site.admin_view(behaviour_view), name="admin-behaviour"),
     path("admin/", admin.site.urls),
 ]

@@ -1,8 +1,12 @@
-"""The peer: `transformers serve --continuous-batching` on loopback, with the bundled model folder.
+"""The peers: other OpenAI-compatible servers on loopback, running the same model.
 
-The library's own continuous-batching server is what the local engine is measured against
-(`make benchmark`) and the real engine the remote tier is tested against (tests/conftest.py's
-`peer` fixture). It needs the `transformers[serving]` extra (requirements-dev.txt).
+- `transformers serve --continuous-batching` on the bundled model folder: the library's own
+  continuous-batching server, what the local engine is measured against (`make benchmark`) and the
+  real engine the remote tier is tested against (tests/conftest.py's `peer` fixture). It needs
+  the `transformers[serving]` extra (requirements-dev.txt).
+- llama.cpp's server (`llama-cpp-python`) on the very GGUF file the product ships: a measuring
+  peer only, never a dependency of the tests. It builds from source (about 10 minutes on 2 cores),
+  so it lives in a virtual environment of its own: `make llama-peer` (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -25,6 +29,10 @@ DEFAULT_MODEL_DIR = ROOT / "var" / "models" / "SmolLM2-135M-Instruct"
 DEFAULT_ARGS = ("--cb-num-blocks", "64")
 
 
+# Where `make llama-peer` installs llama-cpp-python; LLAMA_CPP_PYTHON names another interpreter.
+LLAMA_VENV = ROOT / "var" / "llama-venv"
+
+
 def transformers_cli() -> str | None:
     """The `transformers` console script of this interpreter's environment, if installed."""
     beside = Path(sys.executable).with_name("transformers")
@@ -41,24 +49,17 @@ def serving_available() -> bool:
     return transformers_cli() is not None
 
 
-class TransformersServe:
-    """`transformers serve --continuous-batching` on a free loopback port; a context manager.
+class ServerProcess:
+    """An OpenAI-compatible server in a child process on a free loopback port; a context manager.
 
-    `base_url` ends in /v1 like every OpenAI-compatible server. The model is named by its folder
-    path in requests (`model`), which is how that server finds it.
+    `base_url` ends in /v1 like every OpenAI-compatible server; `model` is the name its requests
+    use. Subclasses say how to start it (`command`).
     """
 
-    def __init__(
-        self,
-        model_dir: Path | str = DEFAULT_MODEL_DIR,
-        *,
-        dtype: str = "float32",
-        extra_args: tuple[str, ...] = DEFAULT_ARGS,
-        log_path: Path | None = None,
-    ):
-        self.model = os.path.realpath(model_dir)
-        self.dtype = dtype
-        self.extra_args = tuple(extra_args)
+    name = "server"
+
+    def __init__(self, model: str, *, log_path: Path | None = None):
+        self.model = model
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.base_url = self.url + "/v1"
@@ -70,29 +71,11 @@ class TransformersServe:
     def pid(self) -> int | None:
         return self.process.pid if self.process else None
 
-    def start(self, timeout: float = 240) -> TransformersServe:
-        cli = transformers_cli()
-        if cli is None or not serving_available():
-            raise RuntimeError(
-                "transformers serve needs the serving extra: pip install -r requirements-dev.txt"
-            )
-        if not Path(self.model, "config.json").exists():
-            raise RuntimeError(
-                f"no model folder at {self.model} (run python -m chat.engine.prepare)"
-            )
-        command = [
-            cli,
-            "serve",
-            "--continuous-batching",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--dtype",
-            self.dtype,
-            *self.extra_args,
-            self.model,  # loaded before it listens, so the first answer pays no load
-        ]
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def start(self, timeout: float = 240):
+        command = self.command()
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         started = time.perf_counter()
@@ -100,17 +83,18 @@ class TransformersServe:
         while time.perf_counter() - started < timeout:
             if self.process.poll() is not None:
                 raise RuntimeError(
-                    f"transformers serve exited with {self.process.returncode}: {self.log_tail()}"
+                    f"{self.name} exited with {self.process.returncode}: {self.log_tail()}"
                 )
             if self._answers():
                 self.ready_s = time.perf_counter() - started
                 return self
             time.sleep(0.5)
         self.stop()
-        raise RuntimeError(f"transformers serve not listening after {timeout:.0f} s")
+        raise RuntimeError(f"{self.name} not listening after {timeout:.0f} s")
 
     def _answers(self) -> bool:
-        """Any HTTP answer means it listens: its /v1/models answers 500 for a forced model."""
+        """Any HTTP answer means it listens (transformers serve's /v1/models answers 500 for a
+        forced model)."""
         try:
             with urllib.request.urlopen(self.base_url + "/models", timeout=2):
                 return True
@@ -135,8 +119,114 @@ class TransformersServe:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(10)
 
-    def __enter__(self) -> TransformersServe:
+    def __enter__(self):
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class TransformersServe(ServerProcess):
+    """`transformers serve --continuous-batching` on the bundled model folder.
+
+    The model is named by its folder path in requests (`model`), which is how that server finds
+    it. `dtype="auto"` is the library's own default (the checkpoint's: bf16 for the converted
+    folder); the benchmark runs it both ways.
+    """
+
+    name = "transformers serve"
+
+    def __init__(
+        self,
+        model_dir: Path | str = DEFAULT_MODEL_DIR,
+        *,
+        dtype: str = "float32",
+        extra_args: tuple[str, ...] = DEFAULT_ARGS,
+        log_path: Path | None = None,
+    ):
+        super().__init__(os.path.realpath(model_dir), log_path=log_path)
+        self.dtype = dtype
+        self.extra_args = tuple(extra_args)
+
+    def command(self) -> list[str]:
+        cli = transformers_cli()
+        if cli is None or not serving_available():
+            raise RuntimeError(
+                "transformers serve needs the serving extra: pip install -r requirements-dev.txt"
+            )
+        if not Path(self.model, "config.json").exists():
+            raise RuntimeError(
+                f"no model folder at {self.model} (run python -m chat.engine.prepare)"
+            )
+        return [
+            cli,
+            "serve",
+            "--continuous-batching",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dtype",
+            self.dtype,
+            *self.extra_args,
+            self.model,  # loaded before it listens, so the first answer pays no load
+        ]
+
+
+def llama_cpp_python() -> str | None:
+    """An interpreter with llama-cpp-python's server installed (LLAMA_CPP_PYTHON, else
+    `make llama-peer`'s venv), or None."""
+    named = os.environ.get("LLAMA_CPP_PYTHON")
+    candidate = Path(named) if named else LLAMA_VENV / "bin" / "python"
+    if not candidate.exists():
+        return None
+    probe = subprocess.run(
+        [str(candidate), "-c", "import llama_cpp.server, uvicorn"], capture_output=True
+    )
+    return str(candidate) if probe.returncode == 0 else None
+
+
+class LlamaCppServer(ServerProcess):
+    """llama.cpp's OpenAI server (`python -m llama_cpp.server`) on a GGUF file, `threads` threads.
+
+    It serves one request at a time (its own lock), so concurrent users queue there: that is the
+    peer as its users run it. The chat template is the GGUF's own.
+    """
+
+    name = "llama.cpp server"
+
+    def __init__(
+        self,
+        gguf: Path | str,
+        *,
+        python: str,
+        threads: int,
+        context: int = 2048,
+        log_path: Path | None = None,
+    ):
+        super().__init__("smollm2-gguf", log_path=log_path)
+        self.gguf = str(gguf)
+        self.python = python
+        self.threads = threads
+        self.context = context
+
+    def command(self) -> list[str]:
+        return [
+            self.python,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            self.gguf,
+            "--model_alias",
+            self.model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--n_threads",
+            str(self.threads),
+            "--n_threads_batch",
+            str(self.threads),
+            "--n_ctx",
+            str(self.context),
+        ]

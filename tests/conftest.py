@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
+import re
 
 import pytest
 from channels.testing import WebsocketCommunicator
@@ -26,6 +28,38 @@ MODEL_FIXTURES = {
 BROWSER_FIXTURES = {"browser", "page"}
 # `make test-unit` sets it: anything that would load the model fails instead (the env guard).
 NO_MODEL = os.environ.get("CHAT_TEST_NO_MODEL") == "1"
+# `make test` sets it on its second database's pass: a test that touches no database already
+# passed on the first, so only the tests that do are run again (deselected, and counted).
+DATABASE_TESTS_ONLY = os.environ.get("CHAT_TEST_DATABASE_ONLY") == "1"
+# A module that starts a server process (its own database connection) in a test's body.
+_STARTS_A_SERVER = re.compile(
+    r'LiveServer|daphne_server|live_server|liveserver|project\.serve|"manage\.py"'
+)
+
+
+def _unblocks_the_database(fixturedef) -> bool:
+    """One of our fixtures that lifts pytest-django's block itself (pytest-django's own autouse
+    fixtures ask for the blocker too, to keep it down)."""
+    return "django_db_blocker" in fixturedef.argnames and not fixturedef.func.__module__.startswith(
+        "pytest_django"
+    )
+
+
+def touches_a_database(item, module_starts_a_server: dict) -> bool:
+    """pytest-django blocks the database for a test without its marker or fixtures (or a
+    fixture that unblocks it), so those and the server processes (which open their own
+    connections) are all that can touch one."""
+    module = item.module
+    if module not in module_starts_a_server:
+        module_starts_a_server[module] = bool(_STARTS_A_SERVER.search(inspect.getsource(module)))
+    return bool(
+        item.get_closest_marker("django_db")
+        or "django_db_setup" in item.fixturenames
+        or any(
+            _unblocks_the_database(defs[-1]) for defs in item._fixtureinfo.name2fixturedefs.values()
+        )
+        or module_starts_a_server[module]
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -47,6 +81,11 @@ def pytest_collection_modifyitems(config, items):
             errors.append(f"{item.nodeid}: uses a browser but is not marked browser")
     if errors:
         raise pytest.UsageError("test layers:\n  " + "\n  ".join(errors))
+    if DATABASE_TESTS_ONLY:
+        seen: dict = {}
+        kept = [item for item in items if touches_a_database(item, seen)]
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -58,7 +97,7 @@ def model_guard():
         return
     from chat.engine import loading
     from testing.liveserver import LiveServer
-    from testing.peer import TransformersServe
+    from testing.peer import ServerProcess
 
     def refuse(*args, **kwargs):
         raise AssertionError("CHAT_TEST_NO_MODEL=1: this test needs the model; mark it integration")
@@ -66,7 +105,7 @@ def model_guard():
     patched = [
         (loading, "load_backend"),
         (LiveServer, "start"),
-        (TransformersServe, "start"),
+        (ServerProcess, "start"),
     ]
     originals = [getattr(owner, name) for owner, name in patched]
     for owner, name in patched:

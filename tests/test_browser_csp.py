@@ -21,6 +21,7 @@ ADMIN_PAGES = [
     "/admin/chat/message/",
     "/admin/chat/cachedanswer/",
     "/admin/latency/",
+    "/admin/behaviour/",
     "/admin/chat/apikey/",
     # The signed-in person's own pages, with the same session.
     "/account/api-keys/",

@@ -9,9 +9,11 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from chat.engine.coalescing import Coalescer
+from chat.engine.coalescing_across import AcrossProcesses
 from chat.engine.scheduler import ContinuousScheduler
 from chat.engine.types import Finished, Started, TextChunk
 from chat.models import Message
+from tests.conftest import TEST_CACHE_URL
 
 pytestmark = pytest.mark.integration
 
@@ -115,6 +117,32 @@ def test_a_joiners_cancel_leaves_the_others_and_the_last_one_stops_the_generatio
     assert scheduler.submitted == 1 and coalescer.in_flight() == 0
 
 
+def two_processes() -> tuple[Coalescer, Coalescer]:
+    """Two Coalescers on one Redis, as two daphne processes have (tests/test_coalescing_across.py
+    runs two real ones)."""
+    processes = Coalescer(), Coalescer()
+    for process in processes:
+        process.across = AcrossProcesses(lambda: TEST_CACHE_URL)
+    return processes
+
+
+def test_a_second_process_follows_the_first_ones_generation(backend, scheduler):
+    a, b = two_processes()
+    first, second = Listener(), Listener()
+    a.sharing(scheduler, "key").submit(
+        backend.request(STORY, max_new_tokens=30, min_new_tokens=30), first
+    )
+    assert first.first_chunk.wait(120)
+    b.sharing(scheduler, "key").submit(
+        backend.request(STORY, max_new_tokens=30, min_new_tokens=30), second
+    )
+    assert first.done.wait(120) and second.done.wait(120)
+    assert scheduler.submitted == 1 and b.across is not None and b.across.joined == 1
+    assert first.text == second.text == first.result.text == second.result.text
+    assert second.result.finish_reason == "length" and second.result.new_tokens == 30
+    assert a.in_flight() == b.in_flight() == 0
+
+
 @ws_db
 async def test_visitors_sending_the_same_prompt_at_once_share_one_generation(
     make_client, runtime, make_policy, monkeypatch
@@ -171,6 +199,19 @@ def test_identical_requests_open_one_stream_to_an_inference_server(backend):
         assert server.posts == 1 and coalescer.joined == 2
         assert len({listener.text for listener in listeners}) == 1
         assert listeners[0].text == listeners[0].result.text
+        # Two processes on one Redis, each its own remote scheduler: still one stream.
+        a, b = two_processes()
+        other = ConcurrentScheduler(remote, max_running=4)
+        try:
+            first, second = Listener(), Listener()
+            for process, on, listener in ((a, scheduler, first), (b, other, second)):
+                request = remote.request(STORY, max_new_tokens=24, min_new_tokens=24)
+                process.sharing(on, "key").submit(request, listener)
+            assert first.done.wait(120) and second.done.wait(120)
+        finally:
+            other.close()
+        assert server.posts == 2 and b.across is not None and b.across.joined == 1
+        assert first.text == second.text == first.result.text == listeners[0].text
     finally:
         scheduler.close()
         server.stop()

@@ -137,3 +137,32 @@ def test_repeated_ngram_rate_measures_loops_not_length():
     assert repeated_ngram_rate("one two three four five six seven") == 0.0
     assert repeated_ngram_rate("a b c d " * 10) > 0.8
     assert repeated_ngram_rate("too short") == 0.0
+
+
+@pytest.mark.unit
+def test_hookbench_reports_each_hooks_rates_and_cost_per_window():
+    out = io.StringIO()
+    call_command("hookbench", "--answer-chars", "256", stdout=out)
+    text = out.getvalue()
+    rows = {line.split()[0]: line for line in text.splitlines() if line[:1].isalpha()}
+    for hook in ("personal_data", "profanity", "blocklist", "repetition"):
+        assert hook in rows and "ms" in rows[hook]
+    assert "of 254" in rows["personal_data"] and "4 windows" in text
+
+
+@pytest.mark.integration
+def test_hookbench_measures_the_first_character_delay_per_window(backend):
+    out = io.StringIO()
+    call_command(
+        "hookbench",
+        "--answer-chars",
+        "128",
+        "--holdback",
+        "0,32",
+        "--tokens",
+        "12",
+        stdout=out,
+        stderr=io.StringIO(),
+    )
+    delays = out.getvalue().split("first-character delay")[1].splitlines()[2:4]
+    assert [line.split()[0] for line in delays] == ["0", "32"]

@@ -111,6 +111,7 @@ def test_staff_edit_policies_in_the_admin_and_every_change_is_recorded(runtime, 
         "examples": "[]",
         "moderation_hooks": "[]",
         "blocklist_terms": "",
+        "holdback_chars": "0",
         "failure_action": "reject",
         "fallback_text": "",
         "max_retries": "1",
@@ -130,6 +131,10 @@ def test_staff_edit_policies_in_the_admin_and_every_change_is_recorded(runtime, 
         "revisions-INITIAL_FORMS": "0",
         "revisions-MIN_NUM_FORMS": "0",
         "revisions-MAX_NUM_FORMS": "1000",
+        "regression_cases-TOTAL_FORMS": "0",
+        "regression_cases-INITIAL_FORMS": "0",
+        "regression_cases-MIN_NUM_FORMS": "0",
+        "regression_cases-MAX_NUM_FORMS": "1000",
     }
     refused = client.post(url, data)
     assert refused.status_code == 200 and "not a valid JSON Schema" in refused.content.decode()

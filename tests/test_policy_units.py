@@ -509,18 +509,18 @@ def random_split(text: str, rng: random.Random) -> list[str]:
     return [text[a:b] for a, b in pairwise(bounds)]
 
 
-def make_gate(mode: str):
+def make_gate(mode: str, holdback: int = 0):
     hooks = [BlocklistHook(terms=["darn"]), RepetitionHook(max_chars=300)]
     schema = None if mode == "stream" else ANSWER_SCHEMA
-    return gate_for(mode, hooks=hooks, schema=schema, window_chars=8)
+    return gate_for(mode, hooks=hooks, schema=schema, window_chars=8, holdback_chars=holdback)
 
 
-def check_invariance(text: str, chunks: list[str], mode: str) -> None:
-    """Same text, any chunking: same outcome, and shown + held_text is the text on ok; a veto
-    (withdrawn or cut) in one chunking is a veto in every other."""
+def check_invariance(text: str, chunks: list[str], mode: str, holdback: int = 0) -> None:
+    """Same text, any chunking, any hold-back window: same outcome, and shown + held_text is
+    the text on ok; a veto (withdrawn or cut) in one chunking is a veto in every other."""
     assert "".join(chunks) == text
     reference_actions, reference = run(make_gate(mode), [text])
-    actions, outcome = run(make_gate(mode), chunks)
+    actions, outcome = run(make_gate(mode, holdback), chunks)
     holds = [a for a in actions if isinstance(a, Hold)]
     assert len(holds) <= 1
     if holds:  # nothing is emitted once holding has started
@@ -551,16 +551,18 @@ def check_invariance(text: str, chunks: list[str], mode: str) -> None:
     assert shown == text[: len(text) - len(outcome.held_text)]
 
 
+@pytest.mark.parametrize("holdback", [0, 5, 40])
 @pytest.mark.parametrize("mode", ["stream", "buffer", "auto"])
-def test_random_splits_are_invariant(mode):
-    """Seeded random splits of samples and random fragment soups never change the result."""
+def test_random_splits_are_invariant(mode, holdback):
+    """Seeded random splits of samples and random fragment soups never change the result,
+    with or without a hold-back window."""
     rng = random.Random(20240601)
     for _ in range(400):
         if rng.random() < 0.4:
             text = rng.choice(SAMPLES)
         else:
             text = "".join(rng.choice(FRAGMENTS) for _ in range(rng.randint(0, 25)))
-        check_invariance(text, random_split(text, rng), mode)
+        check_invariance(text, random_split(text, rng), mode, holdback)
 
 
 def test_auto_invariance_reference_outcomes():
@@ -594,11 +596,13 @@ if given is not None:
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow],
     )
-    @given(split_texts(), st.sampled_from(["stream", "buffer", "auto"]))
-    def test_hypothesis_splits_are_invariant(case, mode):
+    @given(
+        split_texts(), st.sampled_from(["stream", "buffer", "auto"]), st.sampled_from([0, 3, 20])
+    )
+    def test_hypothesis_splits_are_invariant(case, mode, holdback):
         """Hypothesis-driven chunkings give the same outcome and never leak a held fence."""
         text, chunks = case
-        check_invariance(text, chunks, mode)
+        check_invariance(text, chunks, mode, holdback)
 
 
 # --- retry --------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from torch import nn
 from chat.engine import quantized, weight_major
 from chat.engine.loading import bundled_gguf_path
 from chat.engine.quantized import QuantLinear
+from chat.engine.start_choices import StartChoices, decisive
 
 pytestmark = pytest.mark.skipif(
     not quantized.kernels_available(), reason="this torch has no weight-only CPU kernels"
@@ -219,6 +221,65 @@ def test_auto_does_not_time_a_kernel_the_probe_finds_slow(monkeypatch):
     line = quantized.choose(model, "auto", lambda: pytest.fail("no step should be timed"))
     assert "not quantized" in line and "3.0x float on one row, not tried" in line
     assert _layers(model) == ["Linear"] * 3
+
+
+@pytest.mark.unit
+def test_auto_remembers_a_decisive_choice_and_the_next_start_on_that_machine_skips_the_timing(
+    monkeypatch, tmp_path
+):
+    monkeypatch.setattr(quantized, "probe", lambda linear, layer: 1.0)
+    monkeypatch.setattr(quantized, "AUTO_CANDIDATES", ("int4", "int8"))
+    remembered = StartChoices(tmp_path / "start-choices.json")
+    machine = {"cpu": "abc", "torch": "2.13.0", "threads": 2}
+    seconds = iter([1.0, 0.5, 0.7])  # none, int4, int8: int4 wins clearly
+    quantized.choose(Tiny(), "auto", lambda: next(seconds), remembered=remembered, machine=machine)
+
+    model = Tiny()
+    line = quantized.choose(
+        model,
+        "auto",
+        lambda: pytest.fail("a remembered choice is not timed again"),
+        remembered=remembered,
+        machine=machine,
+    )
+    assert "weights int4 (auto, as measured before on this machine" in line
+    assert model.up.kind == "int4" and model.head.kind == "int8"
+
+    # Another CPU (or torch, threads, weights) is another key: measured again.
+    timed = []
+    other = {**machine, "cpu": "def"}
+    quantized.choose(
+        Tiny(), "auto", lambda: timed.append(1) or 1.0, remembered=remembered, machine=other
+    )
+    assert timed
+
+
+@pytest.mark.unit
+def test_a_close_call_is_not_remembered_and_a_damaged_file_only_costs_a_timing(
+    monkeypatch, tmp_path
+):
+    monkeypatch.setattr(quantized, "probe", lambda linear, layer: 1.0)
+    monkeypatch.setattr(quantized, "AUTO_CANDIDATES", ("int4",))
+    path = tmp_path / "start-choices.json"
+    remembered = StartChoices(path)
+    seconds = iter([1.0, 0.9])  # none 1.0, int4 0.9: within DECISIVE, a noisy reading
+    quantized.choose(Tiny(), "auto", lambda: next(seconds), remembered=remembered, machine={})
+    assert not path.exists()
+
+    path.write_text("{not json")
+    seconds = iter([1.0, 0.5])
+    line = quantized.choose(
+        Tiny(), "auto", lambda: next(seconds), remembered=remembered, machine={}
+    )
+    assert "weights int4 (auto): decode steps" in line
+    assert json.loads(path.read_text())["quant"]["value"]["mode"] == "int4"
+
+
+@pytest.mark.unit
+def test_decisive_needs_the_runner_up_clearly_slower():
+    assert decisive({"none": 1.0, "gguf": 0.5})
+    assert not decisive({"none": 1.0, "gguf": 0.9})
+    assert decisive({"none": 1.0})
 
 
 @pytest.mark.unit

@@ -18,6 +18,7 @@ from .batching import Row
 from .decoding import RunningBatch, sampling_processors
 from .eos import token_id
 from .prefix_store import PrefixStore
+from .start_choices import START_CHOICES_FILE, StartChoices, machine_identity
 from .template import encode_pieces, encode_text, render_pieces
 from .types import (
     EngineConfig,
@@ -140,7 +141,20 @@ class LocalBackend(SteppedBackend):
         # Weights first: a block mode leaves no float linear for weight-major to time, which
         # saves seconds of start-up; the float model keeps weight-major's choice as before.
         quant_line = quantized.choose(
-            model, config.quant, backend.time_quant_steps, gguf_path=gguf, progress=progress
+            model,
+            config.quant,
+            backend.time_quant_steps,
+            gguf_path=gguf,
+            progress=progress,
+            remembered=StartChoices(Path(config.data_dir) / START_CHOICES_FILE),
+            machine={
+                "cpu": machine_identity(),
+                "torch": torch.__version__,
+                "threads": torch.get_num_threads(),
+                "dtype": str(dtype),
+                "weights": fingerprint,
+                "gguf": str(gguf),
+            },
         )
         float_linears = any(type(module) is nn.Linear for module in model.modules())
         if device == "cpu" and config.weight_major != "off" and float_linears:

@@ -10,8 +10,9 @@ only the tokens are shared.
 
 A joiner's cancel detaches it alone (it gets Finished "cancelled" with the text it had);
 the generation is cancelled only when its last listener is gone. Works in front of any
-Scheduler (the local ContinuousScheduler or the remote ConcurrentScheduler), within one
-process.
+Scheduler (the local ContinuousScheduler or the remote ConcurrentScheduler). Within one
+process by itself; with `across` set (coalescing_across.py), the one request a process's
+identical turns share is in turn shared with the other processes on the same Redis.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from .types import (
     Event,
@@ -45,6 +47,24 @@ class _Generation:
     position: int = 0
     started: bool = False
     text: list[str] = field(default_factory=list)
+    closed: bool = False  # ended for its listeners: later events are not theirs
+
+
+class Across(Protocol):
+    """How the one request of a generation reaches the scheduler when processes share it."""
+
+    joined: int  # requests that followed another process's generation
+
+    def submit(
+        self,
+        scheduler: Scheduler,
+        key: str,
+        request: GenerationRequest,
+        sink: Sink,
+        expected: bool,
+    ) -> tuple[Ticket, int]: ...
+
+    def cancel(self, scheduler: Scheduler, ticket: Ticket) -> None: ...
 
 
 class Coalescer:
@@ -55,6 +75,7 @@ class Coalescer:
         self._live: dict[tuple[object, ...], _Generation] = {}
         self._of: dict[Ticket, _Generation] = {}
         self.joined = 0  # requests that joined another's generation (for tests and benchmarks)
+        self.across: Across | None = None  # set by the runtime when processes share a Redis
 
     def sharing(self, scheduler: Scheduler, key: str | None) -> Scheduler:
         """`scheduler` as seen by a turn with cache key `key`: identical requests share one
@@ -90,10 +111,19 @@ class Coalescer:
             self._of[ticket] = generation
             # Its own cancel flag: a listener's Stop must not stop the others' generation.
             shared = replace(request, cancel=threading.Event())
+
+            def sink(event: Event) -> None:
+                self._fan_out(generation, event)
+
             try:
-                generation.inner, generation.position = scheduler.submit(
-                    shared, lambda event: self._fan_out(generation, event), expected=expected
-                )
+                if self.across is not None:
+                    generation.inner, generation.position = self.across.submit(
+                        scheduler, key, shared, sink, expected
+                    )
+                else:
+                    generation.inner, generation.position = scheduler.submit(
+                        shared, sink, expected=expected
+                    )
             except Exception:
                 self._close(generation)
                 raise
@@ -121,7 +151,11 @@ class Coalescer:
             # may join it any more.
             self._live.pop(generation.key, None)
             inner = generation.inner
-        if inner is not None:
+        if inner is None:
+            return
+        if self.across is not None:
+            self.across.cancel(scheduler, inner)
+        else:
             scheduler.cancel(inner)
 
     # -- internals --------------------------------------------------------------
@@ -141,6 +175,8 @@ class Coalescer:
         """Record the event and hand it to every listener, under the lock so a joiner's replay
         and the live events never interleave."""
         with self._lock:
+            if generation.closed:
+                return  # a shared generation's stray event after its listener left
             if isinstance(event, Queued):
                 generation.position = event.position
             elif isinstance(event, Started):
@@ -154,6 +190,7 @@ class Coalescer:
                 ticket.sink(event)
 
     def _close(self, generation: _Generation) -> None:
+        generation.closed = True
         if self._live.get(generation.key) is generation:
             del self._live[generation.key]
         for ticket in generation.listeners:

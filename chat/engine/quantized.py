@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from . import blockquant
+from .start_choices import StartChoices, decisive
 from .weight_major import WeightMajorLinear
 
 log = logging.getLogger(__name__)
@@ -507,6 +508,8 @@ def choose(
     *,
     gguf_path: str | Path | None = None,
     progress: Callable[[str], None] = log.info,
+    remembered: StartChoices | None = None,
+    machine: dict[str, Any] | None = None,
 ) -> str:
     """Quantize the model's linears per `mode`; returns a line for the start-up log.
 
@@ -515,6 +518,9 @@ def choose(
     projection first; then `time_steps` (the seconds of representative decode steps) against the
     model as loaded, keeping the first that beats the float model by MARGIN. "none" leaves the
     model alone.
+
+    `remembered`: where auto's decisive choices are kept, keyed by `machine` (the CPU, torch,
+    threads, weights) and the candidates, so a later start on the same key skips the timing.
     """
     if mode not in MODES:
         raise ValueError(f"CHAT_MODEL_QUANT={mode!r}: use one of {', '.join(MODES)}")
@@ -535,6 +541,51 @@ def choose(
             "weights not quantized (auto): no mode has yet matched fp32's quality "
             "(CHAT_MODEL_QUANT=gguf, int4 or int8 forces one)"
         )
+    key = {**(machine or {}), "candidates": list(AUTO_CANDIDATES), "margin": MARGIN}
+    key["kernels"] = hashlib.sha256(blockquant.SOURCE.read_bytes()).hexdigest()[:16]
+    if remembered is not None:
+        line = _remembered_choice(model, remembered.get("quant", key), gguf_path, progress)
+        if line is not None:
+            return line
+    best, line, timings = _measured_choice(model, time_steps, gguf_path, progress)
+    if remembered is not None and decisive(timings):
+        remembered.put("quant", key, {"mode": best, "timings": timings})
+    return line
+
+
+def _remembered_choice(
+    model: nn.Module,
+    choice: dict[str, Any] | None,
+    gguf_path: str | Path | None,
+    progress: Callable[[str], None],
+) -> str | None:
+    """Apply a remembered auto choice; None when there is none usable (then auto measures)."""
+    if choice is None:
+        return None
+    best, timings = choice.get("mode"), choice.get("timings")
+    if best not in ("none", *AUTO_CANDIDATES) or not isinstance(timings, dict):
+        return None
+    if best != "none":
+        if _unavailable(best, progress):
+            return None
+        _, from_gguf = _apply(model, best, gguf_path)
+    figures = ", ".join(
+        f"{name} {float(seconds) * 1000:.0f} ms" for name, seconds in timings.items()
+    )
+    return (
+        f"weights {'not quantized' if best == 'none' else best} (auto, as measured before on this "
+        f"machine: decode steps {figures})" + (_source(best, from_gguf) if best != "none" else "")
+    )
+
+
+def _measured_choice(
+    model: nn.Module,
+    time_steps: Callable[[], float],
+    gguf_path: str | Path | None,
+    progress: Callable[[str], None],
+) -> tuple[str, str, dict[str, float]]:
+    """Time the candidates against the model as loaded and keep the best: (mode, log line,
+    timings)."""
     timings: dict[str, float] = {}
     notes: list[str] = []
     applied: tuple[str, list[tuple[nn.Module, str, nn.Module]], int] | None = (
@@ -566,7 +617,8 @@ def choose(
         applied = None
     if best != "none" and applied is None:
         applied = (best, *_apply(model, best, gguf_path))
-    return _auto_line(best, timings, notes) + (_source(best, applied[2]) if applied else "")
+    line = _auto_line(best, timings, notes) + (_source(best, applied[2]) if applied else "")
+    return best, line, timings
 
 
 def _unavailable(mode: str, progress: Callable[[str], None]) -> str | None:

@@ -75,6 +75,12 @@ class _EngineCollector:
             "Requests that joined an identical generation already in flight.",
             value=coalescer.joined,
         )
+        across = coalescer.across
+        yield CounterMetricFamily(
+            f"{PREFIX}_coalesced_remote_requests",
+            "Requests that followed an identical generation run by another process.",
+            value=across.joined if across is not None else 0,
+        )
         store = self.prefix_store
         if store is None:
             return

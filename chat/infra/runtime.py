@@ -17,6 +17,19 @@ from ..protocol import SERVER_RESTARTING
 log = logging.getLogger(__name__)
 
 
+def share_generations_across_processes() -> None:
+    """Identical prompts in flight share one generation across the processes on the completion
+    cache's Redis (engine/coalescing_across.py), unless CHAT_COALESCE_ACROSS_PROCESSES is off."""
+    from ..engine.coalescing import coalescer
+    from ..engine.coalescing_across import AcrossProcesses
+
+    if settings.CHAT_COALESCE_ACROSS_PROCESSES and coalescer.across is None:
+        coalescer.across = AcrossProcesses(
+            lambda: settings.CHAT_CACHE_REDIS_URL,
+            lease_seconds=settings.CHAT_COALESCE_LEASE_SECONDS,
+        )
+
+
 class NotReady(RuntimeError):
     def __init__(self, message: str, code: str = "model_loading"):
         super().__init__(message)
@@ -130,6 +143,7 @@ class Runtime:
 
             track_scheduler(self.scheduler)
             track_prefix_store(backend)
+            share_generations_across_processes()
             self.backend = backend
         except Exception as exc:
             log.exception("model failed to load")

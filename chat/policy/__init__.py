@@ -5,7 +5,9 @@ A gate (`gate_for`) is fed the generated chunks of one answer and replies with a
 `Retract` everything (both stop generating).
 `finish()` gives the `Outcome`: "ok", "invalid" (JSON parse/schema failure; re-ask with
 `reask_message`) or "moderated" (a `ModerationHook` vetoed it). Pure stdlib + jsonschema,
-so it is testable without Django or a model.
+so it is testable without Django or a model; the hooks in their own modules (pii, profanity,
+remote_moderation, guard) are loaded by name (`HOOKS`), the profanity one reading
+alt-profanity-check's model only when a policy uses it.
 """
 
 from .extraction import ExtractionError, extract_json

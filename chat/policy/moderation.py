@@ -7,7 +7,7 @@ import re
 from abc import ABC, abstractmethod
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 __all__ = [
@@ -35,19 +35,33 @@ class Verdict:
     `cut_at` says the answer is good up to that character and only what follows is vetoed
     (a loop, an invented next turn): the gate keeps text[:cut_at] and stops generating. None
     vetoes the whole answer, which is withdrawn.
+
+    `replacement` (on an allowed verdict) is the whole text as it must read instead (personal
+    data masked): the gate keeps it in place of the raw text, so only it is shown, stored and
+    cached. Its change must lie in text not yet shown; the gate's hold-back window sees to it.
     """
 
     allowed: bool
     reason: str = ""
     categories: tuple[str, ...] = ()
     cut_at: int | None = None
+    replacement: str | None = None
 
 
 ALLOWED = Verdict(True)
 
 
 class ModerationHook(ABC):
-    """Base hook; subclasses take their settings as keyword arguments (from a stored dict)."""
+    """Base hook; subclasses take their settings as keyword arguments (from a stored dict).
+
+    `min_holdback` is the hold-back window (characters) the hook needs to work while an answer
+    streams: a hook that rewrites text (a mask) must see a whole match before any of it is
+    shown, so the gate holds back at least this much whatever the policy says.
+    """
+
+    min_holdback: int = 0
+    # True for hooks that wait on a service: the turn then calls the gate off the event loop.
+    blocking: bool = False
 
     @abstractmethod
     def check(self, text: str, *, final: bool) -> Verdict:
@@ -240,6 +254,10 @@ def _clean_cut(text: str, at: int, *, floor: int = 0) -> int:
 HOOKS: dict[str, str] = {
     "blocklist": "chat.policy.moderation.BlocklistHook",
     "repetition": "chat.policy.moderation.RepetitionHook",
+    "personal_data": "chat.policy.pii.PersonalDataHook",
+    "profanity": "chat.policy.profanity.ProfanityHook",
+    "remote_moderation": "chat.policy.remote_moderation.RemoteModerationHook",
+    "guard": "chat.policy.guard.GuardModelHook",
 }
 
 
@@ -270,9 +288,20 @@ def load_hook(path_or_name: str, settings: dict[str, Any] | None = None) -> Mode
 
 
 def moderate(hooks: Iterable[ModerationHook], text: str, *, final: bool) -> Verdict:
-    """The first veto wins; hooks are ordered by whoever configured them."""
+    """The first veto wins; hooks are ordered by whoever configured them. A hook's replacement
+    is what the hooks after it judge, and the result carries the text as all of them left it."""
+    original = text
+    reasons: list[str] = []
+    categories: list[str] = []
     for hook in hooks:
         verdict = hook.check(text, final=final)
         if not verdict.allowed:
-            return verdict
-    return ALLOWED
+            # A veto's cut_at counts in the masked text; the gate masks before it cuts.
+            return verdict if text == original else replace(verdict, replacement=text)
+        if verdict.replacement is not None and verdict.replacement != text:
+            text = verdict.replacement
+            reasons.append(verdict.reason)
+            categories.extend(verdict.categories)
+    if text == original:
+        return ALLOWED
+    return Verdict(True, "; ".join(filter(None, reasons)), tuple(categories), replacement=text)

@@ -55,6 +55,7 @@ class ResolvedPolicy:
     constrained: bool = False
     examples: tuple[tuple[str, str], ...] = ()
     hooks: tuple[ModerationHook, ...] = ()
+    holdback_chars: int = 0
     failure_action: str = "reject"
     fallback_text: str = ""
     max_retries: int = 0
@@ -195,34 +196,41 @@ def resolve(policy) -> ResolvedPolicy:
     """A stored policy as a ResolvedPolicy, compiled once per (id, version)."""
     key = (policy.pk, policy.version)
     if key not in _compiled:
-        _compiled[key] = ResolvedPolicy(
-            id=policy.pk,
-            slug=policy.slug,
-            version=policy.version,
-            mode=policy.effective_mode,
-            schema=policy.json_schema,
-            constrained=policy.constrained and policy.json_schema is not None,
-            examples=tuple((e["user"], e["assistant"]) for e in policy.examples or ()),
-            hooks=tuple(build_hooks(policy)),
-            failure_action=policy.failure_action,
-            fallback_text=policy.fallback_text,
-            max_retries=policy.max_retries,
-            system_prompt=policy.system_prompt or settings.CHAT_SYSTEM_PROMPT,
-            max_new_tokens=min(policy.max_new_tokens, settings.CHAT_MAX_NEW_TOKENS_CAP),
-            stop_strings=tuple(policy.stop_strings or ()),
-            extra_eos_tokens=tuple(policy.extra_eos_tokens or ()),
-            temperature=policy.temperature,
-            top_p=policy.top_p,
-            repetition_penalty=policy.repetition_penalty,
-            no_repeat_ngram_size=policy.no_repeat_ngram_size,
-            frequency_penalty=policy.frequency_penalty,
-            presence_penalty=policy.presence_penalty,
-            cache_enabled=policy.cache_enabled,
-            cache_ttl_seconds=policy.cache_ttl_seconds,
-            require_review=policy.require_review,
-            snapshot=policy.snapshot(),
-        )
+        _compiled[key] = compile_policy(policy)
     return _compiled[key]
+
+
+def compile_policy(policy) -> ResolvedPolicy:
+    """Any policy row as a ResolvedPolicy, never remembered: an unsaved draft (the admin's
+    workbench) shares its id and version with the stored row it would replace."""
+    return ResolvedPolicy(
+        id=policy.pk,
+        slug=policy.slug,
+        version=policy.version,
+        mode=policy.effective_mode,
+        schema=policy.json_schema,
+        constrained=policy.constrained and policy.json_schema is not None,
+        examples=tuple((e["user"], e["assistant"]) for e in policy.examples or ()),
+        hooks=tuple(build_hooks(policy)),
+        holdback_chars=policy.holdback_chars,
+        failure_action=policy.failure_action,
+        fallback_text=policy.fallback_text,
+        max_retries=policy.max_retries,
+        system_prompt=policy.system_prompt or settings.CHAT_SYSTEM_PROMPT,
+        max_new_tokens=min(policy.max_new_tokens, settings.CHAT_MAX_NEW_TOKENS_CAP),
+        stop_strings=tuple(policy.stop_strings or ()),
+        extra_eos_tokens=tuple(policy.extra_eos_tokens or ()),
+        temperature=policy.temperature,
+        top_p=policy.top_p,
+        repetition_penalty=policy.repetition_penalty,
+        no_repeat_ngram_size=policy.no_repeat_ngram_size,
+        frequency_penalty=policy.frequency_penalty,
+        presence_penalty=policy.presence_penalty,
+        cache_enabled=policy.cache_enabled,
+        cache_ttl_seconds=policy.cache_ttl_seconds,
+        require_review=policy.require_review,
+        snapshot=policy.snapshot(),
+    )
 
 
 def policy_for(slug: str | None) -> ResolvedPolicy:

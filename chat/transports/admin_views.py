@@ -9,6 +9,7 @@ JavaScript, nothing fetched from elsewhere, colours from the admin's CSS variabl
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from urllib.parse import urlencode
@@ -19,8 +20,8 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.views.decorators.http import require_safe
 
-from ..infra import latency
-from ..models import Message
+from ..infra import behaviour, latency
+from ..models import Message, OutputPolicy
 
 PERMISSION = "chat.view_message"
 PRESET_HOURS = (
@@ -124,25 +125,36 @@ class Chart:
     legend: list[dict]
 
 
-def build_chart(report: latency.LatencyReport, measure: str, title: str) -> Chart:
-    """The geometry of one chart: p50 and p95 of `measure` ("ttft" or "total") per bucket."""
+def draw_chart(
+    *,
+    chart_id: str,
+    title: str,
+    since: datetime,
+    until: datetime,
+    buckets: list,
+    lines: list[tuple[str, str, list[float | None]]],
+    y_max: float,
+    y_step: float,
+    y_label: Callable[[float], str],
+    point_label: Callable[[float], str],
+    legend: list[dict],
+) -> Chart:
+    """The SVG geometry of one chart over time: a line per (key, label, value per bucket), over
+    buckets with `mid`, `end` and `count`; a bucket without a value breaks its line."""
     left, right, top, bottom = LEFT, WIDTH - RIGHT, TOP, HEIGHT - BOTTOM
-    span = (report.until - report.since).total_seconds() or 1.0
-    values = [getattr(b, f"{measure}_{p}") for b in report.buckets for p in ("p50", "p95")]
-    y_max, y_step = nice_ceiling(max((v for v in values if v is not None), default=0.0))
+    span = (until - since).total_seconds() or 1.0
 
     def x_of(at: datetime) -> float:
-        return left + (at - report.since).total_seconds() / span * (right - left)
+        return left + (at - since).total_seconds() / span * (right - left)
 
     def y_of(value: float) -> float:
         return bottom - value / y_max * (bottom - top)
 
     series = []
-    for key in ("p50", "p95"):
-        line = Series(key=key, label=key)
+    for key, label, values in lines:
+        line = Series(key=key, label=label)
         run: list[str] = []
-        for bucket in report.buckets:
-            value = getattr(bucket, f"{measure}_{key}")
+        for bucket, value in zip(buckets, values, strict=True):
             if value is None:
                 if run:
                     line.segments.append(" ".join(run))
@@ -155,7 +167,7 @@ def build_chart(report: latency.LatencyReport, measure: str, title: str) -> Char
                 {
                     "x": f"{x:.1f}",
                     "y": f"{y:.1f}",
-                    "title": f"{key} {format_ms(value)} (to {when}, {bucket.count} answers)",
+                    "title": f"{label} {point_label(value)} (to {when}, {bucket.count} answers)",
                 }
             )
         if run:
@@ -166,17 +178,10 @@ def build_chart(report: latency.LatencyReport, measure: str, title: str) -> Char
     steps = round(y_max / y_step)
     for i in range(steps + 1):
         value = i * y_step
-        y_ticks.append({"y": f"{y_of(value):.1f}", "label": format_axis(value)})
-    x_ticks = [
-        {"x": f"{x_of(at):.1f}", "label": label}
-        for at, label in time_ticks(report.since, report.until)
-    ]
-    legend = [
-        {"key": "p50", "label": "p50 (median)", "x": right - 250, "y": 14},
-        {"key": "p95", "label": "p95", "x": right - 110, "y": 14},
-    ]
+        y_ticks.append({"y": f"{y_of(value):.1f}", "label": y_label(value)})
+    x_ticks = [{"x": f"{x_of(at):.1f}", "label": text} for at, text in time_ticks(since, until)]
     return Chart(
-        id=f"chart-{measure}",
+        id=chart_id,
         title=title,
         width=WIDTH,
         height=HEIGHT,
@@ -185,6 +190,32 @@ def build_chart(report: latency.LatencyReport, measure: str, title: str) -> Char
         x_ticks=x_ticks,
         series=series,
         legend=legend,
+    )
+
+
+def build_chart(report: latency.LatencyReport, measure: str, title: str) -> Chart:
+    """The geometry of one chart: p50 and p95 of `measure` ("ttft" or "total") per bucket."""
+    values = [getattr(b, f"{measure}_{p}") for b in report.buckets for p in ("p50", "p95")]
+    y_max, y_step = nice_ceiling(max((v for v in values if v is not None), default=0.0))
+    right = WIDTH - RIGHT
+    return draw_chart(
+        chart_id=f"chart-{measure}",
+        title=title,
+        since=report.since,
+        until=report.until,
+        buckets=report.buckets,
+        lines=[
+            (key, key, [getattr(b, f"{measure}_{key}") for b in report.buckets])
+            for key in ("p50", "p95")
+        ],
+        y_max=y_max,
+        y_step=y_step,
+        y_label=format_axis,
+        point_label=format_ms,
+        legend=[
+            {"key": "p50", "label": "p50 (median)", "x": right - 250, "y": 14},
+            {"key": "p95", "label": "p95", "x": right - 110, "y": 14},
+        ],
     )
 
 
@@ -249,3 +280,119 @@ def latency_view(request):
         ],
     }
     return TemplateResponse(request, "admin/chat/latency.html", context)
+
+
+# -- how each policy behaves ----------------------------------------------------------------------
+
+
+def _share(value: float | None) -> str:
+    return "—" if value is None else f"{value:.0%}"
+
+
+def _optional_int(raw) -> int | None:
+    """A policy id or version from the query; junk means "all"."""
+    try:
+        value = int(str(raw).strip())
+    except (TypeError, ValueError):
+        return None
+    return value if value >= 0 else None
+
+
+def behaviour_chart(report: behaviour.BehaviourReport) -> Chart:
+    """The share of each kind of answer per bucket, 0..100 %."""
+    return draw_chart(
+        chart_id="chart-behaviour",
+        title="Share of finished answers",
+        since=report.since,
+        until=report.until,
+        buckets=report.buckets,
+        lines=[
+            (kind, behaviour.LABELS[kind], [b.counts.share(kind) for b in report.buckets])
+            for kind in behaviour.KINDS
+        ],
+        y_max=1.0,
+        y_step=0.25,
+        y_label=lambda value: f"{value:.0%}",
+        point_label=_share,
+        legend=[],  # seven lines: the legend is the page's list under the chart
+    )
+
+
+@require_safe
+def behaviour_view(request):
+    """GET ?hours=24&policy=ID&version=N — how each policy's answers ended, and over time."""
+    user = request.user
+    if not (user.is_active and user.is_staff and user.has_perm(PERMISSION)):
+        raise PermissionDenied
+    hours = latency.parse_hours(request.GET.get("hours", latency.DEFAULT_HOURS))
+    policy_id = _optional_int(request.GET.get("policy"))
+    version = _optional_int(request.GET.get("version")) if policy_id is not None else None
+    report = behaviour.behaviour_report(hours, policy_id=policy_id, version=version)
+    names = OutputPolicy.objects.in_bulk([pid for pid, _ in report.versions if pid is not None])
+
+    def name_of(pid: int | None) -> str:
+        policy = names.get(pid) if pid is not None else None
+        return policy.name if policy is not None else ("no policy" if pid is None else "deleted")
+
+    def query(**params) -> str:
+        return "?" + urlencode(
+            {k: v for k, v in {"hours": hours, **params}.items() if v is not None}
+        )
+
+    selected = "all policies"
+    if policy_id is not None:
+        selected = name_of(policy_id) + ("" if version is None else f" v{version}")
+    context = {
+        **admin.site.each_context(request),
+        "title": "How each policy behaves",
+        "opts": Message._meta,
+        "report": report,
+        "hours": hours,
+        "policy_id": policy_id,
+        "version": version,
+        "selected": selected,
+        "min_hours": latency.MIN_HOURS,
+        "max_hours": latency.MAX_HOURS,
+        "max_rows": latency.MAX_ROWS,
+        "bucket_width": format_duration(report.width),
+        "kinds": [{"key": k, "label": behaviour.LABELS[k]} for k in behaviour.KINDS],
+        "presets": [
+            {
+                "label": label,
+                "query": query(hours=h, policy=policy_id, version=version),
+                "current": h == hours,
+            }
+            for h, label in PRESET_HOURS
+        ],
+        "all_query": query(),
+        "finished": report.totals.finished,
+        "totals": [
+            {"key": k, "label": behaviour.LABELS[k], "share": _share(report.totals.share(k))}
+            for k in behaviour.KINDS
+        ],
+        "versions": [
+            {
+                "name": name_of(pid),
+                "version": "—" if pversion is None else pversion,
+                "query": query(policy=pid, version=pversion) if pid is not None else None,
+                "policy_query": query(policy=pid) if pid is not None else None,
+                "current": pid == policy_id and (version is None or version == pversion),
+                "finished": counts.finished,
+                "cancelled": counts.cancelled,
+                "failed": counts.failed,
+                "shares": [_share(counts.share(k)) for k in behaviour.KINDS],
+            }
+            for (pid, pversion), counts in report.versions.items()
+        ],
+        "rows": [
+            {
+                "end": b.end,
+                "count": b.counts.finished,
+                "shares": [_share(b.counts.share(k)) for k in behaviour.KINDS],
+            }
+            for b in reversed(report.buckets)
+            if b.counts.finished
+        ],
+        "chart": None if report.is_empty else behaviour_chart(report),
+    }
+    return TemplateResponse(request, "admin/chat/behaviour.html", context)

@@ -190,6 +190,7 @@ class TurnRun:
                 policy.mode,
                 hooks=policy.hooks,
                 schema=policy.schema,
+                holdback_chars=policy.holdback_chars,
                 shown=self.answer_so_far,
                 tools=policy.tools,
             )
@@ -208,7 +209,7 @@ class TurnRun:
                     raw=gate.raw,
                     reason=self.cancel_reason,
                 )
-            actions, outcome = gate.finish()
+            actions, outcome = await self._judging(gate.finish)
             await self._apply(actions)
             verdict = Verdict(outcome.status)
             if verdict is Verdict.OK:
@@ -221,10 +222,11 @@ class TurnRun:
                     outcome=Verdict.OK,
                     reason=gate.cut or "",
                     json_value=outcome.json,
+                    masked=gate.masked,
                 )
             if verdict is Verdict.MODERATED:
                 return await self._withdraw(result, gate.raw, outcome.reason)
-            prometheus.VALIDATION_FAILURES.inc()
+            self._count_invalid()
             # invalid: nothing was shown in buffer mode, so the model may try again
             if (
                 policy.mode == OutputPolicy.Mode.BUFFER
@@ -244,6 +246,9 @@ class TurnRun:
                 reason=outcome.reason,
             )
 
+    def _count_invalid(self) -> None:
+        prometheus.VALIDATION_FAILURES.inc()
+
     async def _withdraw(self, result, raw: str, reason: str) -> None:
         """A moderation veto: nothing is kept as the answer; the raw text is stored for review."""
         await self._finish(
@@ -257,7 +262,7 @@ class TurnRun:
             if isinstance(event, TextChunk):
                 if self.first_token_at is None:
                     self.first_token_at = time.perf_counter()
-                await self._apply(gate.feed(event.text))
+                await self._apply(await self._judging(gate.feed, event.text))
             elif isinstance(event, Queued):
                 await self.turn.emit(
                     events.Queued(self.turn.request_id, queue_position=event.position)
@@ -266,6 +271,13 @@ class TurnRun:
                 self.started_at = self.started_at or event.at
             elif isinstance(event, (Finished, Failed)):
                 return event
+
+    async def _judging(self, call, *args):
+        """Run a gate step; off the event loop when a hook waits on a service (a remote
+        moderation endpoint, a guard model), so other turns keep streaming meanwhile."""
+        if any(hook.blocking for hook in self.policy.hooks):
+            return await asyncio.to_thread(call, *args)
+        return call(*args)
 
     async def _apply(self, actions) -> None:
         turn = self.turn
@@ -334,10 +346,53 @@ class TurnRun:
         outcome: Verdict | str = "",
         reason: str = "",
         json_value=None,
+        masked: str | None = None,
     ) -> None:
         turn = self.turn
         done_at = time.perf_counter()
         done_metrics = self._metrics(done_at, result)
+        if masked:
+            done_metrics["masked"] = masked  # the stored raw text is masked too: the only trace
+        await self._store(
+            text=text,
+            finish_reason=finish_reason,
+            done_metrics=done_metrics,
+            raw=raw,
+            outcome=outcome,
+            reason=reason,
+            json_value=json_value,
+        )
+        if finish_reason is Finish.MODERATED and self.retracted is None:
+            # Vetoed only at the end: anything shown must still be withdrawn.
+            await turn.emit(events.Retract(turn.request_id, reason))
+        await turn.emit(
+            events.Done(
+                turn.request_id,
+                message=turn.message_id,
+                text=text,
+                json_value=json_value,
+                finish_reason=finish_reason,
+                cached=False,
+                metrics=done_metrics,
+                reason=reason or None,
+                policy=self.policy.slug,
+            )
+        )
+        await self._account(text, json_value, finish_reason, outcome, done_metrics)
+
+    async def _store(
+        self,
+        *,
+        text: str,
+        finish_reason: Finish,
+        done_metrics: dict,
+        raw: str,
+        outcome: Verdict | str,
+        reason: str,
+        json_value,
+    ) -> None:
+        """The answer stored as the turn's message; the client told when that failed."""
+        turn = self.turn
         status = (
             Message.Status.CANCELLED if finish_reason is Finish.CANCELLED else Message.Status.DONE
         )
@@ -371,22 +426,11 @@ class TurnRun:
                     f"the answer was generated but could not be saved: {problem}",
                 )
             )
-        if finish_reason is Finish.MODERATED and self.retracted is None:
-            # Vetoed only at the end: anything shown must still be withdrawn.
-            await turn.emit(events.Retract(turn.request_id, reason))
-        await turn.emit(
-            events.Done(
-                turn.request_id,
-                message=turn.message_id,
-                text=text,
-                json_value=json_value,
-                finish_reason=finish_reason,
-                cached=False,
-                metrics=done_metrics,
-                reason=reason or None,
-                policy=self.policy.slug,
-            )
-        )
+
+    async def _account(
+        self, text: str, json_value, finish_reason: Finish, outcome: Verdict | str, done_metrics
+    ) -> None:
+        """After `done`: the answer counted in the process's metrics, and cached when it may be."""
         prometheus.observe_done(done_metrics, finish_reason, cached=False)
         if (
             outcome is Verdict.OK

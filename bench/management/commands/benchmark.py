@@ -14,6 +14,7 @@ import time
 import traceback
 from pathlib import Path
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 import chat.engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads, as the server does)
@@ -168,6 +169,11 @@ class Command(BaseCommand):
                 self.section(
                     "over the OpenAI API: the peer, and the product in front of it", self.api_peer
                 )
+                self.section(
+                    "over the OpenAI API: the peer in its own default dtype",
+                    self.api_peer_default_dtype,
+                )
+                self.section("over the OpenAI API: llama.cpp on the same GGUF", self.api_llama)
         self.results["bench_rss_mb"] = bm.self_peak_rss_mb()
         self.results["elapsed_s"] = time.perf_counter() - started
         self.results["load_end"] = os.getloadavg()[0]
@@ -236,7 +242,23 @@ class Command(BaseCommand):
         self.results["newcomer"] = bm.newcomer_first_chunk(backend, self.newcomer_tokens)
 
     def prefix_rows(self, backend):
-        self.results["prefix"] = prefix_reuse.run_all(backend, self.note, quick=self.quick)
+        self.results["prefix"] = prefix_reuse.run_all(
+            backend, self.note, quick=self.quick, redis_url=self.coalescing_redis()
+        )
+
+    def coalescing_redis(self) -> str | None:
+        """The completion cache's Redis, for the two-process coalescing row, if it answers."""
+        import redis
+
+        url = settings.CHAT_CACHE_REDIS_URL
+        try:
+            client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5)
+            client.ping()
+            client.close()
+        except (redis.RedisError, OSError):
+            self.note(f"  no Redis at {url}: the two-process coalescing row is skipped")
+            return None
+        return url
 
     def prefix_report(self):
         out = self.stdout.write
@@ -404,8 +426,46 @@ class Command(BaseCommand):
     def api_local(self):
         self.api_product("product, local engine", "local", self.batch_env)
 
-    def api_peer(self):
+    def measure_peer(self, server, label: str, kind: str):
+        """A started peer server's rows, with the same client and sizes as the product's."""
         from bench import openai_client as oc
+
+        target = oc.Target(label, kind, server.base_url, server.model)
+        rows = oc.measure(target, **self.api_sizes())
+        rows.ready_s = server.ready_s
+        rows.peak_rss_mb = bm.process_peak_rss_mb(server.pid)
+        self.results["api"].append(rows)
+
+    def api_peer_default_dtype(self):
+        from testing.peer import TransformersServe, serving_available
+
+        if not serving_available():
+            self.note("  skipped: the serving extra is not installed (requirements-dev.txt)")
+            return
+        peer = TransformersServe(dtype="auto", log_path=self.workdir / "peer-auto.log")
+        self.note("  starting transformers serve --continuous-batching (its default dtype)")
+        with peer:
+            self.measure_peer(peer, "peer: its default dtype", "peer-auto")
+
+    def api_llama(self):
+        from chat.engine.loading import bundled_gguf_path
+        from testing.peer import LlamaCppServer, llama_cpp_python
+
+        python = llama_cpp_python()
+        if python is None:
+            self.note("  skipped: llama-cpp-python is not installed (make llama-peer)")
+            return
+        server = LlamaCppServer(
+            bundled_gguf_path(),
+            python=python,
+            threads=self.results.get("threads") or os.cpu_count() or 1,
+            log_path=self.workdir / "llama.log",
+        )
+        self.note("  starting llama.cpp's server on the bundled GGUF file")
+        with server:
+            self.measure_peer(server, "peer: llama.cpp (same GGUF)", "llama")
+
+    def api_peer(self):
         from testing.peer import TransformersServe, serving_available
 
         if not serving_available():
@@ -414,11 +474,7 @@ class Command(BaseCommand):
         peer = TransformersServe(log_path=self.workdir / "peer.log")
         self.note("  starting transformers serve --continuous-batching (fp32, same model folder)")
         with peer:
-            target = oc.Target("peer: transformers serve", "peer", peer.base_url, peer.model)
-            rows = oc.measure(target, **self.api_sizes())
-            rows.ready_s = peer.ready_s
-            rows.peak_rss_mb = bm.process_peak_rss_mb(peer.pid)
-            self.results["api"].append(rows)
+            self.measure_peer(peer, "peer: transformers serve", "peer")
             remote = {
                 "CHAT_BACKEND": "openai",
                 "CHAT_REMOTE_URL": peer.base_url,
@@ -633,8 +689,9 @@ class Command(BaseCommand):
         width = 28
         out("")
         out(
-            "Over the OpenAI API: one client (bench/openai_client.py), same prompts, greedy, fp32 for "
-            "the peer; tokens from each server's usage"
+            "Over the OpenAI API: one client (bench/openai_client.py), same prompts, greedy; the "
+            "transformers peer in fp32 and in its default dtype, llama.cpp on the shipped GGUF; "
+            "tokens from each server's usage"
         )
         out(f"  {'figure':44}" + "".join(f" {r.target.label[:width]:>{width}}" for r in all_rows))
 
@@ -699,6 +756,7 @@ class Command(BaseCommand):
         """The targets' ratios between the product and the peer, from one run (docs/benchmarks.md)."""
         rows = {r.target.kind: r for r in self.results.get("api") or []}
         local, peer, remote = rows.get("local"), rows.get("peer"), rows.get("remote")
+        peer_auto, llama = rows.get("peer-auto"), rows.get("llama")
         lines = []
 
         def add(name, value, target, ok, spec=".2f", unit="x"):
@@ -740,6 +798,26 @@ class Command(BaseCommand):
                 bm.ratio(local.agg_tps(4), peer.agg_tps(4)),
                 ">= 1.0x",
                 lambda x: x >= 1.0,
+            )
+        if local and peer_auto:
+            add(
+                "4 users agg tok/s: product / peer in its default dtype",
+                bm.ratio(local.agg_tps(4), peer_auto.agg_tps(4)),
+                ">= 1.0x",
+                lambda x: x >= 1.0,
+            )
+        if local and llama:
+            add(
+                "one stream tok/s: product / llama.cpp (same GGUF)",
+                bm.ratio(local.single_tps(), llama.single_tps()),
+                ">= 0.5x",
+                lambda x: x >= 0.5,
+            )
+            add(
+                "4 users agg tok/s: product / llama.cpp",
+                bm.ratio(local.agg_tps(4), llama.agg_tps(4)),
+                "(reported)",
+                lambda x: True,
             )
         if remote and peer:
             cost = bm.ratio(remote.single_tps(), peer.single_tps())
