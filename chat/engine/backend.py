@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, StopStringCriteria
 
-from . import quantized, weight_major
+from . import attention, quantized, weight_major
 from .batching import Row
 from .decoding import RunningBatch, sampling_processors
 from .eos import token_id
@@ -136,7 +136,14 @@ class LocalBackend(SteppedBackend):
         started = time.perf_counter()
         progress(f"Loading {folder.name} ({dtype}, {device}, {torch.get_num_threads()} threads)...")
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
-        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).to(device).eval()
+        # On a CPU, decode steps' attention as plain matmuls (attention.py): torch's flash
+        # kernel costs several times more for one query token.
+        attn = attention.register() if device == "cpu" else None
+        model = (
+            AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, attn_implementation=attn)
+            .to(device)
+            .eval()
+        )
         backend = cls(model, tokenizer, config, model_id=folder.name, fingerprint=fingerprint)
         # Weights first: a block mode leaves no float linear for weight-major to time, which
         # saves seconds of start-up; the float model keeps weight-major's choice as before.

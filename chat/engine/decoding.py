@@ -1,6 +1,7 @@
 """Iteration-level (continuous) batching: rows join and leave a running batch between decode steps.
 
-The way TGI's `CausalLMBatch` does it, on transformers' `DynamicCache`: newcomers are
+The way TGI's `CausalLMBatch` does it, on a transformers `DynamicCache` that appends in place
+(kv_cache.py): newcomers are
 prefilled together (left-padded), their caches are padded to the running batch's width
 and concatenated onto it, and each step feeds every row its last token with its own
 position id. A row that ends (eos, stop string, length, cancel) is dropped from the cache
@@ -36,6 +37,7 @@ from transformers import (
 )
 
 from .batching import Row, left_pad
+from .kv_cache import GrowingCache
 from .penalties import penalty_processors
 from .prefix_store import PrefixEntry, PrefixStore, common_prefix
 
@@ -141,7 +143,7 @@ class RunningBatch:
         self, entries: list[PrefixEntry | None], taken: list[int]
     ) -> tuple[DynamicCache, torch.Tensor]:
         """A cache holding each row's first `taken` columns from its entry, right-aligned, and its mask."""
-        cache, width = DynamicCache(), max(taken)
+        cache, width = GrowingCache(), max(taken)
         mask = torch.zeros((len(taken), width), dtype=torch.long, device=self.model.device)
         if not width:
             return cache, mask
@@ -330,7 +332,7 @@ class _Prefill:
         past: int = 0,
     ):
         self.rows, self.ids, self.mask = rows, ids, mask
-        self.cache = cache if cache is not None else DynamicCache()
+        self.cache = cache if cache is not None else GrowingCache()
         self.past = past
         self.done = 0  # columns of `ids` already in the cache
 
