@@ -18,6 +18,7 @@ LAYERS = ("unit", "integration", "browser")
 MODEL_FIXTURES = {
     "runtime",
     "backend",
+    "float_backend",
     "application",
     "client",
     "make_client",
@@ -159,14 +160,12 @@ def fresh_rate_limits():
 @pytest.fixture(scope="session")
 def runtime():
     """The process's real model and scheduler, loaded once for the whole session."""
-    from django.conf import settings as django_settings
 
     from chat.infra.runtime import runtime as chat_runtime
 
-    # The in-process model stays float, whatever `auto` would pick on this CPU: tests compare
-    # against its weights and swap quantized layers in and out (test_quantized, test_blockquant).
-    # Live daphne servers keep the production default.
-    django_settings.CHAT_MODEL_QUANT = "none"
+    # The weights production runs (CHAT_MODEL_QUANT=auto: the GGUF blocks where the kernels
+    # build, about twice as fast a step as fp32); tests that need the float weights ask for
+    # `float_backend`.
     chat_runtime.start()
     assert chat_runtime.wait(timeout=600), chat_runtime.detail
     return chat_runtime
@@ -175,6 +174,17 @@ def runtime():
 @pytest.fixture(scope="session")
 def backend(runtime):
     return runtime.backend
+
+
+@pytest.fixture(scope="session")
+def float_backend(runtime):
+    """A second copy of the model with its float weights (CHAT_MODEL_QUANT=none), for tests
+    that compare quantized layers with them or swap layers in and out; loaded on first use."""
+    from dataclasses import replace
+
+    from chat.engine.loading import load_backend
+
+    return load_backend(replace(runtime.engine_config(), quant="none"), progress=lambda line: None)
 
 
 @pytest.fixture

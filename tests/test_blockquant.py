@@ -115,14 +115,14 @@ def test_auto_keeps_gguf_only_when_its_timed_steps_are_faster(kernels, seconds, 
 # -- on the real model ---------------------------------------------------------------------
 
 
-def test_the_gguf_files_blocks_are_read_as_stored_and_match_the_model(backend, kernels):
-    layers = quantized.gguf_block_layers(bundled_gguf_path(), backend.model)
-    config = backend.model.config
+def test_the_gguf_files_blocks_are_read_as_stored_and_match_the_model(float_backend, kernels):
+    layers = quantized.gguf_block_layers(bundled_gguf_path(), float_backend.model)
+    config = float_backend.model.config
     assert len(layers) == 7 * config.num_hidden_layers + 1  # every projection, and the head
     kinds = {layer.kind for name, layer in layers.items() if name != "lm_head"}
     assert kinds == {"q4_1"} and layers["lm_head"].kind == "q8_0"
     for name in ("model.layers.3.self_attn.q_proj", "model.layers.7.self_attn.k_proj", "lm_head"):
-        module = backend.model.get_submodule(name)
+        module = float_backend.model.get_submodule(name)
         weight = module.linear.weight if hasattr(module, "linear") else module.weight
         # The converted model is these very blocks rounded to bf16 (q/k rows un-permuted).
         torch.testing.assert_close(
@@ -131,20 +131,22 @@ def test_the_gguf_files_blocks_are_read_as_stored_and_match_the_model(backend, k
 
 
 @pytest.mark.parametrize("int8_activations", [False, True], ids=["gguf", "gguf-q8"])
-def test_gguf_mode_keeps_the_models_predictions(backend, kernels, int8_activations):
+def test_gguf_mode_keeps_the_models_predictions(float_backend, kernels, int8_activations):
     """Same next-token choice on a real prompt, logits close; then the layers go back."""
-    ids = torch.tensor([backend.encode([{"role": "user", "content": "Name three fruits."}])])
+    ids = torch.tensor([float_backend.encode([{"role": "user", "content": "Name three fruits."}])])
     with torch.inference_mode():
-        before = backend.model(ids).logits[0, -1]
+        before = float_backend.model(ids).logits[0, -1]
         undo, from_file = quantized.quantize_blocks(
-            backend.model, gguf_path=bundled_gguf_path(), int8_activations=int8_activations
+            float_backend.model, gguf_path=bundled_gguf_path(), int8_activations=int8_activations
         )
         try:
             assert from_file == 211
             # The prompt's last token through the decode-step kernels (one row, int8 activations).
             cache_ids = ids[:, :-1]
-            out = backend.model(cache_ids, use_cache=True)
-            after = backend.model(ids[:, -1:], past_key_values=out.past_key_values).logits[0, -1]
+            out = float_backend.model(cache_ids, use_cache=True)
+            after = float_backend.model(ids[:, -1:], past_key_values=out.past_key_values).logits[
+                0, -1
+            ]
         finally:
             quantized.restore(undo)
     assert after.argmax() == before.argmax()
@@ -152,18 +154,18 @@ def test_gguf_mode_keeps_the_models_predictions(backend, kernels, int8_activatio
         after.log_softmax(-1), before.log_softmax(-1), log_target=True, reduction="sum"
     )
     assert kl.item() < 0.05
-    assert not any(isinstance(m, BlockQuantLinear) for m in backend.model.modules())
+    assert not any(isinstance(m, BlockQuantLinear) for m in float_backend.model.modules())
 
 
-def test_a_stream_in_gguf_mode_runs_through_the_engine(backend, kernels):
-    undo, _ = quantized.quantize_blocks(backend.model, gguf_path=bundled_gguf_path())
+def test_a_stream_in_gguf_mode_runs_through_the_engine(float_backend, kernels):
+    undo, _ = quantized.quantize_blocks(float_backend.model, gguf_path=bundled_gguf_path())
     try:
         chunks: list[str] = []
-        request = backend.request(
+        request = float_backend.request(
             [{"role": "user", "content": "Say hello."}], max_new_tokens=12, min_new_tokens=12
         )
-        batch = backend.new_batch()
-        batch.add([backend.row(request, chunks.append)])
+        batch = float_backend.new_batch()
+        batch.add([float_backend.row(request, chunks.append)])
         for _ in range(40):
             batch.step()
             if not len(batch):
@@ -174,15 +176,15 @@ def test_a_stream_in_gguf_mode_runs_through_the_engine(backend, kernels):
 
 
 def test_the_files_blocks_are_kept_beside_the_model_and_read_back_the_same(
-    backend, kernels, monkeypatch
+    float_backend, kernels, monkeypatch
 ):
-    first = quantized.gguf_block_layers(bundled_gguf_path(), backend.model)
-    cache = quantized._block_cache_path(bundled_gguf_path(), backend.model)
+    first = quantized.gguf_block_layers(bundled_gguf_path(), float_backend.model)
+    cache = quantized._block_cache_path(bundled_gguf_path(), float_backend.model)
     assert cache is not None and cache.exists()
     monkeypatch.setattr(
         quantized, "_read_gguf_block_layers", lambda *a: pytest.fail("read the GGUF again")
     )
-    again = quantized.gguf_block_layers(bundled_gguf_path(), backend.model)
+    again = quantized.gguf_block_layers(bundled_gguf_path(), float_backend.model)
     assert again.keys() == first.keys()
     for name, layer in first.items():
         assert (again[name].kind, again[name].in_features) == (layer.kind, layer.in_features)

@@ -75,12 +75,12 @@ def test_unpermuting_rows_undoes_llama_cpps_rotary_permutation(heads):
 
 
 @pytest.mark.integration
-def test_the_bundled_gguf_blocks_are_the_loaded_models_weights(backend):
-    parts = quantized.gguf_q4_1_parts(bundled_gguf_path(), backend.model)
-    config = backend.model.config
+def test_the_bundled_gguf_blocks_are_the_loaded_models_weights(float_backend):
+    parts = quantized.gguf_q4_1_parts(bundled_gguf_path(), float_backend.model)
+    config = float_backend.model.config
     assert len(parts) == 7 * config.num_hidden_layers  # every projection of every layer
     for name in ("model.layers.0.self_attn.q_proj", "model.layers.5.self_attn.k_proj"):
-        linear = backend.model.get_submodule(name)
+        linear = float_backend.model.get_submodule(name)
         weight = linear.linear.weight if hasattr(linear, "linear") else linear.weight
         # The converted copy is these very blocks, rounded to bf16.
         torch.testing.assert_close(
@@ -89,13 +89,13 @@ def test_the_bundled_gguf_blocks_are_the_loaded_models_weights(backend):
 
 
 @pytest.fixture
-def int4_model(backend):
+def int4_model(float_backend):
     """The session's model with int4 layers from the GGUF's blocks; put back afterwards."""
-    blocks = quantized.gguf_int4_layers(bundled_gguf_path(), backend.model)
-    undo, from_gguf = quantized.quantize(backend.model, "int4", gguf_blocks=blocks)
-    assert from_gguf == 7 * backend.model.config.num_hidden_layers
+    blocks = quantized.gguf_int4_layers(bundled_gguf_path(), float_backend.model)
+    undo, from_gguf = quantized.quantize(float_backend.model, "int4", gguf_blocks=blocks)
+    assert from_gguf == 7 * float_backend.model.config.num_hidden_layers
     try:
-        yield backend
+        yield float_backend
     finally:
         quantized.restore(undo)
 
@@ -107,14 +107,14 @@ def _step_logits(model) -> torch.Tensor:
 
 
 @pytest.mark.integration
-def test_int4_logits_match_its_weights_in_float_and_stay_close_to_fp32(backend):
+def test_int4_logits_match_its_weights_in_float_and_stay_close_to_fp32(float_backend):
     """The kernel computes what its weights say (simulate), and those weights are close to fp32.
 
     Measured on the AVX2 EPYC: over a 96-token answer int4 vs fp32 max |dlogit| 0.8 (top-1
     100%), int8 vs fp32 1.4 (99%) (bench/scripts/quant_trial.py); on these one-token rows, whose
     logits span about 30, int4 vs fp32 2.2. Most of it is the int8 LM head.
     """
-    model = backend.model
+    model = float_backend.model
     fp32 = _step_logits(model)
     undo = quantized.simulate(model, "int4", gguf_path=bundled_gguf_path())
     simulated = _step_logits(model)
@@ -134,8 +134,8 @@ def test_int4_logits_match_its_weights_in_float_and_stay_close_to_fp32(backend):
 
 @pytest.mark.integration
 @pytest.mark.parametrize("wrapped", [False, True])
-def test_int8_logits_stay_close_to_fp32_and_the_head_stays_int8(backend, wrapped):
-    model = backend.model
+def test_int8_logits_stay_close_to_fp32_and_the_head_stays_int8(float_backend, wrapped):
+    model = float_backend.model
     already = weight_major.unwrap_all(model)
     if wrapped:  # as CHAT_WEIGHT_MAJOR=auto may have left it before CHAT_MODEL_QUANT=auto
         weight_major.wrap(model)

@@ -22,8 +22,8 @@ def test_the_same_product_for_any_number_of_rows(rows):
 
 
 @pytest.mark.integration
-def test_a_wrapped_model_decodes_the_same_logits_and_keeps_its_tied_head(backend):
-    model = backend.model
+def test_a_wrapped_model_decodes_the_same_logits_and_keeps_its_tied_head(float_backend):
+    model = float_backend.model
     already = weight_major.unwrap_all(model)  # whatever start-up chose, compare against plain
     try:
         ids = torch.tensor([[11], [222], [3333]])  # 3 rows x 1 token: a decode step's shape
