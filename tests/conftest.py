@@ -160,7 +160,6 @@ def fresh_rate_limits():
 @pytest.fixture(scope="session")
 def runtime():
     """The process's real model and scheduler, loaded once for the whole session."""
-
     from chat.infra.runtime import runtime as chat_runtime
 
     # The weights production runs (CHAT_MODEL_QUANT=auto: the GGUF blocks where the kernels
