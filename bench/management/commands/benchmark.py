@@ -35,6 +35,8 @@ TARGETS = {
     "scale4": 2.5,
     "newcomer": 1.5,  # a newcomer's first chunk while a long answer runs <= 1.5 x alone  # 4 users' aggregate tok/s >= 2.5 x one user's
     "ready_s": 10.0,  # warm start to ready
+    "weights8": 2.0,  # 8 users' aggregate tok/s >= 2 x the same server on fp32 weights
+    "weights8_ttft_ms": 2000.0,  # ... with the worst first chunk no later than this
     "rss_mb": 1.5 * 1024,  # RSS with the model
 }
 
@@ -85,6 +87,13 @@ class Command(BaseCommand):
             default=None,
             help="length of the long answer a newcomer arrives during (default 800, ~600 words; --quick 40)",
         )
+        parser.add_argument(
+            "--weights-compare",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="also run the concurrent rounds with fp32 weights (CHAT_MODEL_QUANT=none), the "
+            "baseline of the 8-user target (default on; off with --quick)",
+        )
         parser.add_argument("--prompt", default=PROMPT, help="the prompt of the long answer")
         parser.add_argument(
             "--peer",
@@ -122,6 +131,7 @@ class Command(BaseCommand):
         self.runs = max(1, min(opts["runs"], 10))
         self.prompt = opts["prompt"]
         compare = opts["batch_compare"] if opts["batch_compare"] is not None else not quick
+        weights = opts["weights_compare"] if opts["weights_compare"] is not None else not quick
         batch = opts["batch"] or os.environ.get("CHAT_MAX_BATCH")
         self.batch_label = f"CHAT_MAX_BATCH={batch}" if batch else "CHAT_MAX_BATCH default"
         self.batch_env = {"CHAT_MAX_BATCH": str(batch)} if batch else {}
@@ -159,6 +169,10 @@ class Command(BaseCommand):
             self.section("WebSocket stream and cache", self.live_single, backend, reuse)
             self.floors_for_live(backend)
             modes = [("queue", "CHAT_MAX_BATCH=1", {"CHAT_MAX_BATCH": "1"})] if compare else []
+            if weights:
+                modes.append(
+                    ("fp32", "fp32 weights", {**self.batch_env, "CHAT_MODEL_QUANT": "none"})
+                )
             if not reuse:
                 modes.append(("batch", self.batch_label, self.batch_env))
             for key, label, env in modes:
@@ -626,7 +640,7 @@ class Command(BaseCommand):
             f"  {'server':24} {'users':>5} {'ok':>5} {'tokens':>6} {'wall':>7} {'agg tok/s':>9} {'user tok/s':>10} "
             f"{'worst ttft':>10} {'x 1 user':>8}"
         )
-        for key in ("queue", "batch"):
+        for key in ("queue", "fp32", "batch"):
             if key not in conc:
                 continue
             label, rows = conc[key]
@@ -644,6 +658,9 @@ class Command(BaseCommand):
                     one = agg
                 x = bm.ratio(agg, one)
                 r.setdefault("scale", {})[(key, users)] = x if len(ok) == len(answers) else None
+                r.setdefault("agg", {})[(key, users)] = (
+                    (agg, worst) if len(ok) == len(answers) else None
+                )
                 out(
                     f"  {label:24} {users:>5} {len(ok):>2}/{len(answers):<2} {tokens:>6} {bm.fmt(wall, '.2f', ' s'):>7} "
                     f"{bm.fmt(agg, '.1f'):>9} {bm.fmt(per_user, '.1f'):>10} {bm.fmt(worst, '.0f', ' ms'):>10} "
@@ -918,6 +935,7 @@ class Command(BaseCommand):
                         None if x is None else x >= TARGETS["scale4"],
                     )
                 )
+        lines.append(self.weights_target(r.get("agg", {})))
         ready = [s.ready_s for s in self.servers if s.ready_s is not None]
         worst = max(ready) if ready else None
         lines.append(
@@ -928,7 +946,11 @@ class Command(BaseCommand):
                 None if worst is None else worst <= TARGETS["ready_s"],
             )
         )
-        rss = [s.peak_rss_mb for s in self.servers if s.peak_rss_mb is not None]
+        rss = [  # the shipped weights' servers: the fp32 baseline round is not what ships
+            s.peak_rss_mb
+            for s in self.servers
+            if s.peak_rss_mb is not None and s.label != "fp32 weights"
+        ]
         peak = max(rss) if rss else None
         lines.append(
             (
@@ -954,6 +976,29 @@ class Command(BaseCommand):
         out(f"  {'figure':50} {'measured':52} {'target':>10}  result")
         for name, measured, target, ok in lines:
             out(f"  {name:50} {measured:52} {target:>10}  {met(ok)}")
+
+    def weights_target(self, agg: dict) -> tuple:
+        """8 users' aggregate on the shipped weights against the same server on fp32 weights,
+        both from this run, with the worst first chunk of the shipped weights' round."""
+        name = "8 users agg tok/s: shipped weights / fp32 weights"
+        target = f">= {TARGETS['weights8']:.1f}x"
+        users = max((u for key, u in agg if key == "fp32"), default=None)
+        shipped = agg.get(("batch", users)) if users else None
+        fp32 = agg.get(("fp32", users)) if users else None
+        if not shipped or not fp32:
+            return (name, "-", target, None)
+        x = bm.ratio(shipped[0], fp32[0])
+        worst = shipped[1]
+        ok = (
+            None
+            if x is None or worst is None
+            else x >= TARGETS["weights8"] and worst <= TARGETS["weights8_ttft_ms"]
+        )
+        measured = (
+            f"{bm.fmt(x, '.2f', 'x')} at {users} users ({shipped[0]:.1f} vs {fp32[0]:.1f}), "
+            f"worst first chunk {bm.fmt(worst, '.0f', ' ms')}"
+        )
+        return (name, measured, target + f", <= {TARGETS['weights8_ttft_ms'] / 1000:.0f} s", ok)
 
 
 def ms(seconds):
