@@ -51,7 +51,9 @@ def other_build(against: str):
     if not path.exists() or path.read_text() != source:
         path.write_text(source)
     return cpp_extension.load(
-        name, [str(path)], extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c"],
+        name,
+        [str(path)],
+        extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c"],
         build_directory=str(directory),
     )
 

@@ -1,4 +1,4 @@
-"""Linears that read GGUF's own blocks (Q4_1 projections, a Q8_0 LM head) through AVX2 kernels.
+"""Linears that read GGUF's own blocks (Q4_1 projections, a Q8_0 LM head) through C++ kernels.
 
 A decode step of a small model reads every weight once, so its speed is set by the bytes the
 weights take: 538 MB a token in fp32, about 95 MB as the bundled GGUF stores them (Q4_1
@@ -8,6 +8,11 @@ slower than fp32 on an AVX2 CPU), so this module compiles small C++ kernels
 (kernels/blockquant.cpp) with torch's extension builder, once per machine, and keeps the
 weights exactly as the file stores them: the matmuls llama.cpp computes, with fp32 activations
 (`gguf`) or, like llama.cpp, int8 ones (`gguf-q8`).
+
+The kernels are compiled for the best instruction set /proc/cpuinfo allows, AVX-512 (F, BW, VL,
+DQ, and VNNI for the int8 path where present) or AVX2 + FMA (`isa_level`); the build directory
+and module name carry that level, so machines sharing a home directory never load each other's
+build, and the module's `isa()` says which was compiled.
 
 Rows beyond MAX_KERNEL_ROWS (a prefill chunk) are computed by dequantizing the layer's weight
 into a scratch matrix and calling the float GEMM, whose blocking wins there.
@@ -131,7 +136,9 @@ def build(level: str, progress: Callable[[str], None] = log.info) -> Any:
     directory = build_directory(level)
     built = any(directory.glob(f"{name}*.so"))
     if not built:
-        progress(f"  compiling the block-quant kernels for {level} (once per machine, 1-2 minutes)...")
+        progress(
+            f"  compiling the block-quant kernels for {level} (once per machine, 1-2 minutes)..."
+        )
     started = time.perf_counter()
     module = cpp_extension.load(
         name,

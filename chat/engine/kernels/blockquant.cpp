@@ -414,37 +414,33 @@ struct Q4_1Int8 {
 
   template <int R, int C>
   void tile(int64_t r, int64_t n) const {
-    __m256 acc[R][C];
-    float low[R][C];
-    for (int rr = 0; rr < R; ++rr)
-      for (int c = 0; c < C; ++c) {
-        acc[rr][c] = _mm256_setzero_ps();
-        low[rr][c] = 0.f;
-      }
+    static_assert(C == 1, "one weight row a tile: several rows' streams measured slower");
+    const int8_t* qx = x->q.data() + r * K;
+    const float* dx = x->dx.data() + r * blocks;
+    const float* sx = x->sum.data() + r * blocks;
+    const uint8_t* q = qs + n * blocks * 16;
+    const float* dn = d + n * blocks;
+    const float* mn = m + n * blocks;
+    __m256 acc[R];
+    float low[R];
+    for (int rr = 0; rr < R; ++rr) {
+      acc[rr] = _mm256_setzero_ps();
+      low[rr] = 0.f;
+    }
     const __m256i mask = _mm256_set1_epi8(0x0F);
     for (int64_t b = 0; b < blocks; ++b) {
-      __m256i w[C];
-      for (int c = 0; c < C; ++c) {
-        const __m128i raw =
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + ((n + c) * blocks + b) * 16));
-        w[c] = _mm256_and_si256(
-            _mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1),
-            mask);
-      }
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + b * 16));
+      const __m256i w = _mm256_and_si256(
+          _mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1), mask);
       for (int rr = 0; rr < R; ++rr) {
-        const int64_t i = (r + rr) * blocks + b;
-        const __m256i qx =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x->q.data() + i * kBlock));
-        for (int c = 0; c < C; ++c) {
-          const int64_t j = (n + c) * blocks + b;
-          acc[rr][c] = _mm256_fmadd_ps(block_dot_u8(w[c], qx),
-                                       _mm256_set1_ps(d[j] * x->dx[i]), acc[rr][c]);
-          low[rr][c] += m[j] * x->sum[i];
-        }
+        const __m256i qxb = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(qx + rr * K + b * kBlock));
+        acc[rr] = _mm256_fmadd_ps(block_dot_u8(w, qxb), _mm256_set1_ps(dn[b] * dx[rr * blocks + b]),
+                                  acc[rr]);
+        low[rr] += mn[b] * sx[rr * blocks + b];
       }
     }
-    for (int rr = 0; rr < R; ++rr)
-      for (int c = 0; c < C; ++c) out[(r + rr) * N + n + c] = hsum(acc[rr][c]) + low[rr][c];
+    for (int rr = 0; rr < R; ++rr) out[(r + rr) * N + n] = hsum(acc[rr]) + low[rr];
   }
 };
 
