@@ -2,10 +2,14 @@
 
 The kernels are compiled C++ (chat/engine/kernels/blockquant.cpp): every test here compares them
 with the float matmul of the weight the blocks stand for, on random blocks and on the bundled
-model, so a wrong shift, sign or stride fails loudly.
+model, so a wrong shift, sign or stride fails loudly. They run the instruction set this CPU
+compiles (AVX-512 or AVX2; `isa()` says which); CHAT_KERNEL_ISA=avx2 runs the AVX2 kernels on an
+AVX-512 CPU.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -45,22 +49,72 @@ def _q8_0(out_features: int, in_features: int, seed: int = 0) -> BlockQuantLinea
 
 
 @pytest.mark.parametrize("make", [_q4_1, _q8_0], ids=["q4_1", "q8_0"])
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, blockquant.MAX_KERNEL_ROWS + 3])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 16, blockquant.MAX_KERNEL_ROWS + 3])
 @pytest.mark.parametrize("int8_activations", [False, True], ids=["fp32-act", "int8-act"])
 def test_a_block_linear_computes_with_the_weight_its_blocks_stand_for(
     kernels, make, rows, int8_activations
 ):
-    layer = make(96, 160)
+    layer = make(97, 160)  # an odd count of weight rows: a tile's leftover row
     layer.int8_activations = int8_activations
     hidden = torch.randn(rows, 1, 160, generator=torch.Generator().manual_seed(rows))
     got = layer(hidden)
     want = hidden @ layer.weight_float().t()
-    assert got.shape == (rows, 1, 96) and got.dtype == torch.float32
+    assert got.shape == (rows, 1, 97) and got.dtype == torch.float32
     relative = ((got - want).abs().max() / want.abs().max()).item()
     if int8_activations and rows <= blockquant.MAX_KERNEL_ROWS:
         assert relative < 2e-2  # int8 activations: about 5e-3 measured
     else:
         assert relative < 1e-5  # fp32 all the way: only the summation order differs
+
+
+def test_the_kernels_are_built_for_the_instruction_set_the_cpu_has(kernels):
+    flags = blockquant.cpu_flags()
+    expected = "avx2"
+    if all(flag in flags for flag in ("avx512f", "avx512bw", "avx512vl", "avx512dq")):
+        expected = "avx512-vnni" if "avx512_vnni" in flags else "avx512"
+    forced = os.environ.get("CHAT_KERNEL_ISA")  # may lower the level, never raise it
+    if forced and blockquant.ISA_LEVELS.index(forced) < blockquant.ISA_LEVELS.index(expected):
+        expected = forced
+    assert kernels.isa() == expected == blockquant.isa_level()
+    assert blockquant.build_directory().name.endswith(expected)
+
+
+def test_isa_level_reads_the_flags_and_never_rises_above_them(monkeypatch):
+    avx2 = ["fma", "avx2", "f16c"]
+    avx512 = [*avx2, "avx512f", "avx512bw", "avx512vl", "avx512dq"]
+    monkeypatch.delenv("CHAT_KERNEL_ISA", raising=False)
+    assert blockquant.isa_level(avx2) == "avx2"
+    assert blockquant.isa_level([*avx512[:-1]]) == "avx2"  # no avx512dq: not the AVX-512 build
+    assert blockquant.isa_level(avx512) == "avx512"
+    assert blockquant.isa_level([*avx512, "avx512_vnni"]) == "avx512-vnni"
+    assert "-mavx512vnni" in blockquant.compiler_flags("avx512-vnni")
+    assert not any("512" in flag for flag in blockquant.compiler_flags("avx2"))
+    monkeypatch.setenv("CHAT_KERNEL_ISA", "avx2")
+    assert blockquant.isa_level([*avx512, "avx512_vnni"]) == "avx2"
+    monkeypatch.setenv("CHAT_KERNEL_ISA", "avx512")
+    assert blockquant.isa_level(avx2) == "avx2"
+
+
+@pytest.mark.parametrize(("rows", "in_features"), [(1, 32), (3, 96), (7, 1536)])
+def test_block_sums_of_x_are_summed_in_cpp(kernels, rows, in_features):
+    """AVX2's Q4_1 offsets are m * (a block's sum of x), summed in C++ once per call."""
+    x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(in_features)) - 0.5
+    want = x.double().reshape(rows, -1, 32).sum(-1)
+    torch.testing.assert_close(kernels.block_sums(x).double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("rows", "in_features"), [(1, 32), (3, 96), (7, 1536)])
+def test_q4_1_offsets_weigh_each_blocks_sum_of_x(kernels, rows, in_features):
+    """q = 0 everywhere: the output is the offsets alone, sum over blocks of m * sum(x), which a
+    wrong block sum (or a table entry for q = 0 other than m) gets wrong."""
+    generator = torch.Generator().manual_seed(rows)
+    out_features = 37  # odd: tiles of two weight rows and a single one left
+    m = torch.randn(out_features, in_features // 32, generator=generator)
+    q = torch.zeros(out_features, in_features, dtype=torch.long)
+    layer = BlockQuantLinear.q4_1(q, torch.rand(m.shape, generator=generator), m)
+    x = torch.randn(rows, in_features, generator=generator) - 1.0
+    want = x.double().reshape(rows, -1, 32).sum(-1) @ m.double().t()
+    torch.testing.assert_close(layer(x).double(), want, rtol=1e-5, atol=1e-4)
 
 
 def test_q4_1_packing_keeps_ggml_order(kernels):
@@ -73,7 +127,9 @@ def test_q4_1_packing_keeps_ggml_order(kernels):
 
 def test_blocks_refuse_activations_that_do_not_fit(kernels):
     with pytest.raises(RuntimeError, match="weight blocks do not match in_features"):
-        kernels.q4_1_mm(torch.randn(1, 64), _q4_1(8, 96).qs, torch.ones(8, 2), torch.ones(8, 2))
+        kernels.q4_1_mm(
+            torch.randn(1, 64), _q4_1(8, 96).qs, torch.ones(8, 2), torch.ones(8, 2), False
+        )
 
 
 def test_an_unsupported_cpu_gives_a_reason_and_forcing_gguf_says_it(monkeypatch):

@@ -1,4 +1,4 @@
-"""Linears that read GGUF's own blocks (Q4_1 projections, a Q8_0 LM head) through AVX2 kernels.
+"""Linears that read GGUF's own blocks (Q4_1 projections, a Q8_0 LM head) through C++ kernels.
 
 A decode step of a small model reads every weight once, so its speed is set by the bytes the
 weights take: 538 MB a token in fp32, about 95 MB as the bundled GGUF stores them (Q4_1
@@ -8,6 +8,11 @@ slower than fp32 on an AVX2 CPU), so this module compiles small C++ kernels
 (kernels/blockquant.cpp) with torch's extension builder, once per machine, and keeps the
 weights exactly as the file stores them: the matmuls llama.cpp computes, with fp32 activations
 (`gguf`) or, like llama.cpp, int8 ones (`gguf-q8`).
+
+The kernels are compiled for the best instruction set /proc/cpuinfo allows, AVX-512 (F, BW, VL,
+DQ, and VNNI for the int8 path where present) or AVX2 + FMA (`isa_level`); the build directory
+and module name carry that level, so machines sharing a home directory never load each other's
+build, and the module's `isa()` says which was compiled.
 
 Rows beyond MAX_KERNEL_ROWS (a prefill chunk) are computed by dequantizing the layer's weight
 into a scratch matrix and calling the float GEMM, whose blocking wins there.
@@ -32,7 +37,10 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels") / "blockquant.cpp"
 # Bump when the C++ interface changes, so an old build is never imported.
-EXTENSION = "chat_blockquant_v3"
+EXTENSION = "chat_blockquant_v4"
+# The AVX-512 subsets the AVX-512 kernels are compiled for (cpuinfo names; -mavx512f and so on).
+AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq")
+ISA_LEVELS = ("avx2", "avx512", "avx512-vnni")
 GROUP = 32
 Q8_0_BLOCK_BYTES = 34  # fp16 d, then 32 int8
 GGML_Q8_0 = 8
@@ -44,11 +52,18 @@ _kernels: Any = None
 _failure: str | None = None
 
 
+def cpu_flags() -> list[str]:
+    """The first CPU's feature flags from /proc/cpuinfo; empty where it cannot be read."""
+    try:
+        return Path("/proc/cpuinfo").read_text().split("flags", 2)[1].split("\n", 1)[0].split()
+    except (OSError, IndexError):
+        return []
+
+
 def cpu_supported() -> tuple[bool, str]:
     """Whether this CPU runs the kernels (x86-64 with AVX2 and FMA)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split("flags", 2)[1].split("\n", 1)[0].split()
-    except (OSError, IndexError):
+    flags = cpu_flags()
+    if not flags:
         return False, "cannot read /proc/cpuinfo"
     missing = [flag for flag in ("avx2", "fma", "f16c") if flag not in flags]
     if missing:
@@ -56,11 +71,39 @@ def cpu_supported() -> tuple[bool, str]:
     return True, ""
 
 
-def build_directory() -> Path:
-    """Where the compiled kernels are kept: one build per machine and torch version."""
+def isa_level(flags: list[str] | None = None) -> str:
+    """The kernels' instruction set for this CPU: "avx512-vnni", "avx512" or "avx2".
+
+    CHAT_KERNEL_ISA=avx2 builds the AVX2 kernels on an AVX-512 CPU (to test or time them); it
+    cannot raise the level above what the CPU has.
+    """
+    flags = cpu_flags() if flags is None else flags
+    level = "avx2"
+    if all(flag in flags for flag in AVX512_FLAGS):
+        level = "avx512-vnni" if "avx512_vnni" in flags else "avx512"
+    wanted = os.environ.get("CHAT_KERNEL_ISA", "").strip()
+    if wanted and wanted not in ISA_LEVELS:
+        raise ValueError(f"CHAT_KERNEL_ISA={wanted!r}: expected one of {', '.join(ISA_LEVELS)}")
+    if wanted and ISA_LEVELS.index(wanted) < ISA_LEVELS.index(level):
+        return wanted
+    return level
+
+
+def compiler_flags(level: str) -> list[str]:
+    flags = ["-O3", "-mavx2", "-mfma", "-mf16c"]
+    if level.startswith("avx512"):
+        flags += [f"-m{flag.replace('_', '')}" for flag in AVX512_FLAGS]
+    if level == "avx512-vnni":
+        flags.append("-mavx512vnni")
+    return flags
+
+
+def build_directory(level: str | None = None) -> Path:
+    """Where the compiled kernels are kept: one build per instruction set and torch version, so
+    two CPUs sharing a home directory never load each other's build."""
     base = os.environ.get("CHAT_KERNEL_CACHE") or Path.home() / ".cache" / "chat-kernels"
     tag = f"torch-{torch.__version__.split('+')[0]}"
-    path = Path(base) / tag / EXTENSION
+    path = Path(base) / tag / f"{EXTENSION}-{level or isa_level()}"
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -75,29 +118,38 @@ def kernels(progress: Callable[[str], None] = log.info) -> Any:
         if not supported:
             _failure = why
             return None
-        from torch.utils import cpp_extension
-
-        _put_venv_ninja_on_path()
-        directory = build_directory()
-        built = any(directory.glob(f"{EXTENSION}*.so"))
-        if not built:
-            progress("  compiling the block-quant kernels (once per machine, about 1-2 minutes)...")
-        started = time.perf_counter()
         try:
-            _kernels = cpp_extension.load(
-                EXTENSION,
-                [str(SOURCE)],
-                extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c"],
-                build_directory=str(directory),
-                verbose=False,
-            )
+            _kernels = build(isa_level(), progress)
         except Exception as error:  # no compiler, no ninja, a failed build: fall back, say why
             _failure = f"the kernels did not build: {str(error).strip().splitlines()[-1][:200]}"
             log.warning("block-quant kernels unavailable: %s", _failure)
             return None
-        if not built:
-            progress(f"  kernels compiled in {time.perf_counter() - started:.0f} s")
         return _kernels
+
+
+def build(level: str, progress: Callable[[str], None] = log.info) -> Any:
+    """Compile (or load the build of) the kernels for one instruction set; raises if it fails."""
+    from torch.utils import cpp_extension
+
+    _put_venv_ninja_on_path()
+    name = f"{EXTENSION}_{level.replace('-', '_')}"
+    directory = build_directory(level)
+    built = any(directory.glob(f"{name}*.so"))
+    if not built:
+        progress(
+            f"  compiling the block-quant kernels for {level} (once per machine, 1-2 minutes)..."
+        )
+    started = time.perf_counter()
+    module = cpp_extension.load(
+        name,
+        [str(SOURCE)],
+        extra_cflags=compiler_flags(level),
+        build_directory=str(directory),
+        verbose=False,
+    )
+    if not built:
+        progress(f"  kernels compiled in {time.perf_counter() - started:.0f} s")
+    return module
 
 
 def _put_venv_ninja_on_path() -> None:
@@ -177,11 +229,11 @@ class BlockQuantLinear(nn.Module):
         if rows.shape[0] > MAX_KERNEL_ROWS:
             out = torch.nn.functional.linear(rows, self.weight_float())
         elif self.kind == "q4_1":
-            mm = self._kernels.q4_1_mm_q8 if self.int8_activations else self._kernels.q4_1_mm
-            out = mm(rows.contiguous(), self.qs, self.d, self.m)
+            out = self._kernels.q4_1_mm(
+                rows.contiguous(), self.qs, self.d, self.m, self.int8_activations
+            )
         else:
-            mm = self._kernels.q8_0_mm_q8 if self.int8_activations else self._kernels.q8_0_mm
-            out = mm(rows.contiguous(), self.qs, self.d)
+            out = self._kernels.q8_0_mm(rows.contiguous(), self.qs, self.d, self.int8_activations)
         if out.dtype != hidden.dtype:
             out = out.to(hidden.dtype)
         return out.reshape(*hidden.shape[:-1], self.out_features)

@@ -2,23 +2,44 @@
 //
 // torch's own weight-only CPU kernels (aten._weight_int8pack_mm, _weight_int4pack_mm_for_cpu) are
 // vectorized for AVX-512 only; on an AVX2 CPU they run slower than the fp32 matmul they replace
-// (docs/engine.md). These read each block once per group of up to four activation rows, widen
-// the 4- or 8-bit values to fp32 with AVX2 and accumulate in fp32, as llama.cpp's CPU path does
-// (but with fp32 activations, so the only rounding is the file's own).
+// (docs/engine.md). These read each weight block once per tile of activation rows and either
+// widen it to fp32 and accumulate in fp32 (exact: the only rounding is the file's own) or, like
+// llama.cpp, dot it with activations quantized to int8 per block of 32.
 //
 //   Q4_1: w = d * q + m, q in 0..15; qs[j] holds element j (low nibble) and j + 16 (high).
 //   Q8_0: w = d * q, q in -127..127.
+//
+// Two instruction sets, chosen at compile time by the flags blockquant.py passes from
+// /proc/cpuinfo: AVX-512 (F, BW, VL, DQ; VNNI where present) and AVX2 + FMA for the rest.
+// Each kernel computes a tile of R activation rows by C weight rows, so a widened weight block is
+// reused across the rows in registers and a block of x across the columns, and a tile has
+// R * C (or more) independent accumulator chains to cover the FMA latency.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <type_traits>
 #include <vector>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+#define BLOCKQUANT_AVX512 1
+#else
+#define BLOCKQUANT_AVX512 0
+#endif
+#if BLOCKQUANT_AVX512 && defined(__AVX512VNNI__)
+#define BLOCKQUANT_VNNI 1
+#else
+#define BLOCKQUANT_VNNI 0
+#endif
 
 namespace {
 
 constexpr int64_t kBlock = 32;
-constexpr int kRows = 4;  // activation rows sharing one pass over a weight row
+// Activation rows sharing one pass over a weight tile: AVX-512 has 32 vector registers, AVX2 16.
+constexpr int kRows = BLOCKQUANT_AVX512 ? 8 : 4;
+// Weight rows an `at::parallel_for` chunk walks before the next row group re-reads them (from L1).
+constexpr int64_t kPanel = 64;
 
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -27,13 +48,51 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-inline __m256 widen_u8(__m128i bytes) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+template <int N>
+using Int = std::integral_constant<int, N>;
+
+// Calls fn(Int<R>, r) over M activation rows: groups of kRows, then the rest as one group.
+template <typename Fn>
+inline void row_groups(int64_t M, Fn&& fn) {
+  int64_t r = 0;
+  for (; r + kRows <= M; r += kRows) fn(Int<kRows>{}, r);
+  switch (M - r) {
+#if BLOCKQUANT_AVX512
+    case 7: fn(Int<7>{}, r); break;
+    case 6: fn(Int<6>{}, r); break;
+    case 5: fn(Int<5>{}, r); break;
+    case 4: fn(Int<4>{}, r); break;
+#endif
+    case 3: fn(Int<3>{}, r); break;
+    case 2: fn(Int<2>{}, r); break;
+    case 1: fn(Int<1>{}, r); break;
+    default: break;
+  }
 }
 
-inline __m256 widen_i8(__m128i bytes) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+// Runs kernel.tile<R, C>(r, n) over the M x N output: N split over torch's threads, each chunk in
+// panels of kPanel weight rows, each panel once per row group, in tiles of C = columns<R> weight
+// rows (then single ones).
+template <typename Kernel>
+void run_tiles(const Kernel& kernel, int64_t M, int64_t N, int64_t grain) {
+  at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
+    for (int64_t p0 = n0; p0 < n1; p0 += kPanel) {
+      const int64_t p1 = std::min(n1, p0 + kPanel);
+      row_groups(M, [&](auto rows, int64_t r) {
+        constexpr int R = decltype(rows)::value;
+        constexpr int C = Kernel::template columns<R>();
+        int64_t n = p0;
+        for (; n + C <= p1; n += C) kernel.template tile<R, C>(r, n);
+        for (; n < p1; ++n) kernel.template tile<R, 1>(r, n);
+      });
+    }
+  });
 }
+
+// -- fp32 activations ---------------------------------------------------------------------------
+
+inline __m256 widen_u8(__m128i bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)); }
+inline __m256 widen_i8(__m128i bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)); }
 
 inline void unpack_q4(const uint8_t* qs, __m256 w[4]) {
   const __m128i mask = _mm_set1_epi8(0x0F);
@@ -56,7 +115,7 @@ inline void unpack_q8(const int8_t* qs, __m256 w[4]) {
 }
 
 // Independent accumulators per activation row: an FMA's latency is about four of its issue slots,
-// so one chain per row would leave the unit idle; R rows * kChains(R) stays within 16 registers.
+// so one chain per row would leave the unit idle; R rows * chains<R> stays within 16 registers.
 template <int R>
 constexpr int kChains = R <= 2 ? 4 : 2;
 
@@ -84,125 +143,194 @@ inline void finish(__m256 (&acc)[R][kChains<R>], const float* extra, float* out,
   }
 }
 
-inline float dot(const float* a, const float* b, int64_t n) {
-  float sum = 0.f;
-  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
-  return sum;
-}
+// AVX2 Q8_0 (also AVX-512's for three or more rows, where it measured faster on Zen 4).
+struct Q8_0Fp32Avx2 {
+  const float* x;
+  const int8_t* qs;
+  const float* d;
+  float* out;
+  int64_t K, N, blocks;
 
-// One weight row against R activation rows starting at `x` (row stride K).
-template <int R>
-void q4_1_row(const float* x, const float* xsum, int64_t K, const uint8_t* qs, const float* d,
-              const float* m, float* out, int64_t N) {
-  const int64_t blocks = K / kBlock;
-  __m256 acc[R][kChains<R>];
-  for (auto& row : acc)
-    for (auto& chain : row) chain = _mm256_setzero_ps();
-  __m256 w[4];
-  for (int64_t b = 0; b < blocks; ++b) {
-    unpack_q4(qs + b * 16, w);
-    accumulate<R>(w, d[b], x, K, b * kBlock, acc);
-  }
-  float low[R];  // the blocks' offsets: sum over blocks of m * (sum of x in the block)
-  for (int r = 0; r < R; ++r) low[r] = dot(m, xsum + r * blocks, blocks);
-  finish<R>(acc, low, out, N);
-}
+  template <int R>
+  static constexpr int columns() { return 1; }
 
-template <int R>
-void q8_0_row(const float* x, int64_t K, const int8_t* qs, const float* d, float* out,
-              int64_t N) {
-  const int64_t blocks = K / kBlock;
-  __m256 acc[R][kChains<R>];
-  for (auto& row : acc)
-    for (auto& chain : row) chain = _mm256_setzero_ps();
-  __m256 w[4];
-  for (int64_t b = 0; b < blocks; ++b) {
-    unpack_q8(qs + b * kBlock, w);
-    accumulate<R>(w, d[b], x, K, b * kBlock, acc);
-  }
-  finish<R>(acc, nullptr, out, N);
-}
-
-// Calls fn(rows, r) over M activation rows: groups of kRows, then the 1 to 3 left, with `rows` a
-// compile-time count so each group's accumulators stay in registers.
-template <typename Fn>
-inline void row_groups(int64_t M, Fn&& fn) {
-  int64_t r = 0;
-  for (; r + kRows <= M; r += kRows) fn(std::integral_constant<int, kRows>{}, r);
-  switch (M - r) {
-    case 3: fn(std::integral_constant<int, 3>{}, r); break;
-    case 2: fn(std::integral_constant<int, 2>{}, r); break;
-    case 1: fn(std::integral_constant<int, 1>{}, r); break;
-    default: break;
-  }
-}
-
-void check(const torch::Tensor& x, const torch::Tensor& qs, int64_t bytes_per_block) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
-              "activations must be a contiguous float32 matrix");
-  TORCH_CHECK(x.size(1) % kBlock == 0, "in_features must be a multiple of 32");
-  TORCH_CHECK(qs.dim() == 2 && qs.is_contiguous() &&
-                  qs.size(1) == x.size(1) / kBlock * bytes_per_block,
-              "weight blocks do not match in_features");
-}
-
-}  // namespace
-
-// x [M, K] fp32; qs uint8 [N, K / 32 * 16]; d, m fp32 [N, K / 32]. Returns x @ W.T, [M, N].
-torch::Tensor q4_1_mm(torch::Tensor x, torch::Tensor qs, torch::Tensor d, torch::Tensor m) {
-  check(x, qs, 16);
-  const int64_t M = x.size(0), K = x.size(1), N = qs.size(0), blocks = K / kBlock;
-  auto out = torch::empty({M, N}, x.options());
-  auto xsum = x.view({M, blocks, kBlock}).sum(-1).contiguous();
-  const float* X = x.data_ptr<float>();
-  const float* XS = xsum.data_ptr<float>();
-  const uint8_t* Q = qs.data_ptr<uint8_t>();
-  const float* D = d.data_ptr<float>();
-  const float* L = m.data_ptr<float>();
-  float* O = out.data_ptr<float>();
-  at::parallel_for(0, N, 8, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      const uint8_t* q = Q + n * blocks * 16;
-      const float* dn = D + n * blocks;
-      const float* mn = L + n * blocks;
-      row_groups(M, [&](auto group, int64_t r) {
-        q4_1_row<decltype(group)::value>(X + r * K, XS + r * blocks, K, q, dn, mn, O + r * N + n,
-                                         N);
-      });
+  template <int R, int C>
+  void tile(int64_t r, int64_t n) const {
+    __m256 acc[R][kChains<R>];
+    for (auto& row : acc)
+      for (auto& chain : row) chain = _mm256_setzero_ps();
+    __m256 w[4];
+    for (int64_t b = 0; b < blocks; ++b) {
+      unpack_q8(qs + n * K + b * kBlock, w);
+      accumulate<R>(w, d[n * blocks + b], x + r * K, K, b * kBlock, acc);
     }
-  });
-  return out;
-}
+    finish<R>(acc, nullptr, out + r * N + n, N);
+  }
+};
 
-// x [M, K] fp32; qs int8 [N, K]; d fp32 [N, K / 32]. Returns x @ W.T, [M, N].
-torch::Tensor q8_0_mm(torch::Tensor x, torch::Tensor qs, torch::Tensor d) {
-  check(x, qs, kBlock);
-  const int64_t M = x.size(0), K = x.size(1), N = qs.size(0), blocks = K / kBlock;
-  auto out = torch::empty({M, N}, x.options());
-  const float* X = x.data_ptr<float>();
-  const int8_t* Q = qs.data_ptr<int8_t>();
-  const float* D = d.data_ptr<float>();
-  float* O = out.data_ptr<float>();
-  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      const int8_t* q = Q + n * K;
-      const float* dn = D + n * blocks;
-      row_groups(M, [&](auto group, int64_t r) {
-        q8_0_row<decltype(group)::value>(X + r * K, K, q, dn, O + r * N + n, N);
-      });
+
+
+#if BLOCKQUANT_AVX512
+
+// AVX-512 Q4_1: a block's 16 bytes zero-extend to 16 int32 lanes (element j's nibble in bits 0-3,
+// element j + 16's in bits 4-7); the block's 16 possible weights d * q + m are one FMA over
+// 0..15, and vpermps picks each lane's weight by the low four bits of its index, so the high
+// nibble needs one shift and neither needs a mask or an int-to-float convert. The weights come out
+// scaled and offset, so the m * sum(x) term needs no block sums of x.
+struct Q4_1Fp32 {
+  const float* x;
+  const uint8_t* qs;
+  const float* d;
+  const float* m;
+  float* out;
+  int64_t K, N, blocks;
+
+  template <int R>
+  static constexpr int columns() { return R == 1 ? 1 : 2; }
+
+  template <int R, int C>
+  void tile(int64_t r, int64_t n) const {
+    // Two chains (low and high half of a block) per output while that fits in registers.
+    constexpr int H = R * C <= 8 ? 2 : 1;
+    __m512 acc[R][C][H];
+    for (auto& row : acc)
+      for (auto& col : row)
+        for (auto& chain : col) chain = _mm512_setzero_ps();
+    const __m512 iota =
+        _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int64_t b = 0; b < blocks; ++b) {
+      __m512 lo[C], hi[C];
+      for (int c = 0; c < C; ++c) {
+        const int64_t i = (n + c) * blocks + b;
+        const __m512i idx =
+            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + i * 16)));
+        const __m512 table = _mm512_fmadd_ps(iota, _mm512_set1_ps(d[i]), _mm512_set1_ps(m[i]));
+        lo[c] = _mm512_permutexvar_ps(idx, table);
+        hi[c] = _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), table);
+      }
+      const float* xb = x + r * K + b * kBlock;
+      for (int rr = 0; rr < R; ++rr) {
+        const __m512 xl = _mm512_loadu_ps(xb + rr * K), xh = _mm512_loadu_ps(xb + rr * K + 16);
+        for (int c = 0; c < C; ++c) {
+          acc[rr][c][0] = _mm512_fmadd_ps(lo[c], xl, acc[rr][c][0]);
+          acc[rr][c][H - 1] = _mm512_fmadd_ps(hi[c], xh, acc[rr][c][H - 1]);
+        }
+      }
     }
-  });
-  return out;
+    for (int rr = 0; rr < R; ++rr)
+      for (int c = 0; c < C; ++c) {
+        __m512 sum = acc[rr][c][0];
+        if constexpr (H == 2) sum = _mm512_add_ps(sum, acc[rr][c][1]);
+        out[(r + rr) * N + n + c] = _mm512_reduce_add_ps(sum);
+      }
+  }
+};
+
+// AVX-512 Q8_0, one or two rows: 32 int8 sign-extend and convert to two 16-float halves, the
+// block's dot product is summed unscaled and d applied once (3 ops a row). With more rows the
+// AVX2 tile (weights scaled once, 256 bits wide) measured faster on this Zen 4 EPYC.
+struct Q8_0Fp32 {
+  const float* x;
+  const int8_t* qs;
+  const float* d;
+  float* out;
+  int64_t K, N, blocks;
+
+  template <int R>
+  static constexpr int columns() { return 1; }
+
+  template <int R, int C>
+  void tile(int64_t r, int64_t n) const {
+    if constexpr (R > 2) {
+      Q8_0Fp32Avx2{x, qs, d, out, K, N, blocks}.tile<R, C>(r, n);
+    } else {
+      __m512 acc[R];
+      for (auto& a : acc) a = _mm512_setzero_ps();
+      const int8_t* q = qs + n * K;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + b * kBlock))));
+        const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + b * kBlock + 16))));
+        const __m512 scale = _mm512_set1_ps(d[n * blocks + b]);
+        const float* xb = x + r * K + b * kBlock;
+        for (int rr = 0; rr < R; ++rr) {
+          const __m512 dot = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb + rr * K + 16),
+                                             _mm512_mul_ps(lo, _mm512_loadu_ps(xb + rr * K)));
+          acc[rr] = _mm512_fmadd_ps(scale, dot, acc[rr]);
+        }
+      }
+      for (int rr = 0; rr < R; ++rr) out[(r + rr) * N + n] = _mm512_reduce_add_ps(acc[rr]);
+    }
+  }
+};
+
+#else  // AVX2
+
+// AVX2 Q4_1: the weights are widened as d * q and the blocks' offsets added as m * (the block's
+// sum of x), from block sums computed once per call (`xsum`).
+struct Q4_1Fp32 {
+  const float* x;
+  const float* xsum;  // [M, blocks]
+  const uint8_t* qs;
+  const float* d;
+  const float* m;
+  float* out;
+  int64_t K, N, blocks;
+
+  template <int R>
+  static constexpr int columns() { return 1; }
+
+  template <int R, int C>
+  void tile(int64_t r, int64_t n) const {
+    __m256 acc[R][kChains<R>];
+    for (auto& row : acc)
+      for (auto& chain : row) chain = _mm256_setzero_ps();
+    const uint8_t* q = qs + n * blocks * 16;
+    const float* dn = d + n * blocks;
+    const float* mn = m + n * blocks;
+    __m256 w[4];
+    for (int64_t b = 0; b < blocks; ++b) {
+      unpack_q4(q + b * 16, w);
+      accumulate<R>(w, dn[b], x + r * K, K, b * kBlock, acc);
+    }
+    float low[R];
+    for (int rr = 0; rr < R; ++rr) {
+      const float* s = xsum + (r + rr) * blocks;
+      __m256 sum = _mm256_setzero_ps();
+      int64_t b = 0;
+      for (; b + 8 <= blocks; b += 8)
+        sum = _mm256_fmadd_ps(_mm256_loadu_ps(mn + b), _mm256_loadu_ps(s + b), sum);
+      low[rr] = hsum(sum);
+      for (; b < blocks; ++b) low[rr] += mn[b] * s[b];
+    }
+    finish<R>(acc, low, out + r * N + n, N);
+  }
+};
+
+using Q8_0Fp32 = Q8_0Fp32Avx2;
+
+#endif
+
+// Block sums of x ([M, K] -> [M, K / 32]): the Q4_1 offsets' factor, m * sum(x), on AVX2.
+std::vector<float> block_sums(const float* x, int64_t M, int64_t K) {
+  const int64_t count = M * (K / kBlock);
+  std::vector<float> sums(count);
+  for (int64_t i = 0; i < count; ++i) {
+    const float* src = x + i * kBlock;
+    const __m256 a = _mm256_add_ps(_mm256_loadu_ps(src), _mm256_loadu_ps(src + 8));
+    const __m256 b = _mm256_add_ps(_mm256_loadu_ps(src + 16), _mm256_loadu_ps(src + 24));
+    sums[i] = hsum(_mm256_add_ps(a, b));
+  }
+  return sums;
 }
 
-// -- int8 activations: llama.cpp's dot products --------------------------------------------
+// -- int8 activations: llama.cpp's dot products ---------------------------------------------------
 //
 // Each activation row is quantized per block of 32 to int8 with its own scale (Q8_1: dx and the
-// block's sum), so a block's dot product is four integer instructions (maddubs, madd) instead of
-// widening every weight to fp32: sum w x = d dx sum(q qx) + m (dx sum qx) for Q4_1, and
-// d dx sum(q qx) for Q8_0.
-
-namespace {
+// block's sum), so a block's dot product is integer instructions (VNNI's dpbusd, or AVX2's
+// maddubs + madd) instead of widening every weight to fp32: sum w x = d dx sum(q qx) + m (dx sum
+// qx) for Q4_1, and d dx sum(q qx) for Q8_0.
 
 struct QuantizedRows {
   std::vector<int8_t> q;   // [M, K]
@@ -251,107 +379,190 @@ QuantizedRows quantize_rows(const float* x, int64_t M, int64_t K) {
 }
 
 inline __m256 block_dot_u8(__m256i w, __m256i qx) {  // w unsigned 0..15, qx signed
+#if BLOCKQUANT_VNNI
+  return _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w, qx));
+#else
   const __m256i pairs = _mm256_maddubs_epi16(w, qx);
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+#endif
 }
 
 inline __m256 block_dot_i8(__m256i w, __m256i qx) {  // both signed: |w| * (qx with w's sign)
-  const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(qx, w));
+  const __m256i magnitude = _mm256_sign_epi8(w, w), signed_x = _mm256_sign_epi8(qx, w);
+#if BLOCKQUANT_VNNI
+  return _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), magnitude, signed_x));
+#else
+  const __m256i pairs = _mm256_maddubs_epi16(magnitude, signed_x);
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+#endif
 }
 
+// One or two rows get four or two weight rows a tile, for independent accumulator chains.
 template <int R>
-void q4_1_row_q8(const QuantizedRows& x, int64_t row0, int64_t K, const uint8_t* qs,
-                 const float* d, const float* m, float* out, int64_t N) {
-  const int64_t blocks = K / kBlock;
-  __m256 acc[R];
-  float low[R];
-  for (int r = 0; r < R; ++r) {
-    acc[r] = _mm256_setzero_ps();
-    low[r] = 0.f;
-  }
-  const __m256i mask = _mm256_set1_epi8(0x0F);
-  for (int64_t b = 0; b < blocks; ++b) {
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + b * 16));
-    const __m256i w = _mm256_and_si256(
-        _mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1), mask);
-    for (int r = 0; r < R; ++r) {
-      const int64_t i = (row0 + r) * blocks + b;
-      const __m256i qx =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q.data() + i * kBlock));
-      acc[r] = _mm256_fmadd_ps(block_dot_u8(w, qx), _mm256_set1_ps(d[b] * x.dx[i]), acc[r]);
-      low[r] += m[b] * x.sum[i];
+constexpr int int8_columns() { return 1; }
+
+struct Q4_1Int8 {
+  const QuantizedRows* x;
+  const uint8_t* qs;
+  const float* d;
+  const float* m;
+  float* out;
+  int64_t K, N, blocks;
+
+  template <int R>
+  static constexpr int columns() { return int8_columns<R>(); }
+
+  template <int R, int C>
+  void tile(int64_t r, int64_t n) const {
+    static_assert(C == 1, "one weight row a tile: several rows' streams measured slower");
+    const int8_t* qx = x->q.data() + r * K;
+    const float* dx = x->dx.data() + r * blocks;
+    const float* sx = x->sum.data() + r * blocks;
+    const uint8_t* q = qs + n * blocks * 16;
+    const float* dn = d + n * blocks;
+    const float* mn = m + n * blocks;
+    __m256 acc[R];
+    float low[R];
+    for (int rr = 0; rr < R; ++rr) {
+      acc[rr] = _mm256_setzero_ps();
+      low[rr] = 0.f;
     }
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    for (int64_t b = 0; b < blocks; ++b) {
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + b * 16));
+      const __m256i w = _mm256_and_si256(
+          _mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1), mask);
+      for (int rr = 0; rr < R; ++rr) {
+        const __m256i qxb = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(qx + rr * K + b * kBlock));
+        acc[rr] = _mm256_fmadd_ps(block_dot_u8(w, qxb), _mm256_set1_ps(dn[b] * dx[rr * blocks + b]),
+                                  acc[rr]);
+        low[rr] += mn[b] * sx[rr * blocks + b];
+      }
+    }
+    for (int rr = 0; rr < R; ++rr) out[(r + rr) * N + n] = hsum(acc[rr]) + low[rr];
   }
-  for (int r = 0; r < R; ++r) out[r * N] = hsum(acc[r]) + low[r];
+};
+
+struct Q8_0Int8 {
+  const QuantizedRows* x;
+  const int8_t* qs;
+  const float* d;
+  float* out;
+  int64_t K, N, blocks;
+
+  template <int R>
+  static constexpr int columns() { return int8_columns<R>(); }
+
+  template <int R, int C>
+  void tile(int64_t r, int64_t n) const {
+    __m256 acc[R][C];
+    for (auto& row : acc)
+      for (auto& col : row) col = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+      __m256i w[C];
+      for (int c = 0; c < C; ++c)
+        w[c] = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(qs + (n + c) * K + b * kBlock));
+      for (int rr = 0; rr < R; ++rr) {
+        const int64_t i = (r + rr) * blocks + b;
+        const __m256i qx =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x->q.data() + i * kBlock));
+        for (int c = 0; c < C; ++c)
+          acc[rr][c] = _mm256_fmadd_ps(block_dot_i8(w[c], qx),
+                                       _mm256_set1_ps(d[(n + c) * blocks + b] * x->dx[i]),
+                                       acc[rr][c]);
+      }
+    }
+    for (int rr = 0; rr < R; ++rr)
+      for (int c = 0; c < C; ++c) out[(r + rr) * N + n + c] = hsum(acc[rr][c]);
+  }
+};
+
+void check(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& d,
+           int64_t bytes_per_block) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
+              "activations must be a contiguous float32 matrix");
+  TORCH_CHECK(x.size(1) % kBlock == 0, "in_features must be a multiple of 32");
+  TORCH_CHECK(qs.dim() == 2 && qs.is_contiguous() &&
+                  qs.size(1) == x.size(1) / kBlock * bytes_per_block,
+              "weight blocks do not match in_features");
+  TORCH_CHECK(d.scalar_type() == torch::kFloat32 && d.is_contiguous() &&
+                  d.numel() == qs.size(0) * (x.size(1) / kBlock),
+              "block scales do not match the weight blocks");
 }
 
-template <int R>
-void q8_0_row_q8(const QuantizedRows& x, int64_t row0, int64_t K, const int8_t* qs,
-                 const float* d, float* out, int64_t N) {
-  const int64_t blocks = K / kBlock;
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b) {
-    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + b * kBlock));
-    for (int r = 0; r < R; ++r) {
-      const int64_t i = (row0 + r) * blocks + b;
-      const __m256i qx =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q.data() + i * kBlock));
-      acc[r] = _mm256_fmadd_ps(block_dot_i8(w, qx), _mm256_set1_ps(d[b] * x.dx[i]), acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) out[r * N] = hsum(acc[r]);
-}
+// Output rows per parallel chunk at least: a chunk must outweigh a thread's wake-up.
+constexpr int64_t kGrain = 32;
 
 }  // namespace
 
-// As q4_1_mm and q8_0_mm, with the activations quantized to int8 per block of 32 first.
-torch::Tensor q4_1_mm_q8(torch::Tensor x, torch::Tensor qs, torch::Tensor d, torch::Tensor m) {
-  check(x, qs, 16);
+// x [M, K] fp32; qs uint8 [N, K / 32 * 16]; d, m fp32 [N, K / 32]. Returns x @ W.T, [M, N].
+torch::Tensor q4_1_mm(torch::Tensor x, torch::Tensor qs, torch::Tensor d, torch::Tensor m,
+                      bool int8_activations) {
+  check(x, qs, d, 16);
+  TORCH_CHECK(m.sizes() == d.sizes() && m.scalar_type() == torch::kFloat32 && m.is_contiguous(),
+              "block offsets do not match the block scales");
   const int64_t M = x.size(0), K = x.size(1), N = qs.size(0), blocks = K / kBlock;
   auto out = torch::empty({M, N}, x.options());
-  const QuantizedRows rows = quantize_rows(x.data_ptr<float>(), M, K);
+  const float* X = x.data_ptr<float>();
   const uint8_t* Q = qs.data_ptr<uint8_t>();
   const float* D = d.data_ptr<float>();
   const float* L = m.data_ptr<float>();
   float* O = out.data_ptr<float>();
-  at::parallel_for(0, N, 8, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      const uint8_t* q = Q + n * blocks * 16;
-      const float* dn = D + n * blocks;
-      const float* mn = L + n * blocks;
-      row_groups(M, [&](auto group, int64_t r) {
-        q4_1_row_q8<decltype(group)::value>(rows, r, K, q, dn, mn, O + r * N + n, N);
-      });
-    }
-  });
+  if (int8_activations) {
+    const QuantizedRows rows = quantize_rows(X, M, K);
+    run_tiles(Q4_1Int8{&rows, Q, D, L, O, K, N, blocks}, M, N, kGrain);
+  } else {
+#if BLOCKQUANT_AVX512
+    run_tiles(Q4_1Fp32{X, Q, D, L, O, K, N, blocks}, M, N, kGrain);
+#else
+    const std::vector<float> xsum = block_sums(X, M, K);
+    run_tiles(Q4_1Fp32{X, xsum.data(), Q, D, L, O, K, N, blocks}, M, N, kGrain);
+#endif
+  }
   return out;
 }
 
-torch::Tensor q8_0_mm_q8(torch::Tensor x, torch::Tensor qs, torch::Tensor d) {
-  check(x, qs, kBlock);
+// x [M, K] fp32; qs int8 [N, K]; d fp32 [N, K / 32]. Returns x @ W.T, [M, N].
+torch::Tensor q8_0_mm(torch::Tensor x, torch::Tensor qs, torch::Tensor d, bool int8_activations) {
+  check(x, qs, d, kBlock);
   const int64_t M = x.size(0), K = x.size(1), N = qs.size(0), blocks = K / kBlock;
   auto out = torch::empty({M, N}, x.options());
-  const QuantizedRows rows = quantize_rows(x.data_ptr<float>(), M, K);
+  const float* X = x.data_ptr<float>();
   const int8_t* Q = qs.data_ptr<int8_t>();
   const float* D = d.data_ptr<float>();
   float* O = out.data_ptr<float>();
-  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      const int8_t* q = Q + n * K;
-      const float* dn = D + n * blocks;
-      row_groups(M, [&](auto group, int64_t r) {
-        q8_0_row_q8<decltype(group)::value>(rows, r, K, q, dn, O + r * N + n, N);
-      });
-    }
-  });
+  if (int8_activations) {
+    const QuantizedRows rows = quantize_rows(X, M, K);
+    run_tiles(Q8_0Int8{&rows, Q, D, O, K, N, blocks}, M, N, kGrain);
+  } else {
+    run_tiles(Q8_0Fp32{X, Q, D, O, K, N, blocks}, M, N, kGrain);
+  }
   return out;
 }
 
+// x [M, K] fp32 -> [M, K / 32], each block's sum: exposed so tests can check it on its own.
+torch::Tensor block_sums_of(torch::Tensor x) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous() &&
+                  x.size(1) % kBlock == 0,
+              "activations must be a contiguous float32 matrix, in_features a multiple of 32");
+  const int64_t M = x.size(0), blocks = x.size(1) / kBlock;
+  const std::vector<float> sums = block_sums(x.data_ptr<float>(), M, x.size(1));
+  auto out = torch::empty({M, blocks}, x.options());
+  std::copy(sums.begin(), sums.end(), out.data_ptr<float>());
+  return out;
+}
+
+std::string isa() { return BLOCKQUANT_AVX512 ? (BLOCKQUANT_VNNI ? "avx512-vnni" : "avx512") : "avx2"; }
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
-  module.def("q4_1_mm", &q4_1_mm, "x @ W.T for Q4_1 blocks (qs, d, m)");
-  module.def("q8_0_mm", &q8_0_mm, "x @ W.T for Q8_0 blocks (qs, d)");
-  module.def("q4_1_mm_q8", &q4_1_mm_q8, "q4_1_mm with int8 activations");
-  module.def("q8_0_mm_q8", &q8_0_mm_q8, "q8_0_mm with int8 activations");
+  module.def("q4_1_mm", &q4_1_mm, "x @ W.T for Q4_1 blocks (qs, d, m); int8 activations or fp32",
+             pybind11::arg("x"), pybind11::arg("qs"), pybind11::arg("d"), pybind11::arg("m"),
+             pybind11::arg("int8_activations") = false);
+  module.def("q8_0_mm", &q8_0_mm, "x @ W.T for Q8_0 blocks (qs, d); int8 activations or fp32",
+             pybind11::arg("x"), pybind11::arg("qs"), pybind11::arg("d"),
+             pybind11::arg("int8_activations") = false);
+  module.def("block_sums", &block_sums_of, "each block of 32's sum of x, [M, K / 32]");
+  module.def("isa", &isa, "the instruction set compiled: avx512-vnni, avx512 or avx2");
 }
