@@ -248,6 +248,8 @@ CHAT_MODEL_PATH = (
 CHAT_MODEL_DTYPE = env("CHAT_MODEL_DTYPE", "auto")
 CHAT_MODEL_DEVICE = env("CHAT_MODEL_DEVICE", "auto")
 CHAT_TORCH_THREADS = envint("CHAT_TORCH_THREADS", 0)
+# Threads of a decode step; 0 is one fewer than a prefill's (chat/engine/threads.py).
+CHAT_DECODE_THREADS = envint("CHAT_DECODE_THREADS", 0)
 # Decode-step matmuls as W @ x.T (chat/engine/weight_major.py): auto times both orders per weight
 # shape at load and keeps the faster; on and off force it.
 CHAT_WEIGHT_MAJOR = env("CHAT_WEIGHT_MAJOR", "auto")

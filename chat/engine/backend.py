@@ -20,6 +20,7 @@ from .eos import token_id
 from .prefix_store import PrefixStore
 from .start_choices import START_CHOICES_FILE, StartChoices, machine_identity
 from .template import encode_pieces, encode_text, render_pieces
+from .threads import ThreadPlan
 from .types import (
     EngineConfig,
     GenerationRequest,
@@ -113,6 +114,7 @@ class LocalBackend(SteppedBackend):
         self._stop_criteria: OrderedDict[tuple[str, ...], StopStringCriteria] = OrderedDict()
         self._stop_lock = threading.Lock()
         self.prefix_store = PrefixStore(config.prefix_cache_mb * 1024 * 1024)
+        self.threads = ThreadPlan.configured(config.threads, config.decode_threads)
 
     @classmethod
     def from_folder(
@@ -129,12 +131,12 @@ class LocalBackend(SteppedBackend):
         `gguf`: the GGUF file the folder was converted from, whose 4-bit blocks int4 mode reads.
         """
         folder = Path(folder)
-        if config.threads:
-            torch.set_num_threads(config.threads)
+        threads = ThreadPlan.configured(config.threads, config.decode_threads)
+        torch.set_num_threads(threads.prefill)  # loading is all large operators
         device = pick_device(config.device)
         dtype = pick_dtype(config.dtype, device)
         started = time.perf_counter()
-        progress(f"Loading {folder.name} ({dtype}, {device}, {torch.get_num_threads()} threads)...")
+        progress(f"Loading {folder.name} ({dtype}, {device}, {threads.describe()})...")
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
         # On a CPU, decode steps' attention as plain matmuls (attention.py): torch's flash
         # kernel costs several times more for one query token.
@@ -157,7 +159,7 @@ class LocalBackend(SteppedBackend):
             machine={
                 "cpu": machine_identity(),
                 "torch": torch.__version__,
-                "threads": torch.get_num_threads(),
+                "threads": backend.threads.describe(),
                 "dtype": str(dtype),
                 "weights": fingerprint,
                 "gguf": str(gguf),
@@ -275,6 +277,7 @@ class LocalBackend(SteppedBackend):
             self.stop_string_criteria,
             prefill_chunk=self.config.prefill_chunk,
             prefix_store=self.prefix_store,
+            threads=self.threads,
         )
 
     def row(self, request: GenerationRequest, on_text: OnText) -> Row:

@@ -40,6 +40,7 @@ from .batching import Row, left_pad
 from .kv_cache import GrowingCache
 from .penalties import penalty_processors
 from .prefix_store import PrefixEntry, PrefixStore, common_prefix
+from .threads import ThreadPlan
 
 
 class RunningBatch:
@@ -51,6 +52,7 @@ class RunningBatch:
         stop_criteria: a StopStringCriteria for a tuple of stop strings (built once, cached).
         prefill_chunk: while rows decode, a newcomer's prompt is prefilled this many tokens a step.
         prefix_store: KV of recent rows to reuse and to add to; None prefills every prompt whole.
+        threads: torch threads per forward pass by its size (threads.py).
     """
 
     # Newcomers arriving together prefill a prefix they share once, if it is at least this long.
@@ -64,12 +66,14 @@ class RunningBatch:
         *,
         prefill_chunk: int = 0,
         prefix_store: PrefixStore | None = None,
+        threads: ThreadPlan | None = None,
     ):
         self.model = model
         self.pad_id = pad_id
         self.stop_criteria = stop_criteria
         self.prefill_chunk = prefill_chunk  # 0: every prefill in one forward pass
         self.store = prefix_store  # None or disabled: nothing reused (still counted when given)
+        self.threads = threads  # None: torch's threads as they are, for every pass
         self.rows: list[Row] = []
         self.cache: DynamicCache | None = None
         self.mask: torch.Tensor | None = None  # [rows, width], 0 on padding
@@ -273,6 +277,8 @@ class RunningBatch:
         # Each row counts its own positions: padding on the left must not shift them.
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1] :]
         self.forward_calls += 1
+        if self.threads is not None:
+            self.threads.use(ids.numel())
         out = self.model(
             input_ids=ids,
             attention_mask=mask,

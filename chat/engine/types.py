@@ -179,7 +179,8 @@ class EngineConfig:
         data_dir: where the converted default model is kept.
         dtype: "auto", "bfloat16", "float16" or "float32".
         device: "auto", "cpu", "cuda" or "mps".
-        threads: torch intra-op threads; 0 leaves torch's default.
+        threads: torch intra-op threads, what a prefill runs on; 0 leaves torch's default.
+        decode_threads: threads of a decode step; 0 is one fewer than `threads` (threads.py).
         max_new_tokens_cap: server-side ceiling on any request's max_new_tokens.
         weight_major: "auto", "on" or "off": decode-step matmuls as W @ x.T (weight_major.py).
         prefill_chunk: while rows decode, a newcomer's prompt is prefilled this many tokens per
@@ -194,6 +195,7 @@ class EngineConfig:
     dtype: str = "auto"
     device: str = "auto"
     threads: int = 0
+    decode_threads: int = 0
     max_new_tokens_cap: int = 1024
     weight_major: str = "auto"
     prefill_chunk: int = 128

@@ -56,6 +56,7 @@ class Runtime:
             dtype=settings.CHAT_MODEL_DTYPE,
             device=settings.CHAT_MODEL_DEVICE,
             threads=settings.CHAT_TORCH_THREADS,
+            decode_threads=settings.CHAT_DECODE_THREADS,
             weight_major=settings.CHAT_WEIGHT_MAJOR,
             quant=settings.CHAT_MODEL_QUANT,
             prefill_chunk=settings.CHAT_PREFILL_CHUNK,
