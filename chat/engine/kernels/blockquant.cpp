@@ -556,13 +556,16 @@ torch::Tensor block_sums_of(torch::Tensor x) {
 
 std::string isa() { return BLOCKQUANT_AVX512 ? (BLOCKQUANT_VNNI ? "avx512-vnni" : "avx512") : "avx2"; }
 
+// The matmuls let go of the GIL: they are most of a decode step, and the event loop that streams
+// the tokens out (same process, another core) needs it meanwhile.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
+  using release_gil = pybind11::call_guard<pybind11::gil_scoped_release>;
   module.def("q4_1_mm", &q4_1_mm, "x @ W.T for Q4_1 blocks (qs, d, m); int8 activations or fp32",
              pybind11::arg("x"), pybind11::arg("qs"), pybind11::arg("d"), pybind11::arg("m"),
-             pybind11::arg("int8_activations") = false);
+             pybind11::arg("int8_activations") = false, release_gil());
   module.def("q8_0_mm", &q8_0_mm, "x @ W.T for Q8_0 blocks (qs, d); int8 activations or fp32",
              pybind11::arg("x"), pybind11::arg("qs"), pybind11::arg("d"),
-             pybind11::arg("int8_activations") = false);
+             pybind11::arg("int8_activations") = false, release_gil());
   module.def("block_sums", &block_sums_of, "each block of 32's sum of x, [M, K / 32]");
   module.def("isa", &isa, "the instruction set compiled: avx512-vnni, avx512 or avx2");
 }
