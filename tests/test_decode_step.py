@@ -95,10 +95,41 @@ def test_one_query_attention_equals_sdpa(mask_kind):
 
 
 @pytest.mark.unit
-def test_several_query_tokens_go_to_sdpa():
+@pytest.mark.parametrize("history", [0, 33])
+def test_a_few_query_tokens_attend_causally_as_sdpa_does(history):
+    """A short prompt (no history: transformers passes no mask, SDPA's is_causal), and a
+    follow-up's new tokens after a reused history in a padded batch (SDPA's causal mask)."""
+    from transformers.masking_utils import sdpa_mask
+
+    generator = torch.Generator().manual_seed(3)
+    batch, q = 2, 7
+    keys = history + q
+    query = torch.randn(batch, 9, q, 16, generator=generator)
+    key, value = (torch.randn(batch, 3, keys, 16, generator=generator) for _ in range(2))
+    mask = None
+    if history:
+        padding = torch.ones(batch, keys, dtype=torch.bool)
+        padding[1, :6] = False  # the second row is shorter: padded on the left
+        mask = sdpa_mask(
+            batch_size=batch,
+            q_length=q,
+            kv_length=keys,
+            q_offset=history,
+            attention_mask=padding,
+            allow_is_causal_skip=False,
+        )
+        assert mask is not None
+    got, _ = attention.decode_attention(_Module(), query, key, value, mask, scaling=0.25)
+    want, _ = sdpa_attention_forward(_Module(), query, key, value, mask, scaling=0.25)
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.unit
+def test_a_long_prefill_goes_to_sdpa():
     generator = torch.Generator().manual_seed(2)
-    query = torch.randn(1, 9, 6, 8, generator=generator)
-    key, value = (torch.randn(1, 3, 6, 8, generator=generator) for _ in range(2))
+    tokens = attention.MAX_QUERY_TOKENS + 1
+    query = torch.randn(1, 9, tokens, 8, generator=generator)
+    key, value = (torch.randn(1, 3, tokens, 8, generator=generator) for _ in range(2))
     got, _ = attention.decode_attention(_Module(), query, key, value, None)
     want, _ = sdpa_attention_forward(_Module(), query, key, value, None)
     assert torch.equal(got, want)
