@@ -16,6 +16,9 @@ PASSWORD = "a-long-pass-phrase-42"
 def ask(page, text: str) -> None:
     page.select_option("#policy", "short")
     page.fill("#prompt", text)
+    # After a sign-up or a new chat the socket may still be reconnecting: Enter is ignored (the
+    # text stays in the box) until Send is enabled, as a user would see.
+    expect(page.locator("#send")).to_be_enabled(timeout=30_000)
     page.keyboard.press("Enter")
     expect(page.locator(".message.assistant").last).to_have_attribute(
         "data-state", "done", timeout=60_000
