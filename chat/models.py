@@ -75,6 +75,13 @@ class Message(models.Model):
         blank=True,
         help_text="the server process (CHAT_INSTANCE) that generated the answer",
     )
+    identity = models.CharField(
+        max_length=64,
+        blank=True,
+        db_index=True,
+        help_text="what made the answer, hashed (docs/policies.md, what makes two answers the same); "
+        "empty when it is never shared: sampled without a seed, or a context the server does not hold",
+    )
     superseded = models.BooleanField(
         default=False,
         help_text="replaced by a regenerated answer or an edited prompt: kept and shown as an "
@@ -166,6 +173,12 @@ class OutputPolicy(models.Model):
     )
     temperature = models.FloatField(default=0.0, help_text="0 is greedy (deterministic, cacheable)")
     top_p = models.FloatField(default=1.0)
+    seed = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text="with temperature above 0, makes sampling reproducible, so its answers may be "
+        "cached; empty: every sampled answer is new and never cached",
+    )
     # Against loops, over the answer so far (chat/engine/penalties.py); deterministic, so a
     # greedy answer stays cacheable. Defaults measured with `manage.py answerquality`.
     repetition_penalty = models.FloatField(
@@ -246,6 +259,7 @@ class OutputPolicy(models.Model):
             "extra_eos_tokens",
             "temperature",
             "top_p",
+            "seed",
             "repetition_penalty",
             "no_repeat_ngram_size",
             "frequency_penalty",
