@@ -302,6 +302,9 @@ CHAT_SYSTEM_PROMPT = env("CHAT_SYSTEM_PROMPT", "")
 # The model name the OpenAI-compatible API offers the default policy as (`<name>:<slug>` for the others).
 CHAT_API_MODEL_NAME = env("CHAT_API_MODEL_NAME", "smollm2")
 CHAT_LOAD_MODEL = envbool("CHAT_LOAD_MODEL", True)  # off: serve pages/admin without a model
+# /metrics answers only requests carrying `Authorization: Bearer <this>`; empty: /metrics is off
+# (404), with DEBUG too: its counts say whether someone else's prompt began like a probe's.
+CHAT_METRICS_TOKEN = env("CHAT_METRICS_TOKEN", "")
 # Names this server process, stable across its restarts (host and port by default). Each answer
 # records it, and a migrate under the same name closes what that process left streaming when it
 # stopped, never what another live process is still generating.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -42,6 +43,7 @@ class LiveServer:
             "DATABASE_URL": database_url or f"sqlite:///{workdir / 'live.sqlite3'}",
             "PYTHONUNBUFFERED": "1",
             "PORT": str(self.port),  # part of CHAT_INSTANCE: two servers on one database stay apart
+            "CHAT_METRICS_TOKEN": secrets.token_urlsafe(16),  # what `metrics` scrapes with
             **env,
         }
         self.serve = serve
@@ -114,6 +116,15 @@ class LiveServer:
             return exc.code, None
         except OSError:
             return 0, None
+
+    def metrics(self) -> str:
+        """/metrics as Prometheus scrapes it: with the server's bearer token."""
+        request = urllib.request.Request(
+            self.url + "/metrics",
+            headers={"Authorization": f"Bearer {self.env['CHAT_METRICS_TOKEN']}"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.read().decode()
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]

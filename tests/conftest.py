@@ -137,6 +137,28 @@ def empty_cache(settings):
         client.close()
 
 
+# What the in-process tests' Prometheus scraper sends (`scrape_metrics`); /metrics is off without it.
+METRICS_TOKEN = "test-metrics-token"
+
+
+@pytest.fixture
+def scrape_metrics(settings):
+    """/metrics as Prometheus scrapes it, in process: CHAT_METRICS_TOKEN set and sent as a bearer
+    token; returns an async function giving the text."""
+    from django.test import AsyncClient
+
+    settings.CHAT_METRICS_TOKEN = METRICS_TOKEN
+
+    async def scrape() -> str:
+        response = await AsyncClient().get(
+            "/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}
+        )
+        assert response.status_code == 200, response.content
+        return response.content.decode()
+
+    return scrape
+
+
 @pytest.fixture(autouse=True)
 def fast_password_hashing(settings):
     """A cheap hasher in this process: tests that sign in 30 times measure throttling, not PBKDF2

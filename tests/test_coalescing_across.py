@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import re
-import urllib.request
 
 import pytest
 
@@ -71,8 +70,7 @@ def remote_servers(database_url, backend, tmp_path_factory):  # noqa: F811 (the 
 
 def counters(server: LiveServer) -> dict[str, float]:
     """The server's /metrics counters this test reads, by name (labels kept)."""
-    with urllib.request.urlopen(server.url + "/metrics", timeout=30) as response:
-        text = response.read().decode()
+    text = server.metrics()
     wanted = ("chat_prefill_tokens_total", "chat_coalesced")
     return {
         name: float(value)

@@ -294,9 +294,8 @@ async def test_a_user_over_the_rate_limit_gets_a_clear_error(client, monkeypatch
     assert "at most 1 a minute" in error["message"]
 
 
-async def test_a_finished_turn_shows_up_in_the_prometheus_metrics(client):
+async def test_a_finished_turn_shows_up_in_the_prometheus_metrics(client, scrape_metrics):
     """/metrics counts the request by finish_reason and observes its time to first token."""
-    from django.test import AsyncClient
 
     def sample(text: str, name: str) -> float:
         for line in text.splitlines():
@@ -304,10 +303,10 @@ async def test_a_finished_turn_shows_up_in_the_prometheus_metrics(client):
                 return float(line.rsplit(" ", 1)[1])
         return 0.0
 
-    before = (await AsyncClient().get("/metrics")).content.decode()
+    before = await scrape_metrics()
     request_id = await client.prompt(SHORT)
     await client.receive_until("done", request_id)
-    after = (await AsyncClient().get("/metrics")).content.decode()
+    after = await scrape_metrics()
     eos = 'chat_request_success_total{finish_reason="eos"}'
     assert sample(after, eos) == sample(before, eos) + 1
     assert (

@@ -1,4 +1,4 @@
-"""HTTP: the page, the conversation API's privacy, /healthz."""
+"""HTTP: the page, the conversation API's privacy, /healthz, /metrics behind its token."""
 
 import json
 
@@ -100,3 +100,50 @@ def test_healthz_reports_redis_unavailable_as_degraded(runtime, settings):
     assert response.json()["status"] == "degraded" and response.json()["redis"].startswith(
         "unavailable"
     )
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("debug", [True, False])
+def test_metrics_are_off_without_a_token_even_with_debug(settings, debug):
+    """No CHAT_METRICS_TOKEN: /metrics is a 404 that says how to turn it on, DEBUG or not (a bare
+    `daphne` runs with DEBUG on, so an open /metrics under DEBUG would reach production too)."""
+    settings.DEBUG, settings.CHAT_METRICS_TOKEN = debug, ""
+    response = Client().get("/metrics", headers={"Authorization": "Bearer "})
+    assert response.status_code == 404
+    body = response.content.decode()
+    assert "CHAT_METRICS_TOKEN" in body and "chat_" not in body
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "authorization",
+    [
+        None,
+        "Bearer wrong-token",
+        "Bearer s3cret-token-and-more",
+        "Bearer s3cret-tok",
+        "Basic czNjcmV0LXRva2Vu",
+        "s3cret-token",
+        "Bearer",
+        "Bearer é",
+    ],
+)
+def test_metrics_refuse_a_missing_or_wrong_token_with_401(settings, authorization):
+    """A scraper without the exact token gets 401 with `WWW-Authenticate: Bearer`, and no counts."""
+    settings.CHAT_METRICS_TOKEN = "s3cret-token"
+    headers = {} if authorization is None else {"Authorization": authorization}
+    response = Client().get("/metrics", headers=headers)
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"].startswith("Bearer")
+    assert b"chat_" not in response.content
+
+
+@pytest.mark.unit
+def test_metrics_are_served_to_the_token(settings):
+    """The right bearer token (any case of the scheme, as RFC 6750 allows) gets Prometheus's text."""
+    settings.CHAT_METRICS_TOKEN = "s3cret-token"
+    for scheme in ("Bearer", "bearer"):
+        response = Client().get("/metrics", headers={"Authorization": f"{scheme} s3cret-token"})
+        assert response.status_code == 200
+        assert response["Content-Type"].startswith("text/plain")
+        assert b"chat_coalesced_requests_total" in response.content

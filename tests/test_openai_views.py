@@ -532,15 +532,14 @@ async def test_another_user_can_neither_cancel_nor_read_an_api_answer(scripted, 
     assert choice["message"]["content"] == "Partial"
 
 
-async def test_api_answers_are_counted_in_metrics(scripted, alice):
+async def test_api_answers_are_counted_in_metrics(scripted, alice, scrape_metrics):
     from chat.infra.metrics import REQUESTS
 
     scripted(Answer(("ok",)))
     before = REQUESTS.labels("eos")._value.get()
     await post(alice[1], ask())
     assert REQUESTS.labels("eos")._value.get() == before + 1
-    scrape = await request("GET", "/metrics")
-    assert b'chat_request_success_total{finish_reason="eos"}' in scrape.body
+    assert 'chat_request_success_total{finish_reason="eos"}' in await scrape_metrics()
 
 
 async def test_a_signed_in_browser_session_alone_is_refused(scripted, bob):

@@ -215,9 +215,8 @@ def test_rows_under_every_rule_reuse_a_prefix(backend):
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_a_follow_up_turn_is_counted_as_reused_prefill_in_the_metrics(client):
+async def test_a_follow_up_turn_is_counted_as_reused_prefill_in_the_metrics(client, scrape_metrics):
     """Over the WebSocket: the second turn of a conversation prefills only what is new."""
-    from django.test import AsyncClient
 
     def sample(text: str, source: str) -> float:
         name = f'chat_prefill_tokens_total{{source="{source}"}}'
@@ -228,11 +227,11 @@ async def test_a_follow_up_turn_is_counted_as_reused_prefill_in_the_metrics(clie
 
     first = await client.receive_until("done", await client.prompt("Name a colour of the sea."))
     conversation = first[0]["conversation"]
-    before = (await AsyncClient().get("/metrics")).content.decode()
+    before = await scrape_metrics()
     second = await client.receive_until(
         "done", await client.prompt("And of the sky?", conversation=conversation)
     )
-    after = (await AsyncClient().get("/metrics")).content.decode()
+    after = await scrape_metrics()
     prompt_tokens = second[-1]["metrics"]["prompt_tokens"]
     reused = sample(after, "reused") - sample(before, "reused")
     computed = sample(after, "computed") - sample(before, "computed")
