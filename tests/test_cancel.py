@@ -1,14 +1,18 @@
-"""Cancelling an answer from another connection, and the channel-layer cancel every process hears."""
+"""Cancelling an answer from another connection, and the channel-layer cancel every process
+hears, which names the owner by a keyed digest, never by a session key."""
 
 import asyncio
+import hashlib
+import json
 
 import pytest
 from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
 
 from chat import turns
 from chat.models import Conversation, Message
 from chat.stores.selectors import Owner
-from chat.turns.cancel_bus import CancelBus
+from chat.turns.cancel_bus import GROUP, CancelAnswer, CancelBus
 from tests.test_cache import RedisServer
 from tests.test_consumer import LONG, SHORT, new_session_key, wait_stored
 
@@ -89,9 +93,8 @@ async def test_a_published_cancel_stops_the_owners_turn_in_this_process(make_cli
     session_key = await new_session_key()
     chat = await make_client(session_key=session_key)
     request_id, accepted = await started(chat, LONG)
-    await turns.cancel_bus.publish(
-        message_id=accepted["message"], user_id=None, session_key=session_key
-    )
+    owner = Owner(user_id=None, session_key=session_key)
+    await turns.cancel_bus.publish(CancelAnswer(accepted["message"], owner.digest))
     done = (await chat.receive_until("done", request_id))[-1]
     assert done["finish_reason"] == "cancelled"
 
@@ -102,9 +105,61 @@ async def test_a_published_cancel_of_another_owner_is_ignored(make_client):
     chat = await make_client()
     request_id, accepted = await started(chat, SHORT)
     turn = turns.running_turns.get(accepted["message"])
-    turns.running_turns.cancel_heard(accepted["message"], None, await new_session_key())
+    stranger = Owner(user_id=None, session_key=await new_session_key())
+    turns.running_turns.cancel_heard(accepted["message"], stranger.digest)
     assert not turn.cancel_requested
     assert (await chat.receive_until("done", request_id))[-1]["finish_reason"] in ("eos", "length")
+
+
+@pytest.mark.integration
+async def test_a_cancel_naming_a_raw_session_key_is_not_honoured(make_client):
+    """A bus message in the old shape, carrying the visitor's session key instead of the digest,
+    stops nothing: a session key read off the channel layer is worth nothing there."""
+    session_key = await new_session_key()
+    chat = await make_client(session_key=session_key)
+    request_id, accepted = await started(chat, SHORT)
+    turn = turns.running_turns.get(accepted["message"])
+    old_shape = {"type": "turn.cancel", "message": accepted["message"], "user_id": None}
+    turns.cancel_bus._hand_over({**old_shape, "session_key": session_key})
+    turns.cancel_bus._hand_over({**old_shape, "owner": session_key})
+    assert not turn.cancel_requested
+    assert (await chat.receive_until("done", request_id))[-1]["finish_reason"] in ("eos", "length")
+
+
+@pytest.mark.unit
+def test_an_owners_digest_is_keyed_with_the_secret_and_names_a_user_across_sessions(settings):
+    """One user from two sessions has one digest, visitors one each; it is not the session key,
+    nor its plain sha256, and another SECRET_KEY gives another digest."""
+    phone, laptop = Owner(user_id=1, session_key="phone"), Owner(user_id=1, session_key="laptop")
+    visitor = Owner(user_id=None, session_key="phone")
+    assert phone.digest == laptop.digest
+    assert len({phone.digest, visitor.digest, Owner(user_id=None, session_key="b").digest}) == 3
+    assert visitor.digest not in ("phone", hashlib.sha256(b"phone").hexdigest())
+    before = visitor.digest
+    settings.SECRET_KEY = "another-secret"
+    assert visitor.digest != before
+
+
+@pytest.mark.unit
+async def test_what_a_cancel_puts_on_the_channel_layer_names_no_session(settings):
+    """Whoever listens to the cancel group (any process, anyone reading that Redis) sees the
+    message id and the owner's digest, and nothing a session could be taken over with."""
+    layer = get_channel_layer()
+    spy = await layer.new_channel(prefix="spy")
+    await layer.group_add(GROUP, spy)
+    try:
+        session_key = await new_session_key()
+        message_id = await streaming_answer(session_key)
+        owner = Owner(user_id=None, session_key=session_key)
+        assert await turns.turn_cancel(owner=owner, message_id=message_id) == "sent"
+        while True:  # other suites on the same Redis may publish to the group too
+            message = await asyncio.wait_for(layer.receive(spy), 10)
+            if message.get("message") == message_id:
+                break
+        assert message == {"type": "turn.cancel", "message": message_id, "owner": owner.digest}
+        assert session_key not in json.dumps(message)
+    finally:
+        await layer.group_discard(GROUP, spy)
 
 
 @pytest.mark.unit
@@ -134,14 +189,14 @@ async def test_cancelling_an_answer_running_elsewhere_publishes_it(settings):
     session_key = await new_session_key()
     message_id = await streaming_answer(session_key)
     heard = []
-    bus = CancelBus(lambda *args: heard.append(args))
+    bus = CancelBus(heard.append)
     bus.ensure_listening()
     try:
         await wait_for(lambda: bus.connected)
         owner = Owner(user_id=None, session_key=session_key)
         assert await turns.turn_cancel(owner=owner, message_id=message_id) == "sent"
         await wait_for(lambda: heard)
-        assert heard == [(message_id, None, session_key)]
+        assert heard == [CancelAnswer(message_id, owner.digest)]
     finally:
         await bus.stop()
 
@@ -161,7 +216,7 @@ async def test_the_listener_survives_redis_going_away_and_rejoins(settings):
     owner = Owner(user_id=None, session_key=session_key)
     message_id = await streaming_answer(session_key)
     heard = []
-    bus = CancelBus(lambda *args: heard.append(args))
+    bus = CancelBus(heard.append)
     bus.min_backoff = 0.05
     bus.ensure_listening()
     try:
@@ -175,7 +230,7 @@ async def test_the_listener_survives_redis_going_away_and_rejoins(settings):
         await wait_for(lambda: bus.connected)
         assert await turns.turn_cancel(owner=owner, message_id=message_id) == "sent"
         await wait_for(lambda: heard)
-        assert heard == [(message_id, None, session_key)]
+        assert heard == [CancelAnswer(message_id, owner.digest)]
     finally:
         await bus.stop()
         server.stop()

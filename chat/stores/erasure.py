@@ -41,6 +41,7 @@ from .. import turns
 from ..models import ApiKey, CachedAnswer, CachedAnswerSource, Conversation, Message
 from ..protocol import CONVERSATION_DELETED
 from .evictions import evictions_retry, on_commit_once
+from .selectors import Owner
 
 log = logging.getLogger(__name__)
 
@@ -85,10 +86,9 @@ def _answers_stop(running: list[tuple[int, int | None, str]]) -> None:
         if turn is not None:
             turn.cancel(CONVERSATION_DELETED)  # thread-safe: an Event and the scheduler's lock
             continue
+        owner = Owner(user_id=user_id, session_key=session_key)
         try:
-            async_to_sync(turns.cancel_bus.publish)(
-                message_id=message_id, user_id=user_id, session_key=session_key
-            )
+            async_to_sync(turns.cancel_bus.publish)(turns.CancelAnswer(message_id, owner.digest))
         except Exception as exc:
             # It then runs to its end for nobody; it is still never stored or cached.
             log.warning("could not cancel answer %s of a deleted conversation: %s", message_id, exc)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -24,6 +26,15 @@ class Owner:
     @property
     def rate_key(self) -> str:
         return f"user:{self.user_id}" if self.user_id is not None else f"session:{self.session_key}"
+
+    @property
+    def digest(self) -> str:
+        """This owner's name where it leaves the process (the cancel bus): an HMAC under
+        SECRET_KEY, the same for every session of one user; unlike a session key, nobody who
+        reads it can sign in with it, nor work the session key back out of it."""
+        return hmac.new(
+            settings.SECRET_KEY.encode(), f"chat-owner:{self.rate_key}".encode(), hashlib.sha256
+        ).hexdigest()
 
     def is_same(self, other: Owner) -> bool:
         """The same signed-in user (from any session), or the same visitor's session."""

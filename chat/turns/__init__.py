@@ -14,6 +14,7 @@ handed; none touches the model or the database itself. The modules, in a turn's 
 """
 
 from .admit import admit
+from .cancel_bus import CancelAnswer
 from .errors import TurnError
 from .handle import Turn
 from .limits import turn_rate_check
@@ -21,6 +22,7 @@ from .prepare import Given
 from .running import cancel_bus, running_turns, turn_cancel, turns_drain
 
 __all__ = [
+    "CancelAnswer",
     "Given",
     "Turn",
     "TurnError",

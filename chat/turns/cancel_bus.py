@@ -7,6 +7,12 @@ lazily by chat/turns/, never per consumer) that hands it to a callback, which
 stops the turn if it runs there and belongs to the same owner. The chat socket
 itself stays off the channel layer, so a Redis outage costs only cross-process
 cancels: the listener logs, backs off and reconnects, and local cancels go on.
+
+What crosses the bus names nobody in a way that could be used: an owner travels as its
+digest (`Owner.digest`, keyed with SECRET_KEY), never as a session key that anyone reading
+the channel layer's Redis could replay as a cookie. One notice so far:
+
+- `CancelAnswer`: stop answer `message_id` if it runs here and is that owner's.
 """
 
 from __future__ import annotations
@@ -14,9 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import hmac
 import logging
 from collections.abc import Callable
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from channels.layers import get_channel_layer
 
@@ -25,9 +33,36 @@ from ..stores.selectors import Owner
 log = logging.getLogger(__name__)
 
 GROUP = "chat.cancel"
-MESSAGE_TYPE = "turn.cancel"
 
-Deliver = Callable[[int, int | None, str], None]
+
+@dataclass(frozen=True)
+class CancelAnswer:
+    """Stop answer `message_id`, if it runs here and its owner's digest is `owner`."""
+
+    message_id: int
+    owner: str
+    kind = "turn.cancel"
+
+    def fields(self) -> dict[str, Any]:
+        return {"message": self.message_id, "owner": self.owner}
+
+
+Notice = CancelAnswer
+Deliver = Callable[[Notice], None]
+
+
+def notice_parse(message: dict) -> Notice | None:
+    """The notice a bus message carries; None for anything else (another version's, malformed)."""
+    kind = message.get("type")
+    try:
+        if kind == CancelAnswer.kind:
+            owner = message["owner"]
+            if not isinstance(owner, str):
+                return None
+            return CancelAnswer(int(message["message"]), owner)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return None
 
 
 class Cancellable(Protocol):
@@ -58,22 +93,22 @@ class RunningTurns:
         return turn if turn is not None and not turn.finished else None
 
     def unfinished(self) -> list[Cancellable]:
-        """Every turn still generating here."""
-        return [turn for turn in self._turns.values() if not turn.finished]
+        """Every turn still generating here (any thread may ask: the values are copied first)."""
+        return [turn for turn in list(self._turns.values()) if not turn.finished]
 
-    def cancel_heard(self, message_id: int, user_id: int | None, session_key: str) -> None:
+    def cancel_heard(self, message_id: int, owner: str) -> None:
         """A cancel published by any process: stop the turn if it runs here and is the same owner's."""
         turn = self.get(message_id)
-        if turn is not None and turn.owner.is_same(Owner(user_id=user_id, session_key=session_key)):
+        if turn is not None and hmac.compare_digest(turn.owner.digest, owner):
             log.info("cancel for message %s from another process", message_id)
             turn.cancel()
 
 
 class CancelBus:
-    """Publish cancels to every process; listen for them in this one.
+    """Publish notices to every process; listen for them in this one.
 
     Args:
-        deliver: called on the event loop with (message_id, user_id, session_key) for each cancel heard.
+        deliver: called on the event loop with each notice heard (this process's own too).
     """
 
     publish_timeout = 2.0
@@ -88,17 +123,12 @@ class CancelBus:
         self._warned = False
         self._task: asyncio.Task | None = None
 
-    async def publish(self, *, message_id: int, user_id: int | None, session_key: str) -> None:
-        """Send one cancel to every listening process; raises if the channel layer cannot take it."""
+    async def publish(self, notice: Notice) -> None:
+        """Send one notice to every listening process; raises if the channel layer cannot take it."""
         layer = get_channel_layer()
         if layer is None:
             raise RuntimeError("no channel layer is configured")
-        message = {
-            "type": MESSAGE_TYPE,
-            "message": message_id,
-            "user_id": user_id,
-            "session_key": session_key,
-        }
+        message = {"type": notice.kind, **notice.fields()}
         await asyncio.wait_for(layer.group_send(GROUP, message), self.publish_timeout)
 
     def ensure_listening(self) -> None:
@@ -172,11 +202,11 @@ class CancelBus:
             receive.cancel()
 
     def _hand_over(self, message: dict) -> None:
-        if message.get("type") != MESSAGE_TYPE:
+        notice = notice_parse(message)
+        if notice is None:
+            log.info("ignored a message on %s that is no notice of this version", GROUP)
             return
         try:
-            self.deliver(
-                int(message["message"]), message.get("user_id"), str(message["session_key"])
-            )
+            self.deliver(notice)
         except Exception:
-            log.exception("could not act on cancel %r", message)
+            log.exception("could not act on %r", notice)

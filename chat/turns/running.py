@@ -11,13 +11,21 @@ from asgiref.sync import sync_to_async
 from ..models import Message
 from ..protocol import SERVER_RESTARTING
 from ..stores.selectors import Owner, answer_status
-from .cancel_bus import CancelBus, RunningTurns
+from .cancel_bus import CancelAnswer, CancelBus, Notice, RunningTurns
 from .errors import TurnError
 
 log = logging.getLogger(__name__)
 
 running_turns = RunningTurns()
-cancel_bus = CancelBus(running_turns.cancel_heard)
+
+
+def notice_heard(notice: Notice) -> None:
+    """What the bus brought from any process (this one's own too), acted on here."""
+    if isinstance(notice, CancelAnswer):
+        running_turns.cancel_heard(notice.message_id, notice.owner)
+
+
+cancel_bus = CancelBus(notice_heard)
 # Prompts accepted and not yet running (being stored, or looked up in the cache).
 starting: set[object] = set()
 
@@ -68,9 +76,7 @@ async def turn_cancel(*, owner: Owner, message_id: int) -> str:
         turn.cancel()
         return "cancelled"
     try:
-        await cancel_bus.publish(
-            message_id=message_id, user_id=owner.user_id, session_key=owner.session_key
-        )
+        await cancel_bus.publish(CancelAnswer(message_id, owner.digest))
     except Exception as exc:
         log.warning(
             "could not publish the cancel of message %s: %s: %s",
