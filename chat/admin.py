@@ -14,7 +14,6 @@ from django.http import Http404, HttpResponseNotAllowed
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.text import Truncator
@@ -31,7 +30,7 @@ from .models import (
     RegressionRun,
 )
 from .stores import erasure, review
-from .stores.apikeys import new_key
+from .stores.apikeys import apikeys_revoke, new_key
 from .stores.policy_store import compile_policy, policy_errors
 from .stores.selectors import Owner
 from .transports.accounts import AdminSignInForm
@@ -617,5 +616,5 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke the selected keys")
     def revoke(self, request, queryset):
-        count = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+        count = apikeys_revoke(queryset)  # and their running answers stopped
         messages.success(request, f"revoked {count} key(s)")

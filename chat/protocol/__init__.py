@@ -292,6 +292,8 @@ def event_json(event: Event) -> str:
 SERVER_RESTARTING = "server_restarting"
 # The `reason` of a `done` (cancelled) whose conversation was deleted while it was generated.
 CONVERSATION_DELETED = "conversation_deleted"
+# The `reason` of a `done` (cancelled) whose API key was revoked while it was generated.
+API_KEY_REVOKED = "api_key_revoked"
 # The socket's close code when the server stops (4000-4999 are the application's own; 1012
 # "service restart" is reserved for the WebSocket library). The page reconnects and says so.
 CLOSE_SERVER_RESTARTING = 4012

@@ -3,6 +3,11 @@
 A key is 43 random url-safe characters behind an `sk-` marker; its first characters are kept
 in clear so a user can tell keys apart. A plain sha256 is enough (no slow password hash):
 the secret has 256 bits of entropy, so nobody can guess one from its hash.
+
+Revoking a key (the account page, the admin, `manage.py apikey revoke`, an account's deletion:
+all through `apikeys_revoke`) also stops the answers it is generating, in this process and,
+through the turns' cancel bus, in every other: the second arrow that runs back up the floors,
+as erasure.py's does, and for the same reason (what was withdrawn must stop being used now).
 """
 
 from __future__ import annotations
@@ -10,9 +15,13 @@ from __future__ import annotations
 import hashlib
 import secrets
 from datetime import timedelta
+from functools import partial
 
+from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
+from .. import turns
 from ..models import ApiKey
 
 KEY_MARKER = "sk-"
@@ -41,12 +50,30 @@ def apikey_create(*, user, name: str = "") -> tuple[ApiKey, str]:
     return row, key
 
 
+def apikeys_revoke(keys: QuerySet[ApiKey]) -> int:
+    """Revoke the active keys among `keys`; how many. After the commit, the answers they are
+    generating anywhere are cancelled (finish_reason cancelled, reason api_key_revoked)."""
+    with transaction.atomic():
+        ids = list(keys.filter(revoked_at__isnull=True).values_list("pk", flat=True))
+        revoked = ApiKey.objects.filter(pk__in=ids, revoked_at__isnull=True).update(
+            revoked_at=timezone.now()
+        )
+        if ids:
+            transaction.on_commit(partial(turns.api_keys_stop, ids), robust=True)
+    return revoked
+
+
 def apikey_revoke(*, key_id: int, user=None) -> bool:
     """Revoke a key (of `user`, when given); False if there is no such active key."""
-    keys = ApiKey.objects.filter(pk=key_id, revoked_at__isnull=True)
+    keys = ApiKey.objects.filter(pk=key_id)
     if user is not None:
         keys = keys.filter(user=user)
-    return keys.update(revoked_at=timezone.now()) == 1
+    return apikeys_revoke(keys) == 1
+
+
+def apikey_active(key_id: int) -> bool:
+    """The key is not revoked (a turn admitted on it checks again once it can be stopped)."""
+    return ApiKey.objects.filter(pk=key_id, revoked_at__isnull=True).exists()
 
 
 def apikey_authenticate(key: str) -> ApiKey | None:

@@ -40,6 +40,7 @@ from django.utils import timezone
 from .. import turns
 from ..models import ApiKey, CachedAnswer, CachedAnswerSource, Conversation, Message
 from ..protocol import CONVERSATION_DELETED
+from .apikeys import apikeys_revoke
 from .evictions import evictions_retry, on_commit_once
 from .selectors import Owner
 
@@ -152,8 +153,9 @@ def account_erase(*, user) -> None:
     and messages, the cached answers only they held, their sessions. The page's "Delete account"
     and the admin's delete both come here."""
     user_id = user.pk
-    # Revoked before the rest, so a key stops working even if the deletion below fails.
-    ApiKey.objects.filter(user=user, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    # Revoked before the rest, so a key stops working (and its answers stop) even if the
+    # deletion below fails.
+    apikeys_revoke(ApiKey.objects.filter(user=user))
     with transaction.atomic():
         conversations_erase(conversations=Conversation.objects.filter(user=user))
         sessions_end(user_id=user_id)

@@ -7,7 +7,8 @@ handed; none touches the model or the database itself. The modules, in a turn's 
 - prepare.py, continuation.py: a new prompt's or a Continue's stored messages and model input.
 - run.py: the engine's events through the policy gate; re-asks; the answer stored and cached.
 - handle.py: the `Turn` a transport holds (cancel, detach).
-- running.py, cancel_bus.py: the turns running here; drain at shutdown; cancel from any process.
+- running.py, cancel_bus.py: the turns running here; drain at shutdown; cancel from any process,
+  one answer or every answer of a revoked API key.
 - prompting.py, limits.py: the chat fitted to the model's context; the per-minute rate checks.
 - errors.py: TurnError. The events a turn emits and the table of error codes are the wire
   contract, in chat/protocol/ (events.py, errors.py).
@@ -19,7 +20,7 @@ from .errors import TurnError
 from .handle import Turn
 from .limits import turn_rate_check
 from .prepare import Given
-from .running import cancel_bus, running_turns, turn_cancel, turns_drain
+from .running import api_keys_stop, cancel_bus, running_turns, turn_cancel, turns_drain
 
 __all__ = [
     "CancelAnswer",
@@ -27,6 +28,7 @@ __all__ = [
     "Turn",
     "TurnError",
     "admit",
+    "api_keys_stop",
     "cancel_bus",
     "running_turns",
     "turn_cancel",

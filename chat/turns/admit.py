@@ -20,8 +20,9 @@ from ..engine.types import Backend, EngineError, Scheduler
 from ..infra import metrics as prometheus
 from ..infra.runtime import NotReady, runtime
 from ..models import Message
-from ..protocol import Prompt, events
+from ..protocol import API_KEY_REVOKED, Prompt, events
 from ..stores import storage
+from ..stores.apikeys import apikey_active
 from ..stores.cache import completion_cache
 from ..stores.evictions import entry_servable
 from ..stores.selectors import Owner
@@ -101,6 +102,7 @@ async def _start(
             accepted_at=accepted_at,
         )
         turn = run.turn
+        turn.api_key_id = given.api_key_id
         if prepared.cache_key is not None:
             entry = await sync_to_async(completion_cache.get, thread_sensitive=False)(
                 prepared.cache_key
@@ -125,6 +127,9 @@ async def _start(
             scheduler.unexpect()
     running_turns.add(turn)
     cancel_bus.ensure_listening()
+    if turn.api_key_id is not None and not await sync_to_async(apikey_active)(turn.api_key_id):
+        # Revoked while this turn was prepared, before a revocation's cancel could find it.
+        turn.cancel(API_KEY_REVOKED)
     await turn.emit(
         events.Accepted(
             turn.request_id,

@@ -10,9 +10,10 @@ cancels: the listener logs, backs off and reconnects, and local cancels go on.
 
 What crosses the bus names nobody in a way that could be used: an owner travels as its
 digest (`Owner.digest`, keyed with SECRET_KEY), never as a session key that anyone reading
-the channel layer's Redis could replay as a cookie. One notice so far:
+the channel layer's Redis could replay as a cookie; an API key as its row id. Two notices:
 
-- `CancelAnswer`: stop answer `message_id` if it runs here and is that owner's.
+- `CancelAnswer`: stop answer `message_id` if it runs here and is that owner's;
+- `CancelKeys`: API keys were revoked: stop every answer they run here.
 """
 
 from __future__ import annotations
@@ -47,7 +48,18 @@ class CancelAnswer:
         return {"message": self.message_id, "owner": self.owner}
 
 
-Notice = CancelAnswer
+@dataclass(frozen=True)
+class CancelKeys:
+    """API keys `key_ids` were revoked: stop every answer they run here."""
+
+    key_ids: tuple[int, ...]
+    kind = "turn.cancel_keys"
+
+    def fields(self) -> dict[str, Any]:
+        return {"api_keys": list(self.key_ids)}
+
+
+Notice = CancelAnswer | CancelKeys
 Deliver = Callable[[Notice], None]
 
 
@@ -60,6 +72,8 @@ def notice_parse(message: dict) -> Notice | None:
             if not isinstance(owner, str):
                 return None
             return CancelAnswer(int(message["message"]), owner)
+        if kind == CancelKeys.kind:
+            return CancelKeys(tuple(int(key) for key in message["api_keys"]))
     except (KeyError, TypeError, ValueError):
         return None
     return None
@@ -68,6 +82,7 @@ def notice_parse(message: dict) -> Notice | None:
 class Cancellable(Protocol):
     message_id: int
     owner: Owner
+    api_key_id: int | None  # the API key a /v1 turn was admitted with
     finished: bool
     task: asyncio.Task | None  # the turn's task, awaited when the process drains
 
@@ -102,6 +117,16 @@ class RunningTurns:
         if turn is not None and hmac.compare_digest(turn.owner.digest, owner):
             log.info("cancel for message %s from another process", message_id)
             turn.cancel()
+
+    def keys_cancel(self, key_ids: tuple[int, ...], reason: str) -> int:
+        """Stop every turn running here on one of the API keys `key_ids`; how many."""
+        revoked = set(key_ids)
+        stopped = [turn for turn in self.unfinished() if turn.api_key_id in revoked]
+        for turn in stopped:
+            turn.cancel(reason)  # thread-safe: an Event and the scheduler's lock
+        if stopped:
+            log.info("stopped %d answer(s) of revoked API key(s) %s", len(stopped), sorted(revoked))
+        return len(stopped)
 
 
 class CancelBus:

@@ -36,6 +36,7 @@ class Turn:
     owner: Owner
     send: Send | None
     task: asyncio.Task | None = None
+    api_key_id: int | None = None  # a /v1 turn's key: revoking it stops the turn
     finished: bool = False
     _run: Stoppable | None = field(default=None, repr=False)
 

@@ -1,17 +1,17 @@
-"""The turns running in this process: draining them at shutdown, and cancelling one from any
-connection or process (through chat/turns/cancel_bus.py)."""
+"""The turns running in this process: draining them at shutdown, cancelling one from any
+connection or process, and every turn of a revoked API key (through chat/turns/cancel_bus.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 
-from asgiref.sync import sync_to_async
+from asgiref.sync import async_to_sync, sync_to_async
 
 from ..models import Message
-from ..protocol import SERVER_RESTARTING
+from ..protocol import API_KEY_REVOKED, SERVER_RESTARTING
 from ..stores.selectors import Owner, answer_status
-from .cancel_bus import CancelAnswer, CancelBus, Notice, RunningTurns
+from .cancel_bus import CancelAnswer, CancelBus, CancelKeys, Notice, RunningTurns
 from .errors import TurnError
 
 log = logging.getLogger(__name__)
@@ -23,6 +23,8 @@ def notice_heard(notice: Notice) -> None:
     """What the bus brought from any process (this one's own too), acted on here."""
     if isinstance(notice, CancelAnswer):
         running_turns.cancel_heard(notice.message_id, notice.owner)
+    elif isinstance(notice, CancelKeys):
+        running_turns.keys_cancel(notice.key_ids, API_KEY_REVOKED)
 
 
 cancel_bus = CancelBus(notice_heard)
@@ -89,3 +91,21 @@ async def turn_cancel(*, owner: Owner, message_id: int) -> str:
             "the answer runs on another server, which cannot be reached right now; try again",
         ) from None
     return "sent"
+
+
+def api_keys_stop(key_ids: list[int]) -> None:
+    """API keys were revoked (sync, after the commit): stop the answers they run here now, and
+    in every other process through the bus. Without the bus those run on to their end; the
+    keys are refused from the next request on either way."""
+    if not key_ids:
+        return
+    running_turns.keys_cancel(tuple(key_ids), API_KEY_REVOKED)
+    try:
+        async_to_sync(cancel_bus.publish)(CancelKeys(tuple(key_ids)))
+    except Exception as exc:
+        log.warning(
+            "could not tell other processes to stop the answers of revoked API key(s) %s: %s: %s",
+            key_ids,
+            type(exc).__name__,
+            exc,
+        )
