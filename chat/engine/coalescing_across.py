@@ -123,12 +123,13 @@ class _Owned:
         token: str,
         scheduler: Scheduler,
         sink: Sink,
-        prompt_tokens: int,
+        request: GenerationRequest,
         on_end: Callable[[], None],
     ):
         self.registry, self.generation, self.token = registry, generation, token
         self.scheduler = scheduler
-        self.prompt_tokens = prompt_tokens
+        self.prompt_tokens = len(request.input_ids)
+        self.tag = request.tag
         self.on_end = on_end
         self.ticket: Ticket | None = None
         self._local: Sink | None = sink  # None once this process's listener left
@@ -161,7 +162,11 @@ class _Owned:
         """The scheduler refused it: followers that joined meanwhile get the failure."""
         try:
             self.registry.publish(
-                self.generation, self.token, [encode(Failed(error, 0.0), 0)], final=True
+                self.generation,
+                self.token,
+                [encode(Failed(error, 0.0), 0)],
+                final=True,
+                tag=self.tag,
             )
         except self.registry.errors:
             log.warning("could not publish the refusal of shared generation %s", self.generation)
@@ -209,7 +214,7 @@ class _Owned:
                     n += len(batch)
                     try:
                         listeners = self.registry.publish(
-                            self.generation, self.token, payloads, final=final
+                            self.generation, self.token, payloads, final=final, tag=self.tag
                         )
                     except self.registry.errors as exc:
                         log.warning(
@@ -324,7 +329,7 @@ class _Followed:
                 if entries and time.monotonic() < renew_at:
                     continue
                 renew_at = time.monotonic() + registry.renew_seconds
-                if not registry.renew(self.generation, self.listener):
+                if not registry.renew(self.generation, self.listener, self.ticket.request.tag):
                     # No owner: a finished one published its last event first; read what is left.
                     tail = registry.read(self.generation, after)
                     if self._deliver(tail) is None and tail:
@@ -380,7 +385,7 @@ class AcrossProcesses:
         generation = generation_id(key, request.input_ids)
         token = registry.new_id()
         try:
-            owns = registry.claim(generation, token, token)
+            owns = registry.claim(generation, token, token, request.tag)
         except registry.errors as exc:
             self._unavailable(exc)
             return scheduler.submit(request, sink, expected=expected)
@@ -392,7 +397,7 @@ class AcrossProcesses:
                 token,
                 scheduler,
                 sink,
-                len(request.input_ids),
+                request,
                 lambda: self._forget(owned),
             )
             try:

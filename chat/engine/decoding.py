@@ -131,7 +131,7 @@ class RunningBatch:
             return _Prefill(rows, ids, mask)
         # Quantizing or wrapping linears swaps modules: KV computed before must not be read.
         self.store.use_weights(tuple(id(module) for module in self.model.modules()))
-        self._share_prefixes(prompts)
+        self._share_prefixes(prompts, [row.request.tag for row in rows])
         # At least the last id is always fed: its logits pick the first token.
         found = [self.store.longest(p, len(p) - 1) for p in prompts]
         width = max(len(p) - reused for p, (reused, _) in zip(prompts, found, strict=True))
@@ -172,9 +172,10 @@ class RunningBatch:
             mask[row, width - count :] = 1
         return cache, mask
 
-    def _share_prefixes(self, prompts: list[list[int]]) -> None:
+    def _share_prefixes(self, prompts: list[list[int]], tags: list[str]) -> None:
         """Prefill once, into the store, the longest prefix each newcomer shares with another
-        newcomer (when the store does not hold it yet), so they all reuse it."""
+        newcomer (when the store does not hold it yet), so they all reuse it; filed under the
+        tags of the newcomers it begins."""
         if len(prompts) < 2:
             return
         tensors = [torch.tensor(p, dtype=torch.long) for p in prompts]
@@ -189,16 +190,21 @@ class RunningBatch:
         for prefix in sorted(shared, key=len):  # shorter first: the longer ones build on them
             held = self.store.longest(list(prefix), len(prefix))[0]
             if len(prefix) - held >= self.shared_prefix_min:  # a few tokens are not worth a pass
-                self._prefill_alone(list(prefix))
+                begun = {
+                    tag
+                    for p, tag in zip(prompts, tags, strict=True)
+                    if p[: len(prefix)] == list(prefix)
+                }
+                self._prefill_alone(list(prefix), begun)
 
-    def _prefill_alone(self, ids: list[int]) -> None:
-        """Compute the KV of `ids` (reusing what the store has) and store it."""
+    def _prefill_alone(self, ids: list[int], tags: set[str]) -> None:
+        """Compute the KV of `ids` (reusing what the store has) and store it under `tags`."""
         reused, entry = self.store.longest(ids, len(ids) - 1)
         cache, past = self._reused_cache([entry], [reused])
         fed = torch.tensor([ids[reused:]], device=self.model.device)
         self._forward(fed, torch.cat([past, torch.ones_like(fed)], dim=1), cache)
         self.store.count(computed=len(ids) - reused, reused=reused)
-        self.store.put(ids, [k.keys for k in cache.layers], [v.values for v in cache.layers])
+        self.store.put(ids, [k.keys for k in cache.layers], [v.values for v in cache.layers], tags)
 
     def _remember(self, rows: list[Row]) -> None:
         """Store the KV each of `rows` (in the batch, not cancelled) holds: its prompt and the
@@ -214,6 +220,7 @@ class RunningBatch:
                 (row.request.input_ids + row.new_ids)[:held],
                 [layer.keys[index : index + 1, :, -held:] for layer in self.cache.layers],
                 [layer.values[index : index + 1, :, -held:] for layer in self.cache.layers],
+                (row.request.tag,),
             )
 
     def _advance_prefill(self) -> list[Row]:

@@ -95,6 +95,9 @@ class GenerationRequest:
         min_new_tokens: suppress eos until this many tokens (benchmarks use it for fixed lengths).
         cancel: set it from any thread to stop after at most one more decode step.
         messages: the chat as role/content dicts; a remote backend sends these instead of input_ids.
+        tag: whose input this is, opaque (the chat's conversation); what the engine keeps of it
+            (prefix KV, a shared generation's events) is filed under it, for `forget`. Never
+            part of what the answer is: two tags may share one generation.
     """
 
     input_ids: list[int]
@@ -113,6 +116,7 @@ class GenerationRequest:
     cancel: threading.Event = field(default_factory=threading.Event)
     label: str = ""
     messages: list[dict[str, Any]] | None = None
+    tag: str = ""
 
 
 @dataclass
