@@ -696,11 +696,12 @@ def test_the_migration_links_earlier_answers_and_releases_those_nobody_holds(
 def test_deleting_many_conversations_sweeps_once_after_the_commit(
     monkeypatch, django_capture_on_commit_callbacks
 ):
-    sweeps = []
+    sweeps, forgotten = [], []
     monkeypatch.setattr(erasure, "sources_sweep", lambda: sweeps.append(1))
-    for n in range(3):
-        Conversation.objects.create(session_key="s", title=f"c{n}")
+    monkeypatch.setattr(erasure.turns, "conversations_forget", forgotten.append)
+    ids = {Conversation.objects.create(session_key="s", title=f"c{n}").pk for n in range(3)}
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
         assert erasure.conversations_erase(conversations=Conversation.objects.all()) == 3
-        assert sweeps == []  # not before the commit
-    assert len(callbacks) == 1 and sweeps == [1]
+        assert sweeps == [] and forgotten == []  # not before the commit
+    # One sweep, and the engine told once about all three.
+    assert len(callbacks) == 2 and sweeps == [1] and [set(f) for f in forgotten] == [ids]

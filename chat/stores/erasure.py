@@ -76,6 +76,8 @@ def conversations_erase(*, conversations: QuerySet[Conversation]) -> int:
         )
         if running:
             transaction.on_commit(partial(_answers_stop, running), robust=True)
+        # Their prefix KV in every process, and their shared generations' events in Redis.
+        transaction.on_commit(partial(turns.conversations_forget, ids), robust=True)
         Conversation.objects.filter(pk__in=ids).delete()
     return len(ids)
 

@@ -9,6 +9,8 @@ handed; none touches the model or the database itself. The modules, in a turn's 
 - handle.py: the `Turn` a transport holds (cancel, detach).
 - running.py, cancel_bus.py: the turns running here; drain at shutdown; cancel from any process,
   one answer or every answer of a revoked API key.
+- forgetting.py: what a deleted conversation left in the engine (prefix KV, shared generations'
+  events), filed under its tag and forgotten in every process.
 - prompting.py, limits.py: the chat fitted to the model's context; the per-minute rate checks.
 - errors.py: TurnError. The events a turn emits and the table of error codes are the wire
   contract, in chat/protocol/ (events.py, errors.py).
@@ -20,7 +22,14 @@ from .errors import TurnError
 from .handle import Turn
 from .limits import turn_rate_check
 from .prepare import Given
-from .running import api_keys_stop, cancel_bus, running_turns, turn_cancel, turns_drain
+from .running import (
+    api_keys_stop,
+    cancel_bus,
+    conversations_forget,
+    running_turns,
+    turn_cancel,
+    turns_drain,
+)
 
 __all__ = [
     "CancelAnswer",
@@ -30,6 +39,7 @@ __all__ = [
     "admit",
     "api_keys_stop",
     "cancel_bus",
+    "conversations_forget",
     "running_turns",
     "turn_cancel",
     "turn_rate_check",

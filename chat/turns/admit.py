@@ -28,6 +28,7 @@ from ..stores.evictions import entry_servable
 from ..stores.selectors import Owner
 from .continuation import prepare_continue
 from .errors import TurnError
+from .forgetting import conversation_tag
 from .handle import Send, Turn
 from .limits import turn_rate_check
 from .prepare import Given, Prepared, prepare_prompt
@@ -103,6 +104,8 @@ async def _start(
         )
         turn = run.turn
         turn.api_key_id = given.api_key_id
+        # What the engine keeps of it is filed under its conversation, for when that is deleted.
+        run.request.tag = conversation_tag(prepared.conversation.pk)
         if prepared.cache_key is not None:
             entry = await sync_to_async(completion_cache.get, thread_sensitive=False)(
                 prepared.cache_key

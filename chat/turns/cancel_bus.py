@@ -10,10 +10,12 @@ cancels: the listener logs, backs off and reconnects, and local cancels go on.
 
 What crosses the bus names nobody in a way that could be used: an owner travels as its
 digest (`Owner.digest`, keyed with SECRET_KEY), never as a session key that anyone reading
-the channel layer's Redis could replay as a cookie; an API key as its row id. Two notices:
+the channel layer's Redis could replay as a cookie; an API key as its row id; a deleted
+conversation as its opaque tag (chat/turns/forgetting.py). Three notices:
 
 - `CancelAnswer`: stop answer `message_id` if it runs here and is that owner's;
-- `CancelKeys`: API keys were revoked: stop every answer they run here.
+- `CancelKeys`: API keys were revoked: stop every answer they run here;
+- `Forget`: conversations were deleted: drop what this process's engine keeps of them.
 """
 
 from __future__ import annotations
@@ -59,7 +61,18 @@ class CancelKeys:
         return {"api_keys": list(self.key_ids)}
 
 
-Notice = CancelAnswer | CancelKeys
+@dataclass(frozen=True)
+class Forget:
+    """Conversations were deleted: drop what this process's engine keeps under their `tags`."""
+
+    tags: tuple[str, ...]
+    kind = "conversation.forget"
+
+    def fields(self) -> dict[str, Any]:
+        return {"tags": list(self.tags)}
+
+
+Notice = CancelAnswer | CancelKeys | Forget
 Deliver = Callable[[Notice], None]
 
 
@@ -74,6 +87,9 @@ def notice_parse(message: dict) -> Notice | None:
             return CancelAnswer(int(message["message"]), owner)
         if kind == CancelKeys.kind:
             return CancelKeys(tuple(int(key) for key in message["api_keys"]))
+        if kind == Forget.kind:
+            tags = tuple(message["tags"])
+            return Forget(tags) if all(isinstance(tag, str) for tag in tags) else None
     except (KeyError, TypeError, ValueError):
         return None
     return None

@@ -1,5 +1,7 @@
 """The turns running in this process: draining them at shutdown, cancelling one from any
-connection or process, and every turn of a revoked API key (through chat/turns/cancel_bus.py)."""
+connection or process; and what was withdrawn, acted on in every process through
+chat/turns/cancel_bus.py: a revoked API key's turns stopped, a deleted conversation's traces in
+the engine forgotten."""
 
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ from asgiref.sync import async_to_sync, sync_to_async
 from ..models import Message
 from ..protocol import API_KEY_REVOKED, SERVER_RESTARTING
 from ..stores.selectors import Owner, answer_status
-from .cancel_bus import CancelAnswer, CancelBus, CancelKeys, Notice, RunningTurns
+from .cancel_bus import CancelAnswer, CancelBus, CancelKeys, Forget, Notice, RunningTurns
 from .errors import TurnError
+from .forgetting import conversation_tag, prefix_forget, streams_forget
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +28,8 @@ def notice_heard(notice: Notice) -> None:
         running_turns.cancel_heard(notice.message_id, notice.owner)
     elif isinstance(notice, CancelKeys):
         running_turns.keys_cancel(notice.key_ids, API_KEY_REVOKED)
+    elif isinstance(notice, Forget):
+        prefix_forget(notice.tags)
 
 
 cancel_bus = CancelBus(notice_heard)
@@ -109,3 +114,24 @@ def api_keys_stop(key_ids: list[int]) -> None:
             type(exc).__name__,
             exc,
         )
+
+
+def conversations_forget(conversation_ids: list[int]) -> None:
+    """Conversations were deleted (sync, after the commit): their prefix KV is dropped here and,
+    through the bus, in every other process; their shared generations' events leave Redis.
+    Without the bus the other processes keep those entries until they are pushed out (least
+    recently used) or the process restarts; logged."""
+    tags = tuple(conversation_tag(pk) for pk in conversation_ids)
+    if not tags:
+        return
+    prefix_forget(tags)
+    try:
+        async_to_sync(cancel_bus.publish)(Forget(tags))
+    except Exception as exc:
+        log.warning(
+            "could not tell other processes to forget %d deleted conversation(s): %s: %s",
+            len(tags),
+            type(exc).__name__,
+            exc,
+        )
+    streams_forget(tags)
