@@ -9,6 +9,7 @@ import json
 import re
 import time
 import urllib.request
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -21,13 +22,12 @@ from chat.engine.coalescing import Coalescer
 from chat.engine.coalescing_across import AcrossProcesses
 from chat.engine.generation_registry import PREFIX, GenerationRegistry, generation_id
 from chat.engine.prefix_store import PrefixStore
-from chat.engine.types import GenerationRequest
 from chat.infra.runtime import runtime as chat_runtime
 from chat.turns.cancel_bus import GROUP, Forget
 from chat.turns.forgetting import conversation_tag
 from tests.conftest import LIVE_CACHE_URL, TEST_CACHE_URL
 from tests.test_consumer import SHORT, new_session_key
-from tests.test_generation_registry import Listener, ScriptedScheduler, event, play
+from tests.test_generation_registry import Listener, ScriptedScheduler, event, play, request
 from tests.test_prefix_reuse import kv
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -141,13 +141,12 @@ def test_two_processes_file_one_generation_under_both_conversations():
     a.across = AcrossProcesses(lambda: TEST_CACHE_URL, lease_seconds=5)
     b.across = AcrossProcesses(lambda: TEST_CACHE_URL, lease_seconds=5)
     owner, follower = Listener(), Listener()
-    ids = [1, 2, 3, 4]
-    a.sharing(scheduler, "key").submit(GenerationRequest(ids, 8, tag="a"), owner)
+    a.sharing(scheduler, "key").submit(replace(request(), tag="a"), owner)
     play(scheduler.tickets[0], "Once ", start=True)
-    b.sharing(scheduler, "key").submit(GenerationRequest(ids, 8, tag="b"), follower)
+    b.sharing(scheduler, "key").submit(replace(request(), tag="b"), follower)
     assert follower.chunk.wait(10)
     registry = a.across.registry()
-    generation = generation_id("key", ids)
+    generation = generation_id("key", request().input_ids)
     assert registry.tags(generation) == {"a", "b"}
     assert registry.forget("a") == 0
     play(scheduler.tickets[0], "upon a time.", end="Once upon a time.")
