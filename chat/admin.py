@@ -19,6 +19,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.text import Truncator
 
+from .engine.sampling_params import POLICY_SETTINGS
 from .infra.runtime import runtime
 from .models import (
     ApiKey,
@@ -229,19 +230,8 @@ class OutputPolicyAdmin(admin.ModelAdmin):
         (
             "Generation",
             {
-                "fields": (
-                    "system_prompt",
-                    "examples",
-                    "max_new_tokens",
-                    "stop_strings",
-                    "extra_eos_tokens",
-                    "temperature",
-                    "top_p",
-                    "repetition_penalty",
-                    "no_repeat_ngram_size",
-                    "frequency_penalty",
-                    "presence_penalty",
-                ),
+                # Every decoding setting a policy stores, in SamplingParams' order.
+                "fields": ("system_prompt", "examples", *POLICY_SETTINGS, "extra_eos_tokens"),
             },
         ),
         ("Cache", {"fields": ("cache_enabled", "cache_ttl_seconds", "require_review")}),
