@@ -4,6 +4,7 @@ policy settings staff validate, in the cache key, and as the fields OpenAI clien
 from __future__ import annotations
 
 from dataclasses import replace
+from threading import Event
 
 import pytest
 import torch
@@ -78,11 +79,13 @@ def test_rows_with_different_penalties_share_a_batch_of_the_real_model(backend):
     while rows with other settings decode beside it to their full forced length."""
     messages = [{"role": "user", "content": "Repeat the word cat many times."}]
     plain = backend.request(messages, max_new_tokens=40, min_new_tokens=40)
-    no_repeat = replace(plain, no_repeat_ngram_size=2, cancel=type(plain.cancel)())
-    frequency = replace(
-        plain, frequency_penalty=1.5, presence_penalty=0.5, cancel=type(plain.cancel)()
-    )
-    repetition = replace(plain, repetition_penalty=1.3, cancel=type(plain.cancel)())
+
+    def varied(**params):
+        return replace(plain, params=plain.params.with_changes(**params), cancel=Event())
+
+    no_repeat = varied(no_repeat_ngram_size=2)
+    frequency = varied(frequency_penalty=1.5, presence_penalty=0.5)
+    repetition = varied(repetition_penalty=1.3)
     requests = [plain, no_repeat, frequency, repetition]
     rows = [backend.row(r, lambda _text: None) for r in requests]
     batch = backend.new_batch()
