@@ -1,23 +1,61 @@
 """Cached answers: remember a completed answer for review, and the admins' decisions on it.
 
-Redis holds only servable answers; the CachedAnswer row is the record admins review. Each
-record is linked to the conversations holding its prompt (the one that produced it, and every
-one it was served to), so deleting them reaches the cache (chat/stores/erasure.py).
+The CachedAnswer row is the record admins review, and it decides what is served: Redis holds a
+copy of servable records, but a hit is served only while its record is servable and holds the
+same text (`entry_servable`), so a Redis entry left behind by a missed delete is never served.
+Each record is linked to the conversations holding its prompt (the one that produced it, and
+every one it was served to), so deleting them reaches the cache (chat/stores/erasure.py).
 """
 
 from __future__ import annotations
 
 import logging
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from ..models import CachedAnswer, CachedAnswerSource, Conversation, OutputPolicy
+from ..models import CachedAnswer, CachedAnswerSource, Conversation, OutputPolicy, PendingEviction
 from . import evictions
 from .cache import completion_cache
 
 log = logging.getLogger(__name__)
+
+
+def servable(*, status: str, review_required: bool) -> bool:
+    """The one rule for serving a record: approved, or pending under a policy that needs no
+    review. Rejected and evicted records are never served."""
+    if status == CachedAnswer.Status.APPROVED:
+        return True
+    return status == CachedAnswer.Status.PENDING and not review_required
+
+
+def entry_servable(*, key: str, entry: dict) -> bool:
+    """Whether a cache hit may be served: its record exists, is servable, and holds the very
+    text of the entry. One indexed query on a hit.
+
+    Any other entry (its record deleted, rejected, evicted, awaiting review, or changed since
+    the entry was written, and Redis not told yet) is removed now and answered as a miss.
+    Without the database nothing is served.
+    """
+    try:
+        row = (
+            CachedAnswer.objects.filter(pk=entry.get("record"), key=key)
+            .values_list("status", "policy__require_review", "answer")
+            .first()
+        )
+        if row is not None:
+            status, review_required, text = row
+            # None: the record's policy was deleted, and only an approval serves it then.
+            if text == entry.get("text") and servable(
+                status=status, review_required=review_required is not False
+            ):
+                return True
+        if completion_cache.remove(key):
+            PendingEviction.objects.filter(key=key).delete()
+    except DatabaseError as exc:
+        log.warning("could not check the cached answer %s… (%s); not serving it", key[:12], exc)
+    return False
 
 
 def cache_entry(record: CachedAnswer) -> dict:
