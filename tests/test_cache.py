@@ -159,8 +159,9 @@ async def test_admin_review_decides_what_is_served(
     record = await sync_to_async(CachedAnswer.objects.get)()
     assert record.status == "pending"
     assert not (await ask(asker, policy="reviewed"))[-1]["cached"]  # pending answers are not served
-    # (asked again while pending, it was generated again and the record holds the newer answer)
+    # Asked again while pending, it was generated again; the record keeps the first answer.
     approved = (await sync_to_async(CachedAnswer.objects.get)(pk=record.pk)).answer
+    assert approved == "Answer 1."
 
     reviewer = await admin_client(review=True)
     assert (await run_action(reviewer, "approve", record.pk)).status_code == 302

@@ -76,6 +76,9 @@ def _ttl(record: CachedAnswer) -> int:
 
 
 def _publish(record: CachedAnswer) -> bool:
+    """Put the record in Redis, after the evictions still waiting for it (so a late eviction
+    never removes what is published now)."""
+    evictions.evictions_retry()
     return completion_cache.put(record.key, cache_entry(record), _ttl(record))
 
 
@@ -110,8 +113,13 @@ def answer_remember(
     model_id: str,
     require_review: bool,
 ) -> CachedAnswer | None:
-    """Record a normally ended, policy-passing answer of `conversation_id`; publish it unless it
-    awaits review or was rejected. Nothing is recorded for a conversation deleted meanwhile."""
+    """Record a normally ended, policy-passing answer of `conversation_id`; publish the record
+    if it is servable. Nothing is recorded for a conversation deleted meanwhile.
+
+    The first answer recorded under a key is the one kept: a pending, approved or edited record
+    is never overwritten by a later generation of the same key (docs/policies.md, Review), so
+    what a reviewer reads is what gets approved. Only an evicted record takes the new answer.
+    """
     with transaction.atomic():
         if not _conversation_locked(conversation_id):
             return None  # deleted while its answer was generated: nothing of it is cached
@@ -133,23 +141,20 @@ def answer_remember(
         _source_link(record, conversation_id)  # a rejected record holds the prompt too
         if record.status == CachedAnswer.Status.REJECTED:
             return None  # an admin said no: this key stays uncached until they reset it
-        if not created:
-            if record.redacted_at is not None:  # a kept approved answer: a new holder's prompt
-                record.prompt, record.rendered_prompt = prompt, rendered_prompt
-                record.redacted_at = None
-            if record.answer != text and record.status == CachedAnswer.Status.APPROVED:
-                record.status = (
-                    CachedAnswer.Status.PENDING
-                )  # a different answer needs its own approval
-            elif record.status == CachedAnswer.Status.EVICTED:
-                record.status = CachedAnswer.Status.PENDING
+        if not created and record.redacted_at is not None:
+            # A kept approved answer: a new holder's prompt.
+            record.prompt, record.rendered_prompt = prompt, rendered_prompt
+            record.redacted_at = None
+            record.save(update_fields=["prompt", "rendered_prompt", "redacted_at", "updated_at"])
+        if not created and record.status == CachedAnswer.Status.EVICTED:
+            # Its text was taken out of service on purpose: this answer refills it, to be
+            # reviewed afresh. Any other record keeps the text it has.
             record.answer, record.json_value, record.metrics = text, json_value, metrics
             record.finish_reason = finish_reason
+            record.status = CachedAnswer.Status.PENDING
+            record.reviewed_by = record.edited_by = record.edited_at = None
             record.save()
-    if not require_review or record.status == CachedAnswer.Status.APPROVED:
-        # A moment to reach Redis anyway: erased keys still waiting for it go first (so a
-        # late eviction never removes what is published next).
-        evictions.evictions_retry()
+    if servable(status=record.status, review_required=require_review):
         _publish(record)
     return record
 
