@@ -44,6 +44,10 @@ from .turns.trial import trial_run
 # /admin/login/ counts failed attempts exactly like the page's sign-in.
 admin.site.login_form = AdminSignInForm
 
+REDIS_LATER = (
+    " (Redis is unreachable: it leaves the cache when Redis is back, and is not served meanwhile)"
+)
+
 
 class MessageInline(admin.TabularInline):
     model = Message
@@ -509,12 +513,13 @@ class CachedAnswerAdmin(admin.ModelAdmin):
         if not self.has_review_permission(request):
             raise PermissionDenied
         record = get_object_or_404(CachedAnswer, pk=pk)
+        excerpt = Truncator(record.prompt).chars(60)
         if verb == "approve":
             review.answer_approve(record, by=request.user)
+            self.message_user(request, f"Approved: {excerpt}")
         else:
-            review.answer_reject(record, by=request.user)
-        done = "Approved" if verb == "approve" else "Rejected"
-        self.message_user(request, f"{done}: {Truncator(record.prompt).chars(60)}")
+            removed = review.answer_reject(record_id=record.pk, by=request.user)
+            self.message_user(request, f"Rejected: {excerpt}{'' if removed else REDIS_LATER}")
         back = request.META.get("HTTP_REFERER", "")
         if not url_has_allowed_host_and_scheme(back, {request.get_host()}):
             back = reverse("admin:chat_cachedanswer_changelist")
@@ -536,47 +541,55 @@ class CachedAnswerAdmin(admin.ModelAdmin):
     def has_review_permission(self, request):
         return request.user.has_perm("chat.review_cachedanswer")
 
-    def _report(self, request, done: int, total: int, verb: str):
-        level = messages.SUCCESS if done == total else messages.WARNING
+    def _report(self, request, verb: str, total: int, waiting: int) -> None:
         note = (
-            "" if done == total else " (Redis is unreachable; the rest will follow when it is back)"
+            f" {waiting} stay in Redis until it answers again; they are not served meanwhile."
+            if waiting
+            else ""
         )
         self.message_user(
-            request, f"{verb} {total} answer(s); {done} updated in the cache{note}.", level
+            request,
+            f"{verb} {total} answer(s).{note}",
+            messages.WARNING if waiting else messages.SUCCESS,
         )
 
     @admin.action(description="Approve: serve from the cache", permissions=["review"])
     def approve(self, request, queryset):
         records = list(queryset)
-        self._report(
+        published = sum(review.answer_approve(r, by=request.user) for r in records)
+        note = "" if published == len(records) else " (Redis is unreachable; the rest follow later)"
+        self.message_user(
             request,
-            sum(review.answer_approve(r, by=request.user) for r in records),
-            len(records),
-            "Approved",
+            f"Approved {len(records)} answer(s); {published} updated in the cache{note}.",
+            messages.SUCCESS if published == len(records) else messages.WARNING,
         )
 
     @admin.action(
         description="Reject: evict and never cache again until reset", permissions=["review"]
     )
     def reject(self, request, queryset):
-        records = list(queryset)
-        self.message_user(request, f"Rejected {len(records)} answer(s).")
-        for record in records:
-            review.answer_reject(record, by=request.user)
+        pks = list(queryset.values_list("pk", flat=True))
+        removed = sum(review.answer_reject(record_id=pk, by=request.user) for pk in pks)
+        self._report(request, "Rejected", len(pks), len(pks) - removed)
 
-    @admin.action(description="Evict from the cache", permissions=["review"])
+    @admin.action(
+        description="Evict: out of the cache; the next answer refills it", permissions=["review"]
+    )
     def evict(self, request, queryset):
-        records = list(queryset)
-        for record in records:
-            review.answer_evict(record)
-        self.message_user(request, f"Evicted {len(records)} answer(s).")
+        pks = list(queryset.values_list("pk", flat=True))
+        removed = sum(review.answer_evict(record_id=pk) for pk in pks)
+        self._report(request, "Evicted", len(pks), len(pks) - removed)
 
-    @admin.action(description="Reset: allow caching again", permissions=["review"])
+    @admin.action(
+        description="Reset rejected: the next answer is cached afresh", permissions=["review"]
+    )
     def reset(self, request, queryset):
-        records = list(queryset)
-        for record in records:
-            review.answer_reset(record)
-        self.message_user(request, f"Reset {len(records)} answer(s) to pending.")
+        pks = list(queryset.values_list("pk", flat=True))
+        reset = sum(review.answer_reset(record_id=pk) for pk in pks)
+        skipped = (
+            f" {len(pks) - reset} not rejected, left as they were." if reset < len(pks) else ""
+        )
+        self.message_user(request, f"Reset {reset} rejected answer(s).{skipped}")
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)

@@ -1,11 +1,12 @@
 """Evictions from the completion cache that are never forgotten, even while Redis is down.
 
-Deleting a cached answer's record, by any path (erasure, the admin's delete), writes a
-PendingEviction row in the same transaction; after the commit the key is removed from Redis and
-the row deleted. When Redis cannot be reached the row stays and is retried at the next moment
-Redis is known to answer: the next answer cached, the next erasure, a hit on that very key, and
-every `manage.py purge`. Meanwhile a hit whose record is gone is never served
-(`review.entry_servable`).
+Deleting a cached answer's record, by any path (erasure, the admin's delete), and rejecting or
+evicting one in review (chat/stores/review.py) writes a PendingEviction row in the same
+transaction; after the commit the key is removed from Redis and the row deleted. When Redis
+cannot be reached the row stays and is retried at the next moment Redis is known to answer: the
+next answer cached or approved, the next erasure or review decision, a hit on that very key, and
+every `manage.py purge`. Meanwhile a hit whose record is gone or no longer servable is never
+served (`review.entry_servable`).
 
 Why a row in the database rather than a retry in memory: the process may stop before Redis is
 back, and the row commits with the deletion itself (both or neither), so nothing can lose it.

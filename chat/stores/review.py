@@ -179,22 +179,45 @@ def answer_approve(record: CachedAnswer, *, by) -> bool:
     return _publish(record)
 
 
-def answer_reject(record: CachedAnswer, *, by) -> bool:
-    record.status, record.reviewed_by = CachedAnswer.Status.REJECTED, by
-    record.save(update_fields=["status", "reviewed_by", "updated_at"])
-    return completion_cache.evict(record.key)
+def answer_reject(*, record_id: int, by) -> bool:
+    """Reject the record: never served, its key kept uncached until reset. True if Redis has
+    let its entry go already; otherwise the eviction is retried until it does."""
+    return _withdraw(record_id, status=CachedAnswer.Status.REJECTED, by=by)
 
 
-def answer_evict(record: CachedAnswer) -> bool:
-    record.status = CachedAnswer.Status.EVICTED
-    record.save(update_fields=["status", "updated_at"])
-    return completion_cache.evict(record.key)
+def answer_evict(*, record_id: int) -> bool:
+    """Take the record's text out of service; the next answer to its key refills it, pending.
+    True if Redis has let its entry go already; otherwise the eviction is retried."""
+    return _withdraw(record_id, status=CachedAnswer.Status.EVICTED)
 
 
-def answer_reset(record: CachedAnswer) -> None:
-    """Let a rejected key be cached again the next time it is answered."""
-    record.status = CachedAnswer.Status.PENDING
-    record.save(update_fields=["status", "updated_at"])
+def _withdraw(record_id: int, *, status, by=None) -> bool:
+    """The status change and the eviction recorded in one transaction, so a Redis delete that
+    fails now is retried later (chat/stores/evictions.py); the record's status alone already
+    stops it being served (`entry_servable`)."""
+    with transaction.atomic():
+        record = CachedAnswer.objects.select_for_update().filter(pk=record_id).first()
+        if record is None:
+            return True  # deleted meanwhile: its deletion evicted it
+        record.status = status
+        fields = ["status", "updated_at"]
+        if by is not None:
+            record.reviewed_by = by
+            fields.append("reviewed_by")
+        record.save(update_fields=fields)
+        evictions.eviction_schedule(key=record.key)
+    # The commit ran the retry (unless an outer transaction is still open).
+    return not PendingEviction.objects.filter(key=record.key).exists()
+
+
+def answer_reset(*, record_id: int) -> bool:
+    """Let a rejected key be cached again: it becomes evicted, so the next answer refills it
+    (pending) instead of bringing back the rejected text. False if it was not rejected."""
+    with transaction.atomic():
+        updated = CachedAnswer.objects.filter(
+            pk=record_id, status=CachedAnswer.Status.REJECTED
+        ).update(status=CachedAnswer.Status.EVICTED, updated_at=timezone.now())
+    return bool(updated)
 
 
 def answer_edited(record: CachedAnswer) -> bool:
