@@ -9,6 +9,9 @@ every one it was served to), so deleting them reaches the cache (chat/stores/era
 
 from __future__ import annotations
 
+import enum
+import hashlib
+import json
 import logging
 
 from django.db import DatabaseError, transaction
@@ -22,12 +25,33 @@ from .cache import completion_cache
 log = logging.getLogger(__name__)
 
 
+def review_digest(*, text: str, json_value) -> str:
+    """sha256 of an answer as the review page shows it: its text and its JSON value, if any.
+
+    The page carries it; an approval or an edit made from a page whose digest is no longer the
+    record's is refused, so what gets approved is exactly what the reviewer read.
+    """
+    shown = json.dumps(
+        [text, json_value], sort_keys=True, ensure_ascii=False, separators=(",", ":")
+    )
+    return hashlib.sha256(shown.encode()).hexdigest()
+
+
+def record_digest(record: CachedAnswer) -> str:
+    return review_digest(text=record.answer, json_value=record.json_value)
+
+
 def servable(*, status: str, review_required: bool) -> bool:
     """The one rule for serving a record: approved, or pending under a policy that needs no
     review. Rejected and evicted records are never served."""
     if status == CachedAnswer.Status.APPROVED:
         return True
     return status == CachedAnswer.Status.PENDING and not review_required
+
+
+def _review_required(policy: OutputPolicy | None) -> bool:
+    # A record whose policy was deleted is served only if someone approved it.
+    return True if policy is None else policy.require_review
 
 
 def entry_servable(*, key: str, entry: dict) -> bool:
@@ -173,10 +197,31 @@ def answer_served(record_id: int, *, conversation_id: int | None = None) -> None
         )
 
 
-def answer_approve(record: CachedAnswer, *, by) -> bool:
-    record.status, record.reviewed_by = CachedAnswer.Status.APPROVED, by
-    record.save(update_fields=["status", "reviewed_by", "updated_at"])
-    return _publish(record)
+class Approval(enum.Enum):
+    """How an approval ended."""
+
+    PUBLISHED = "published"  # approved, and in Redis now
+    APPROVED = "approved"  # approved; Redis is unreachable, so it is published when next asked
+    TEXT_CHANGED = "text changed"  # refused: the record's text is not what the reviewer read
+    GONE = "gone"  # refused: the record was deleted meanwhile
+
+
+def answer_approve(*, record_id: int, seen_digest: str, by) -> Approval:
+    """Approve the record if its text is still the one whose digest the reviewer's page carried.
+
+    The compare and the status change happen under the row's lock, so no edit or generation can
+    land between them; a generation waiting on the lock then finds the record approved and
+    leaves its text alone (`answer_remember`).
+    """
+    with transaction.atomic():
+        record = CachedAnswer.objects.select_for_update().filter(pk=record_id).first()
+        if record is None:
+            return Approval.GONE
+        if record_digest(record) != seen_digest:
+            return Approval.TEXT_CHANGED
+        record.status, record.reviewed_by = CachedAnswer.Status.APPROVED, by
+        record.save(update_fields=["status", "reviewed_by", "updated_at"])
+    return Approval.PUBLISHED if _publish(record) else Approval.APPROVED
 
 
 def answer_reject(*, record_id: int, by) -> bool:
@@ -220,15 +265,39 @@ def answer_reset(*, record_id: int) -> bool:
     return bool(updated)
 
 
-def answer_edited(record: CachedAnswer) -> bool:
-    """Re-store an edited answer, if it is servable at all."""
-    if record.status in (CachedAnswer.Status.REJECTED, CachedAnswer.Status.EVICTED):
-        return False
-    policy: OutputPolicy | None = record.policy
-    if (
-        policy is not None
-        and policy.require_review
-        and record.status != CachedAnswer.Status.APPROVED
-    ):
-        return False
-    return _publish(record)
+class Edit(enum.Enum):
+    """How an admin's edit ended."""
+
+    SERVED = "served"  # pending under a policy that needs no review: published
+    AWAITS_APPROVAL = "awaits approval"  # pending; served once someone approves this text
+    REJECTED = "rejected"  # saved on a rejected record, which stays rejected and unserved
+    UNCHANGED = "unchanged"  # the same text: nothing was written
+
+
+class TextChanged(Exception):
+    """The record's text is not the one the editor's page showed."""
+
+
+def answer_edit(*, record_id: int, text: str, seen_digest: str, by) -> Edit:
+    """Replace the record's text with an admin's, if the text they edited is still the current one.
+
+    An edit marks the record edited (who, when) and makes it pending again unless it was
+    rejected: an approval covers the text it was given, not this one. An evicted record edited
+    this way is back in service as pending. Run it inside the admin's transaction: the Redis
+    side happens after the commit.
+    """
+    with transaction.atomic():
+        record = CachedAnswer.objects.select_for_update().get(pk=record_id)
+        if record_digest(record) != seen_digest:
+            raise TextChanged(f"cached answer {record_id} changed since it was shown")
+        if record.answer == text:
+            return Edit.UNCHANGED
+        record.answer, record.edited_by, record.edited_at = text, by, timezone.now()
+        if record.status != CachedAnswer.Status.REJECTED:
+            record.status = CachedAnswer.Status.PENDING
+        record.save(update_fields=["answer", "edited_by", "edited_at", "status", "updated_at"])
+        if servable(status=record.status, review_required=_review_required(record.policy)):
+            transaction.on_commit(lambda: _publish(record), robust=True)
+            return Edit.SERVED
+        evictions.eviction_schedule(key=record.key)  # the text it replaced leaves Redis
+    return Edit.REJECTED if record.status == CachedAnswer.Status.REJECTED else Edit.AWAITS_APPROVAL
