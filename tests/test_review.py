@@ -210,6 +210,21 @@ def test_an_edited_record_is_never_overwritten_and_shows_as_edited():
 
 @pytest.mark.unit
 @real_db
+def test_an_edit_from_a_page_loaded_before_another_edit_is_refused():
+    """Two admins edit the same answer from pages loaded together: the second save is refused
+    with the form's error, so it cannot silently replace a text its author never saw."""
+    record = remember(policy(review_required=True), FIRST)
+    alice, bob = reviewer("alice"), reviewer("bob")
+    read_by_alice, read_by_bob = open_page(alice, record), open_page(bob, record)
+    edit(alice, record, "Alice's text.", read_by_alice)
+    refused = edit(bob, record, "Bob's text.", read_by_bob)
+    assert b"This answer changed since this page was loaded" in refused.content
+    record.refresh_from_db()
+    assert (record.answer, record.edited_by.username) == ("Alice's text.", "alice")
+
+
+@pytest.mark.unit
+@real_db
 def test_an_edit_of_an_approved_answer_needs_approval_again():
     """The approval covered the text it was given: once edited, neither text is served until the
     new one is approved (its Redis entry is evicted, and the serve path refuses a stale one)."""
