@@ -68,7 +68,7 @@ async def hot_answer_cut_at_its_first_token(key: str) -> dict:
 async def stranger_asks(application) -> dict:
     stranger = HttpVisitor(application, await new_session_key())
     status, done, _ = await stranger.post("/api/chat", {"text": QUESTION, "policy": "counting"})
-    assert status == 200, done
+    assert status == 200 and isinstance(done, dict), done
     return done
 
 
