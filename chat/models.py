@@ -361,7 +361,7 @@ class CachedAnswer(models.Model):
         PENDING = "pending", "pending review"
         APPROVED = "approved"
         REJECTED = "rejected", "rejected (never cached again until reset)"
-        EVICTED = "evicted", "evicted from the cache"
+        EVICTED = "evicted", "evicted (the next answer refills it)"
 
     key = models.CharField(max_length=64, unique=True)
     prompt = models.TextField(help_text="the user's prompt that produced it")
@@ -383,6 +383,15 @@ class CachedAnswer(models.Model):
     reviewed_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
     )
+    edited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="who last changed the text in the admin; a new generation never overwrites it",
+    )
+    edited_at = models.DateTimeField(null=True, blank=True)
     redacted_at = models.DateTimeField(
         null=True,
         blank=True,

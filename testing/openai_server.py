@@ -201,14 +201,15 @@ class _Handler(BaseHTTPRequestHandler):
     def _stream(self, served: Served, input_ids: list[int], max_tokens: int) -> None:
         body = served.body
         stops = tuple(body.get("stop") or ()) if not self.fake.leak_stop_strings else ()
-        request = GenerationRequest(
-            input_ids=input_ids,
+        request = GenerationRequest.of(
+            input_ids,
             max_new_tokens=max_tokens,
             stop_strings=stops,
             eos_token_ids=tuple(body.get("stop_token_ids") or ()),
             temperature=float(body.get("temperature") or 0),
             top_p=float(body.get("top_p") or 1),
             min_new_tokens=int(body.get("min_tokens") or 0),
+            seed=body.get("seed"),
         )
         self.close_connection = True  # one stream per connection, as the client uses them
         self.send_response(200)

@@ -52,6 +52,9 @@ class ScriptedBackend(Backend):
         self.requests: list[GenerationRequest] = []
         self._lock = threading.Lock()
 
+    def model_identity(self) -> dict[str, str]:
+        return {"weights": self.fingerprint, "tokenizer": "ord"}
+
     def render(self, messages: list[dict]) -> str:
         return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
 
@@ -69,7 +72,7 @@ class ScriptedBackend(Backend):
 
     def request(self, messages: list[dict], **options) -> GenerationRequest:
         options.setdefault("max_new_tokens", min(256, self.config.max_new_tokens_cap))
-        return GenerationRequest(input_ids=self.encode(messages), **options)
+        return GenerationRequest.of(self.encode(messages), **options)
 
     def generate(self, request: GenerationRequest, on_text: OnText) -> GenerationResult:
         with self._lock:

@@ -87,7 +87,7 @@ def test_admin_posts_without_a_csrf_token_are_refused(staff_without_token, examp
         == 403
     )
     record = pending_answer(policy_slug="json")
-    action = {"action": "approve", "_selected_action": [record.pk]}
+    action = {"action": "reject", "_selected_action": [record.pk]}
     assert staff_without_token.post("/admin/chat/cachedanswer/", action).status_code == 403
     assert OutputPolicy.objects.get(pk=policy.pk).name != "hijacked"
     assert CachedAnswer.objects.get(pk=record.pk).status == "pending"
@@ -190,7 +190,7 @@ def test_reviewing_needs_its_permission_even_for_staff_who_may_edit_policies():
     client = Client()
     client.force_login(user)
     record = pending_answer(policy_slug="chat")
-    client.post("/admin/chat/cachedanswer/", {"action": "approve", "_selected_action": [record.pk]})
+    client.post("/admin/chat/cachedanswer/", {"action": "reject", "_selected_action": [record.pk]})
     assert CachedAnswer.objects.get(pk=record.pk).status == "pending"
     assert (
         client.post(

@@ -1,5 +1,6 @@
 """The cached-answer review list in a real browser: excerpts side by side, one-click pending,
-approve and reject per row, and the detail page's rendered answer."""
+reject per row, approve on the detail page (which renders the answer), and the approve URL's
+guards."""
 
 import uuid
 
@@ -21,7 +22,7 @@ for n, status in enumerate(["pending", "pending", "approved"]):
 
 
 @pytest.mark.browser
-def test_review_list_rows_approve_and_reject_and_the_detail_renders_the_answer(page, daphne_server):
+def test_review_list_rejects_per_row_and_the_detail_page_renders_and_approves(page, daphne_server):
     tag = uuid.uuid4().hex[:10]
     name = f"admin{tag}"
     daphne_server.manage("shell", "-c", SEED.format(name=name, password=PASSWORD, tag=tag))
@@ -42,8 +43,13 @@ def test_review_list_rows_approve_and_reject_and_the_detail_renders_the_answer(p
     page.keyboard.press("Enter")
     expect(rows).to_have_count(2)
 
-    rows.filter(has_text=f"{tag} prompt 0").locator("button.review-approve").click()
+    first = rows.filter(has_text=f"{tag} prompt 0")
+    expect(first.locator("button.review-approve")).to_have_count(0)  # never from an excerpt
+    first.locator("a.review-read").click()
+    expect(page.locator(".rendered-answer h1")).to_have_text("Heading 0")
+    page.click("#review-approve")
     expect(page.locator(".messagelist")).to_contain_text("Approved")
+    page.goto(f"{daphne_server.url}/admin/chat/cachedanswer/?q={tag}")
     rows.filter(has_text=f"{tag} prompt 1").locator("button.review-reject").click()
     expect(page.locator(".messagelist")).to_contain_text("Rejected")
     page.goto(f"{daphne_server.url}/admin/chat/cachedanswer/?q={tag}")
@@ -61,12 +67,14 @@ def test_review_list_rows_approve_and_reject_and_the_detail_renders_the_answer(p
 
 
 @pytest.mark.unit
-def test_row_review_needs_post_and_the_review_permission(db):
-    """A GET changes nothing; staff without "Can review cached answers" are refused."""
+def test_approve_needs_post_the_review_permission_and_the_pages_digest(db):
+    """A GET changes nothing; staff without "Can review cached answers" are refused; a post
+    without the digest of the text the page showed approves nothing."""
     from django.contrib.auth.models import Permission, User
     from django.test import Client
 
     from chat.models import CachedAnswer
+    from chat.stores.review import record_digest
 
     record = CachedAnswer.objects.create(
         key="r" * 64,
@@ -83,10 +91,16 @@ def test_row_review_needs_post_and_the_review_permission(db):
     client = Client()
     client.force_login(viewer)
     url = f"/admin/chat/cachedanswer/{record.pk}/approve/"
+    page = client.get(f"/admin/chat/cachedanswer/{record.pk}/change/")
+    assert page.status_code == 200 and b"seen_digest" not in page.content  # read-only for them
+    assert b"review-approve" not in page.content
     assert client.get(url).status_code == 405
     assert client.post(url).status_code == 403
     reviewer = User.objects.create_superuser("boss", password=PASSWORD)
     client.force_login(reviewer)
     assert client.post(url).status_code == 302
+    record.refresh_from_db()
+    assert record.status == "pending"
+    assert client.post(url, {"seen_digest": record_digest(record)}).status_code == 302
     record.refresh_from_db()
     assert record.status == "approved" and record.reviewed_by == reviewer

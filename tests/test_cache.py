@@ -1,6 +1,7 @@
 """The completion cache against real Redis: keys, hits, what is never cached, review, outages."""
 
 import asyncio
+import re
 import shutil
 import subprocess
 import time
@@ -11,45 +12,17 @@ from django.contrib.auth.models import Permission, User
 from django.test import AsyncClient
 
 from chat.models import CachedAnswer, Message
-from chat.stores.cache import cache_key, completion_cache
+from chat.stores.cache import completion_cache
 from testing.liveserver import free_port
 from testing.scripted import Answer
 
 PROMPT = "Count from 1 to 10, separated by commas."
-BASE = dict(
-    model_id="m",
-    fingerprint="f",
-    rendered_prompt="p",
-    params={"max_new_tokens": 5, "temperature": 0.0},
-    policy_slug="chat",
-    policy_version=1,
-)
 
 ws_db = pytest.mark.django_db(transaction=True)
 
 
 def kinds(events):
     return [e["type"] for e in events]
-
-
-@pytest.mark.unit
-@pytest.mark.parametrize(
-    "change",
-    [
-        {"model_id": "other"},
-        {"fingerprint": "f2"},
-        {"rendered_prompt": "p plus an earlier turn"},
-        {"params": {"max_new_tokens": 6, "temperature": 0.0}},
-        {"params": {"max_new_tokens": 5, "temperature": 0.7}},
-        {"policy_slug": "json"},
-        {"policy_version": 2},
-    ],
-)
-def test_the_key_is_stable_and_changes_with_anything_that_shapes_the_answer(change):
-    assert cache_key(**BASE) == cache_key(
-        **{**BASE, "params": dict(reversed(BASE["params"].items()))}
-    )
-    assert cache_key(**BASE) != cache_key(**{**BASE, **change})
 
 
 async def ask(client, text=PROMPT, **extra):
@@ -143,34 +116,70 @@ async def run_action(admin, action: str, record_id: int):
     )
 
 
+SEEN_DIGEST = re.compile(r'name="seen_digest" value="([0-9a-f]{64})"')
+
+
+def seen_digest(page: str) -> str:
+    """The digest of the text an answer's admin page showed (its hidden `seen_digest`)."""
+    found = SEEN_DIGEST.search(page)
+    assert found, "the change page carries no seen_digest"
+    return found.group(1)
+
+
+async def page_digest(admin, record_id: int) -> str:
+    """Open the answer's admin page, as a reviewer reading it does."""
+    page = await admin.get(f"/admin/chat/cachedanswer/{record_id}/change/")
+    assert page.status_code == 200
+    return seen_digest(page.content.decode())
+
+
+async def approve_on_page(admin, record_id: int, digest: str | None = None):
+    """Press Approve on the answer's page (opened now, unless `digest` says what it showed)."""
+    digest = digest or await page_digest(admin, record_id)
+    return await admin.post(
+        f"/admin/chat/cachedanswer/{record_id}/approve/", {"seen_digest": digest}
+    )
+
+
+async def edit_on_page(admin, record_id: int, text: str):
+    digest = await page_digest(admin, record_id)
+    return await admin.post(
+        f"/admin/chat/cachedanswer/{record_id}/change/", {"answer": text, "seen_digest": digest}
+    )
+
+
 @pytest.mark.integration
 @ws_db
 async def test_admin_review_decides_what_is_served(
     make_client, runtime, make_policy, scripted, monkeypatch
 ):
-    """Approval gates serving; reject evicts and stops re-caching until reset; an edit is what is served.
+    """Approval gates serving; reject evicts and stops re-caching until reset; an edit is what is
+    served once approved, and reset lets a new answer in, never the rejected one.
 
     Cache logic only, so the answers are scripted (the real model's path is tested above): each
     generation says something else, so a served text is the stored one, not a new generation."""
     await sync_to_async(make_policy)(slug="reviewed", require_review=True, max_new_tokens=40)
-    scripted(*(Answer((f"Answer {n}.",)) for n in range(1, 6)))
+    scripted(*(Answer((f"Answer {n}.",)) for n in range(1, 8)))
     asker = await make_client()
     await ask(asker, policy="reviewed")
     record = await sync_to_async(CachedAnswer.objects.get)()
-    assert record.status == "pending"
+    assert (record.status, record.answer) == ("pending", "Answer 1.")
     assert not (await ask(asker, policy="reviewed"))[-1]["cached"]  # pending answers are not served
-    # (asked again while pending, it was generated again and the record holds the newer answer)
-    approved = (await sync_to_async(CachedAnswer.objects.get)(pk=record.pk)).answer
+    # Asked again while pending, it was generated again; the record keeps the first answer.
+    assert (await sync_to_async(CachedAnswer.objects.get)(pk=record.pk)).answer == "Answer 1."
 
     reviewer = await admin_client(review=True)
-    assert (await run_action(reviewer, "approve", record.pk)).status_code == 302
+    assert (await approve_on_page(reviewer, record.pk)).status_code == 302
     served = await ask(await make_client(), policy="reviewed")
-    assert served[-1]["cached"] and served[-1]["text"] == approved  # what the reviewer approved
+    assert served[-1]["cached"] and served[-1]["text"] == "Answer 1."  # what the reviewer read
 
-    change = await reviewer.post(
-        f"/admin/chat/cachedanswer/{record.pk}/change/", {"answer": "Edited by a reviewer."}
-    )
+    change = await edit_on_page(reviewer, record.pk, "Edited by a reviewer.")
     assert change.status_code == 302
+    edited = await sync_to_async(CachedAnswer.objects.get)(pk=record.pk)
+    assert (edited.status, edited.edited_at is not None) == ("pending", True)
+    # An edit needs its own approval: neither the old nor the new text is served meanwhile.
+    assert not (await ask(await make_client(), policy="reviewed"))[-1]["cached"]
+    await approve_on_page(reviewer, record.pk)
     assert (await ask(await make_client(), policy="reviewed"))[-1][
         "text"
     ] == "Edited by a reviewer."
@@ -184,12 +193,15 @@ async def test_admin_review_decides_what_is_served(
 
     await run_action(reviewer, "reset", record.pk)
     await ask(await make_client(), policy="reviewed")
-    assert (await sync_to_async(CachedAnswer.objects.get)(pk=record.pk)).status == "pending"
+    refilled = await sync_to_async(CachedAnswer.objects.get)(pk=record.pk)
+    assert (refilled.status, refilled.answer) == ("pending", "Answer 6.")  # a new answer, afresh
+    assert refilled.edited_at is None and refilled.reviewed_by is None
 
 
 @pytest.mark.integration
 @ws_db
 async def test_evict_removes_an_answer_from_the_cache(make_client, example_policies, scripted):
+    """Evicted, the answer is not served; the next generation refills the record, which is served."""
     scripted(Answer(("Answer 1.",)), Answer(("Answer 2.",)))  # cache logic: scripted answers
     await ask(await make_client())
     record = await sync_to_async(CachedAnswer.objects.get)()
@@ -197,6 +209,8 @@ async def test_evict_removes_an_answer_from_the_cache(make_client, example_polic
     reviewer = await admin_client(review=True)
     await run_action(reviewer, "evict", record.pk)
     assert not (await ask(await make_client()))[-1]["cached"]
+    refilled = await ask(await make_client())
+    assert refilled[-1]["cached"] and refilled[-1]["text"] == "Answer 2."
 
 
 @pytest.mark.integration

@@ -204,7 +204,10 @@ async def test_an_approved_answer_is_kept_and_served_with_its_prompt_redacted(sc
     http = await visitor()
     done = await ask(http)
     record = await sync_to_async(CachedAnswer.objects.get)()
-    await sync_to_async(review.answer_approve)(record, by=None)
+    approved = await sync_to_async(review.answer_approve)(
+        record_id=record.pk, seen_digest=review.record_digest(record), by=None
+    )
+    assert approved is review.Approval.PUBLISHED
 
     assert await delete(http, await conversation_of(done)) == 204
     kept = await sync_to_async(CachedAnswer.objects.get)(pk=record.pk)

@@ -166,7 +166,7 @@ def process(lease_seconds: float = 5) -> Coalescer:
 
 
 def request() -> GenerationRequest:
-    return GenerationRequest(input_ids=[1, 2, 3, 4], max_new_tokens=8)
+    return GenerationRequest.of([1, 2, 3, 4], max_new_tokens=8)
 
 
 def play(ticket: Ticket, *chunks: str, end: str | None = None, start: bool = False) -> None:

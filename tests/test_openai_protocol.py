@@ -7,6 +7,7 @@ import json
 import pytest
 from hypothesis import given, settings
 
+from chat.engine.sampling_params import SamplingParams
 from chat.stores.policy_store import PolicyOverride, ResolvedPolicy
 from chat.transports.openai_protocol import (
     ChatRequest,
@@ -90,17 +91,23 @@ def test_an_answer_that_stayed_invalid_is_a_refusal():
 def test_an_override_adds_stops_caps_tokens_buffers_for_a_schema_and_is_recorded(settings):
     settings.CHAT_MAX_NEW_TOKENS_CAP = 64
     policy = ResolvedPolicy(
-        id=1, slug="chat", version=3, mode="stream", stop_strings=("\nUser:",), system_prompt="Hi."
+        id=1,
+        slug="chat",
+        version=3,
+        mode="stream",
+        sampling=SamplingParams(stop_strings=("\nUser:",)),
+        system_prompt="Hi.",
     )
     assert PolicyOverride().apply(policy) is policy
     schema = {"type": "object"}
     changed = PolicyOverride(
-        schema=schema, stop_strings=(",",), max_new_tokens=10**6, temperature=0.3
+        schema=schema, stop_strings=(",",), max_new_tokens=10**6, sampling={"temperature": 0.3}
     ).apply(policy)
     assert changed.mode == "buffer" and changed.schema == schema and changed.constrained
-    assert changed.stop_strings == ("\nUser:", ",") and changed.max_new_tokens == 64
+    assert changed.sampling.stop_strings == ("\nUser:", ",")
+    assert changed.sampling.max_new_tokens == 64
     assert changed.system_prompt.startswith("Hi.") and '{"type":"object"}' in changed.system_prompt
-    assert changed.overrides["max_new_tokens"] == 64 and changed.temperature == 0.3
+    assert changed.overrides["max_new_tokens"] == 64 and changed.sampling.temperature == 0.3
     assert (changed.slug, changed.version) == (policy.slug, policy.version)
 
 

@@ -100,7 +100,8 @@ async def test_a_tool_call_is_message_tool_calls_and_is_stored_with_its_calls(sc
     assert call["function"]["name"] == "get_weather"
     assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
     request = backend.requests[0]
-    assert request.tool_grammar["tool_choice"] == "auto" and len(request.tool_grammar["tools"]) == 2
+    grammar = request.params.tool_grammar
+    assert grammar["tool_choice"] == "auto" and len(grammar["tools"]) == 2
     assert "<tools>" in request.messages[0]["content"]  # told in the system prompt
     shown = request.messages[-2]  # the worked example's call, right before the prompt
     assert shown["role"] == "assistant" and shown["content"].startswith("<tool_call>")
@@ -297,5 +298,5 @@ async def test_tool_choice_none_tells_no_tools_and_constrains_nothing(scripted, 
     backend = scripted(Answer(("Hello.",)))
     _, body = await post(alice[1], ask(tools=[WEATHER], tool_choice="none"))
     assert body["choices"][0]["message"]["content"] == "Hello."
-    assert backend.requests[0].tool_grammar is None
+    assert backend.requests[0].params.tool_grammar is None
     assert "<tools>" not in json.dumps(backend.requests[0].messages)

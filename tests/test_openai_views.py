@@ -171,10 +171,12 @@ async def test_the_given_messages_are_the_conversation_and_parameters_reach_the_
         {"role": "assistant", "content": "1"},
         {"role": "user", "content": "Two?"},
     ]
-    assert "\n\n" in request.stop_strings and request.temperature == 0.5 and request.top_p == 0.9
+    params = request.params
+    assert "\n\n" in params.stop_strings and params.temperature == 0.5 and params.top_p == 0.9
+    assert params.seed == 7
     from django.conf import settings as django_settings
 
-    assert request.max_new_tokens == django_settings.CHAT_MAX_NEW_TOKENS_CAP  # capped
+    assert params.max_new_tokens == django_settings.CHAT_MAX_NEW_TOKENS_CAP  # capped
 
 
 async def test_a_stream_is_chunks_ending_with_finish_reason_usage_and_done(scripted, alice):
@@ -213,7 +215,7 @@ async def test_a_json_schema_answer_is_held_validated_reasked_and_sent_as_one_de
     assert contents == ['{"answer": "Paris"}']
     assert len(backend.requests) == 2  # re-asked once
     assert "JSON Schema" in backend.requests[0].messages[0]["content"]  # the schema was asked for
-    assert backend.requests[0].json_schema == ANSWER_SCHEMA  # strict or not, a schema binds
+    assert backend.requests[0].params.json_schema == ANSWER_SCHEMA  # strict or not, a schema binds
 
 
 async def test_a_json_schema_answer_that_stays_invalid_is_a_refusal(scripted, alice):
@@ -237,7 +239,7 @@ async def test_strict_json_schema_constrains_decoding(scripted, alice):
     strict = {"type": "json_schema", "json_schema": {**JSON_FORMAT["json_schema"], "strict": True}}
     response, body = await post(alice[1], ask(response_format=strict))
     assert json.loads(body["choices"][0]["message"]["content"]) == {"answer": "x"}
-    assert backend.requests[0].json_schema == ANSWER_SCHEMA
+    assert backend.requests[0].params.json_schema == ANSWER_SCHEMA
 
 
 async def test_a_moderated_stream_ends_with_content_filter(scripted, alice):

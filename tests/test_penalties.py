@@ -4,6 +4,7 @@ policy settings staff validate, in the cache key, and as the fields OpenAI clien
 from __future__ import annotations
 
 from dataclasses import replace
+from threading import Event
 
 import pytest
 import torch
@@ -11,10 +12,11 @@ from asgiref.sync import sync_to_async
 from transformers import RepetitionPenaltyLogitsProcessor
 
 from chat.engine.penalties import AnswerOnly, FrequencyPresencePenalty, penalty_processors
-from chat.engine.types import GenerationRequest, penalty_errors
+from chat.engine.sampling_params import SamplingParams, penalty_errors
+from chat.engine.types import GenerationRequest
 from chat.models import OutputPolicy
 from chat.stores.policy_store import builtin_policy, policy_errors
-from chat.turns.prompting import turn_cache_key
+from chat.turns.identity import answer_identity
 from testing.scripted import Answer, ScriptedBackend
 from tests.test_openai_views import alice, ask, assert_openai_error, post  # noqa: F401
 
@@ -48,11 +50,9 @@ def test_penalties_read_the_answer_not_the_prompt():
 @pytest.mark.unit
 def test_neutral_penalties_add_no_processor_and_ranges_are_checked():
     """Off means no work per step; out-of-range values are named with their range."""
-    assert penalty_processors(prompt_length=4) == []
-    assert (
-        len(penalty_processors(prompt_length=4, repetition_penalty=1.1, no_repeat_ngram_size=3))
-        == 2
-    )
+    assert penalty_processors(SamplingParams(), prompt_length=4) == []
+    params = SamplingParams(repetition_penalty=1.1, no_repeat_ngram_size=3)
+    assert len(penalty_processors(params, prompt_length=4)) == 2
     assert (
         penalty_errors(repetition_penalty=1.1, frequency_penalty=-2, no_repeat_ngram_size=0) == {}
     )
@@ -79,11 +79,13 @@ def test_rows_with_different_penalties_share_a_batch_of_the_real_model(backend):
     while rows with other settings decode beside it to their full forced length."""
     messages = [{"role": "user", "content": "Repeat the word cat many times."}]
     plain = backend.request(messages, max_new_tokens=40, min_new_tokens=40)
-    no_repeat = replace(plain, no_repeat_ngram_size=2, cancel=type(plain.cancel)())
-    frequency = replace(
-        plain, frequency_penalty=1.5, presence_penalty=0.5, cancel=type(plain.cancel)()
-    )
-    repetition = replace(plain, repetition_penalty=1.3, cancel=type(plain.cancel)())
+
+    def varied(**params):
+        return replace(plain, params=plain.params.with_changes(**params), cancel=Event())
+
+    no_repeat = varied(no_repeat_ngram_size=2)
+    frequency = varied(frequency_penalty=1.5, presence_penalty=0.5)
+    repetition = varied(repetition_penalty=1.3)
     requests = [plain, no_repeat, frequency, repetition]
     rows = [backend.row(r, lambda _text: None) for r in requests]
     batch = backend.new_batch()
@@ -109,15 +111,19 @@ def test_staff_see_out_of_range_penalties_before_saving(db):
 
 
 @pytest.mark.unit
-def test_penalties_are_part_of_the_cache_key_only_when_set():
-    """A changed penalty never serves an answer made without it; neutral ones leave old keys alone."""
+def test_penalties_are_part_of_the_answer_identity():
+    """A changed penalty never serves an answer made without it; a neutral one changes nothing."""
     backend = ScriptedBackend([])
     policy = builtin_policy()
-    base = GenerationRequest(input_ids=[1, 2], max_new_tokens=8)
-    key = turn_cache_key(backend, policy, "rendered", base)
-    assert key == turn_cache_key(backend, policy, "rendered", replace(base, repetition_penalty=1.0))
+    base = GenerationRequest.of([1, 2], max_new_tokens=8)
+
+    def identity(request):
+        return answer_identity(backend, policy, request, client_context=False)
+
+    key = identity(base)
+    assert key == identity(replace(base, params=base.params.with_changes(repetition_penalty=1.0)))
     changed = {
-        turn_cache_key(backend, policy, "rendered", replace(base, **{name: value}))
+        identity(replace(base, params=base.params.with_changes(**{name: value})))
         for name, value in (
             ("repetition_penalty", 1.1),
             ("no_repeat_ngram_size", 3),
@@ -141,7 +147,8 @@ async def test_openai_clients_penalties_reach_the_engine_and_bad_ones_are_refuse
     response, body = await post(alice[1], ask("Hi", **fields))
     assert response.status_code == 200, body
     request = backend.requests[0]
-    assert (request.frequency_penalty, request.presence_penalty, request.repetition_penalty) == (
+    params = request.params
+    assert (params.frequency_penalty, params.presence_penalty, params.repetition_penalty) == (
         0.5,
         -0.5,
         1.2,
@@ -173,11 +180,11 @@ async def test_a_policys_penalties_reach_every_turn(scripted, make_policy):
         await chat.receive_until("done", request_id, timeout=10)
     finally:
         await chat.close()
-    request = backend.requests[0]
+    params = backend.requests[0].params
     assert (
-        request.repetition_penalty,
-        request.no_repeat_ngram_size,
-        request.frequency_penalty,
+        params.repetition_penalty,
+        params.no_repeat_ngram_size,
+        params.frequency_penalty,
     ) == (
         1.15,
         4,

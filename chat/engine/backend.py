@@ -13,13 +13,13 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, StopStringCriteria
 
-from . import attention, quantized, weight_major
+from . import attention, blockquant, quantized, weight_major
 from .batching import Row
 from .decoding import RunningBatch, sampling_processors
 from .eos import token_id
 from .prefix_store import PrefixStore
 from .start_choices import START_CHOICES_FILE, StartChoices, machine_identity
-from .template import encode_pieces, encode_text, render_pieces
+from .template import encode_pieces, encode_text, render_pieces, tokenizer_digest
 from .threads import ThreadPlan
 from .types import (
     EngineConfig,
@@ -115,6 +115,7 @@ class LocalBackend(SteppedBackend):
         self._stop_lock = threading.Lock()
         self.prefix_store = PrefixStore(config.prefix_cache_mb * 1024 * 1024)
         self.threads = ThreadPlan.configured(config.threads, config.decode_threads)
+        self._tokenizer_digest = tokenizer_digest(tokenizer)
 
     @classmethod
     def from_folder(
@@ -201,6 +202,19 @@ class LocalBackend(SteppedBackend):
         compares (one stream and a small batch weigh alike)."""
         return self.time_decode_step(1, 3) + self.time_decode_step(4, 3)
 
+    def model_identity(self) -> dict[str, str]:
+        """The weight files, how the linears compute them (quantization mode and kernels), the
+        dtype and device, and the tokenizer: processes that differ in any would answer differently."""
+        mode = quantized.weights_mode(self.model)
+        return {
+            "weights": self.fingerprint,
+            "mode": mode,
+            "dtype": str(self.model.dtype),
+            "device": str(self.device),
+            "kernels": blockquant.kernels().isa() if "BlockQuantLinear" in mode else "",
+            "tokenizer": self._tokenizer_digest,
+        }
+
     # -- prompts --------------------------------------------------------------
 
     def render(self, messages: list[dict[str, Any]]) -> str:
@@ -223,7 +237,7 @@ class LocalBackend(SteppedBackend):
     def request(self, messages: list[dict[str, Any]], **options: Any) -> GenerationRequest:
         """Render and tokenize `messages` into a request (convenience for plain Python)."""
         options.setdefault("max_new_tokens", min(256, self.config.max_new_tokens_cap))
-        return GenerationRequest(input_ids=self.encode(messages), **options)
+        return GenerationRequest.of(self.encode(messages), **options)
 
     # -- eos ------------------------------------------------------------------
 
@@ -282,27 +296,27 @@ class LocalBackend(SteppedBackend):
 
     def row(self, request: GenerationRequest, on_text: OnText) -> Row:
         """A request made ready to join a batch; raises PromptTooLong if it cannot fit."""
-        max_new = max(1, min(request.max_new_tokens, self.config.max_new_tokens_cap))
+        max_new = max(1, min(request.params.max_new_tokens, self.config.max_new_tokens_cap))
         self.check_fits(len(request.input_ids), max_new)
         row = Row(
             request,
             on_text,
             max_new,
-            frozenset([*self.eos_token_ids, *request.eos_token_ids]),
+            frozenset([*self.eos_token_ids, *request.params.eos_token_ids]),
             tokenizer=self.tokenizer,
         )
         constrained = None
-        if request.json_schema is not None:
+        if request.params.json_schema is not None:
             from .constrained import logits_processor
 
             constrained = logits_processor(
-                self.tokenizer, self.model.config.vocab_size, request.json_schema
+                self.tokenizer, self.model.config.vocab_size, request.params.json_schema
             )
-        elif request.tool_grammar is not None:
+        elif request.params.tool_grammar is not None:
             from .constrained import tool_call_processor
 
             constrained = tool_call_processor(
-                self.tokenizer, self.model.config.vocab_size, request.tool_grammar
+                self.tokenizer, self.model.config.vocab_size, request.params.tool_grammar
             )
         row.processors = sampling_processors(row, constrained)
         return row

@@ -42,14 +42,20 @@ class Row:
     stop: StopStringCriteria | None = None
     decoder: TextStreamer | None = None
     tokenizer: object = None
+    # A seeded request samples from its own generator, so its answer does not depend on what
+    # else the process sampled before or beside it.
+    generator: torch.Generator | None = None
 
     def prepare(self, stop_criteria: Callable[[tuple[str, ...]], StopStringCriteria]) -> None:
         """Build what the row needs once it runs: stop-string matcher, holdback, text decoder."""
-        stops = tuple(self.request.stop_strings)
+        stops = tuple(self.request.params.stop_strings)
         self.holdback = StopStringHoldback(stops)
         self.stop = stop_criteria(stops) if stops else None
         self.decoder = TextStreamer(self.tokenizer, skip_prompt=False, skip_special_tokens=True)
         self.decoder.on_finalized_text = lambda text, stream_end=False: text and self.emit(text)
+        seed = self.request.params.generator_seed
+        if seed is not None and self.request.params.temperature > 0:
+            self.generator = torch.Generator().manual_seed(seed)
 
     def ids(self, last: int | None = None) -> torch.Tensor:
         """The row's prompt and answer so far as a [1, n] tensor (only the `last` ones if given)."""
@@ -59,8 +65,11 @@ class Row:
     def pick(self, scores: torch.Tensor) -> int:
         """The next token from this row's [1, vocab] scores, under its processors."""
         scores = self.processors(self.ids(), scores)
-        if self.request.temperature > 0:
-            return int(torch.multinomial(torch.softmax(scores, dim=-1), 1))
+        if self.request.params.temperature > 0:
+            probabilities = torch.softmax(scores, dim=-1)
+            if self.generator is not None:  # a CPU generator samples CPU tensors
+                probabilities = probabilities.float().cpu()
+            return int(torch.multinomial(probabilities, 1, generator=self.generator))
         return int(scores.argmax(dim=-1))
 
     def accept(self, token: int, now: float) -> None:

@@ -37,6 +37,7 @@ OPTIONAL_FIELDS = (
     "response_format",
     "stream_options",
     "top_p",
+    "seed",
     "frequency_penalty",
     "presence_penalty",
     "repetition_penalty",
@@ -145,7 +146,7 @@ def discover(backend: OpenAIBackend, progress: Progress = log.info) -> Capabilit
 
     def ask(**options: Any) -> GenerationResult:
         options.setdefault("max_new_tokens", 4)
-        request = GenerationRequest(input_ids=[], messages=hello, temperature=0.0, **options)
+        request = GenerationRequest.of([], messages=hello, temperature=0.0, **options)
         return backend.generate(request)
 
     try:

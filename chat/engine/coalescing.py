@@ -2,7 +2,7 @@
 
 The completion cache serves a repeated prompt at once, but only after its first answer is
 stored; a repeat arriving while that answer is still being generated would start a second,
-identical generation. Here a request whose turn cache key and token ids match a generation
+identical generation. Here a request whose answer identity and token ids match a generation
 still running joins it instead: it gets the generation's queue position (or Started and the
 text so far as one chunk), then every live event and the same Finished (or Failed). Each
 joiner runs its own turn on those events (its own policy gate, stored message and metrics);
@@ -68,7 +68,7 @@ class Across(Protocol):
 
 
 class Coalescer:
-    """The generations in flight in this process, by (scheduler, turn cache key, token ids)."""
+    """The generations in flight in this process, by (scheduler, answer identity, token ids)."""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()  # a scheduler may call a sink from inside submit/cancel
@@ -78,8 +78,9 @@ class Coalescer:
         self.across: Across | None = None  # set by the runtime when processes share a Redis
 
     def sharing(self, scheduler: Scheduler, key: str | None) -> Scheduler:
-        """`scheduler` as seen by a turn with cache key `key`: identical requests share one
-        generation. A turn with no key (not cacheable, or regenerated) gets `scheduler` itself."""
+        """`scheduler` as seen by a turn whose answer has identity `key`: identical requests
+        share one generation. A turn with none (sampled without a seed, a context only its
+        client holds, a regeneration) gets `scheduler` itself."""
         if key is None:
             return scheduler
         return SharingScheduler(self, scheduler, key)

@@ -383,7 +383,7 @@ class MinNewTokens(LogitsProcessor):
         self.eos = sorted(row.eos_ids)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if len(self.row.new_ids) < self.row.request.min_new_tokens:
+        if len(self.row.new_ids) < self.row.request.params.min_new_tokens:
             scores[:, self.eos] = -float("inf")
         return scores
 
@@ -391,23 +391,15 @@ class MinNewTokens(LogitsProcessor):
 def sampling_processors(row: Row, constrained) -> LogitsProcessorList:
     """transformers' processors for one row: min_new_tokens, penalties, the schema's grammar,
     temperature/top_p (the grammar after the penalties, so it has the last word on what is legal)."""
-    request = row.request
+    params = row.request.params
     processors = LogitsProcessorList()
-    if request.min_new_tokens:
+    if params.min_new_tokens:
         processors.append(MinNewTokens(row))
-    processors.extend(
-        penalty_processors(
-            prompt_length=len(request.input_ids),
-            repetition_penalty=request.repetition_penalty,
-            no_repeat_ngram_size=request.no_repeat_ngram_size,
-            frequency_penalty=request.frequency_penalty,
-            presence_penalty=request.presence_penalty,
-        )
-    )
+    processors.extend(penalty_processors(params, prompt_length=len(row.request.input_ids)))
     if constrained is not None:
         processors.append(constrained)
-    if request.temperature > 0:
-        processors.append(TemperatureLogitsWarper(request.temperature))
-        if request.top_p < 1.0:
-            processors.append(TopPLogitsWarper(request.top_p))
+    if params.temperature > 0:
+        processors.append(TemperatureLogitsWarper(params.temperature))
+        if params.top_p < 1.0:
+            processors.append(TopPLogitsWarper(params.top_p))
     return processors

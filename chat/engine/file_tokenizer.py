@@ -96,6 +96,11 @@ class FileTokenizer:
         self.chat_template = _chat_template(folder, config)
         self._template: jinja2.Template | None = None
 
+    @property
+    def backend_tokenizer(self) -> Tokenizer:
+        """The `tokenizers` object, under transformers' name for it."""
+        return self._plain
+
     @classmethod
     def from_folder(cls, folder: str | Path) -> FileTokenizer:
         return cls(folder)

@@ -1,6 +1,6 @@
 """The generations in flight in every process, kept in Redis: who owns one, who listens, its events.
 
-One generation, named by an id derived from its turn cache key and token ids, has three keys:
+One generation, named by an id derived from its answer identity and token ids, has three keys:
 
 - `owner`: the owning process's token, with a lease (PX) the owner renews each time it
   publishes and at least every `renew_seconds`; a dead owner's key expires by itself.
@@ -138,7 +138,7 @@ return 0
 
 
 def generation_id(key: str, input_ids: list[int]) -> str:
-    """The name of a generation: its turn cache key and its token ids (a re-ask has the same key)."""
+    """The name of a generation: its answer identity and its token ids (a re-ask has the same identity)."""
     ids = hashlib.sha256(json.dumps(input_ids, separators=(",", ":")).encode()).hexdigest()
     return f"{key}:{ids[:32]}"
 

@@ -14,6 +14,8 @@ from transformers import (
     RepetitionPenaltyLogitsProcessor,
 )
 
+from .sampling_params import SamplingParams
+
 
 class AnswerOnly(LogitsProcessor):
     """Runs `processor` on the generated ids alone, not on the prompt before them.
@@ -52,20 +54,15 @@ class FrequencyPresencePenalty(LogitsProcessor):
         return scores
 
 
-def penalty_processors(
-    *,
-    prompt_length: int,
-    repetition_penalty: float = 1.0,
-    no_repeat_ngram_size: int = 0,
-    frequency_penalty: float = 0.0,
-    presence_penalty: float = 0.0,
-) -> list[LogitsProcessor]:
-    """The processors for the penalties that are set (none for the neutral values)."""
+def penalty_processors(params: SamplingParams, *, prompt_length: int) -> list[LogitsProcessor]:
+    """The processors for the penalties `params` sets (none for the neutral values)."""
     processors: list[LogitsProcessor] = []
-    if repetition_penalty != 1.0:
-        processors.append(RepetitionPenaltyLogitsProcessor(repetition_penalty))
-    if frequency_penalty or presence_penalty:
-        processors.append(FrequencyPresencePenalty(frequency_penalty, presence_penalty))
-    if no_repeat_ngram_size:
-        processors.append(NoRepeatNGramLogitsProcessor(no_repeat_ngram_size))
+    if params.repetition_penalty != 1.0:
+        processors.append(RepetitionPenaltyLogitsProcessor(params.repetition_penalty))
+    if params.frequency_penalty or params.presence_penalty:
+        processors.append(
+            FrequencyPresencePenalty(params.frequency_penalty, params.presence_penalty)
+        )
+    if params.no_repeat_ngram_size:
+        processors.append(NoRepeatNGramLogitsProcessor(params.no_repeat_ngram_size))
     return [AnswerOnly(processor, prompt_length) for processor in processors]

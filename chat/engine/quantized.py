@@ -501,6 +501,24 @@ def probe(linear: nn.Linear, layer: QuantLinear, repeats: int = 20) -> float:
     return best["quant"] / best["float"]
 
 
+def weights_mode(model: nn.Module) -> str:
+    """How the loaded model's linears compute, read from the modules themselves (so a test that
+    swaps layers is described as truly as a start-up choice): e.g. "BlockQuantLinear:q4_1" and
+    "BlockQuantLinear:q8_0" joined by "+"; "Linear" alone for the float model."""
+    kinds = set()
+    for module in model.modules():
+        if not hasattr(module, "in_features") or next(module.children(), None) is not None:
+            continue
+        kind = type(module).__name__
+        detail = getattr(module, "kind", None)
+        if detail:
+            kind += f":{detail}"
+        if getattr(module, "int8_activations", False):
+            kind += ":int8-activations"
+        kinds.add(kind)
+    return "+".join(sorted(kinds))
+
+
 def choose(
     model: nn.Module,
     mode: str,

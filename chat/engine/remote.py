@@ -45,6 +45,7 @@ from .template import (
     encode_text,
     render_pieces,
     special_token_pattern,
+    tokenizer_digest,
 )
 from .types import (
     Backend,
@@ -116,6 +117,7 @@ class OpenAIBackend(Backend):
         self.fingerprint = hashlib.sha256(
             f"{config.base_url.rstrip('/')}\n{config.model}".encode()
         ).hexdigest()
+        self._tokenizer_digest = tokenizer_digest(tokenizer) if tokenizer is not None else ""
         # Unknown context: never refuse locally; the server's own check answers.
         self.context_length = config.context_length or 1 << 62
         eos = getattr(tokenizer, "eos_token_id", None)
@@ -179,10 +181,15 @@ class OpenAIBackend(Backend):
         """Refuse, rather than truncate, a prompt that leaves no room for the answer."""
         PromptTooLong.check(prompt_tokens, max_new_tokens, self.context_length)
 
+    def model_identity(self) -> dict[str, str]:
+        """The server's URL and model name: how its weights, dtype and kernels are set is the
+        server's own, so one URL and model must mean one way of answering."""
+        return {"server": self.fingerprint, "tokenizer": self._tokenizer_digest}
+
     def request(self, messages: list[dict[str, Any]], **options: Any) -> GenerationRequest:
         """A request for `messages` (convenience for plain Python)."""
         options.setdefault("max_new_tokens", min(256, self.config.max_new_tokens_cap))
-        return GenerationRequest(input_ids=self.encode(messages), messages=messages, **options)
+        return GenerationRequest.of(self.encode(messages), messages=messages, **options)
 
     def token_id(self, token: str) -> int | None:
         """Id of a single token in the local tokenizer, or None (then it cannot be sent as a stop token)."""
@@ -257,13 +264,14 @@ class OpenAIBackend(Backend):
             raise EngineError(
                 "a remote request needs its chat messages (GenerationRequest.messages)"
             )
-        max_new = max(1, min(request.max_new_tokens, self.config.max_new_tokens_cap))
+        max_new = max(1, min(request.params.max_new_tokens, self.config.max_new_tokens_cap))
         if request.input_ids:
             self.check_fits(len(request.input_ids), max_new)
         stream = _Stream(self, request, on_text, max_new)
         return stream.run()
 
     def _body(self, request: GenerationRequest, max_new: int) -> dict[str, Any]:
+        params = request.params
         body = {
             "model": self.config.model,
             # request() always sets them: a remote server renders the chat itself
@@ -271,32 +279,34 @@ class OpenAIBackend(Backend):
             "stream": True,
             "stream_options": {"include_usage": True},
             "max_tokens": max_new,
-            "temperature": request.temperature,
-            "top_p": request.top_p,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
         }
-        if request.stop_strings:
-            body["stop"] = list(request.stop_strings)
-        if request.eos_token_ids:
+        if params.seed is not None:
+            body["seed"] = params.seed  # OpenAI's, vLLM's and TGI's: a reproducible sample
+        if params.stop_strings:
+            body["stop"] = list(params.stop_strings)
+        if params.eos_token_ids:
             body["stop_token_ids"] = list(
-                request.eos_token_ids
+                params.eos_token_ids
             )  # vLLM's extension; asked for only by policy
-        if request.min_new_tokens:
-            body["min_tokens"] = request.min_new_tokens  # vLLM's extension
+        if params.min_new_tokens:
+            body["min_tokens"] = params.min_new_tokens  # vLLM's extension
         if continues_answer(request.messages or []):
             # vLLM's and SGLang's way to go on writing the last assistant message.
             body["continue_final_message"] = True
             body["add_generation_prompt"] = False
-        if request.frequency_penalty:
-            body["frequency_penalty"] = request.frequency_penalty
-        if request.presence_penalty:
-            body["presence_penalty"] = request.presence_penalty
-        if request.repetition_penalty != 1.0:
-            # vLLM's and SGLang's extension. no_repeat_ngram_size has no OpenAI-style field.
-            body["repetition_penalty"] = request.repetition_penalty
-        if request.json_schema is not None:
+        if params.frequency_penalty:
+            body["frequency_penalty"] = params.frequency_penalty
+        if params.presence_penalty:
+            body["presence_penalty"] = params.presence_penalty
+        if params.repetition_penalty != 1.0:
+            # vLLM's and SGLang's extension; the n-gram ban has no OpenAI-style field.
+            body["repetition_penalty"] = params.repetition_penalty
+        if params.json_schema is not None:
             body["response_format"] = {
                 "type": "json_schema",
-                "json_schema": {"name": "answer", "schema": request.json_schema, "strict": True},
+                "json_schema": {"name": "answer", "schema": params.json_schema, "strict": True},
             }
         return body
 
@@ -336,7 +346,7 @@ class _Stream:
         self.request = request
         self.on_text = on_text
         self.max_new = max_new
-        self.holdback = StopStringHoldback(request.stop_strings)
+        self.holdback = StopStringHoldback(request.params.stop_strings)
         self.shown: list[str] = []
         self.chunks = 0
         self.usage: dict[str, Any] | None = None
@@ -501,7 +511,10 @@ class _Stream:
         if self.upstream_finish is None and self.request.cancel.is_set():
             return "cancelled"
         # vLLM says which stop fired (stop_reason: the string, or a token id); others only say "stop".
-        if isinstance(self.stop_reason, str) and self.stop_reason in self.request.stop_strings:
+        if (
+            isinstance(self.stop_reason, str)
+            and self.stop_reason in self.request.params.stop_strings
+        ):
             return "stop_string"
         return "eos"  # "stop", a [DONE] without a reason, or a reason we do not know ("content_filter")
 

@@ -237,7 +237,7 @@ class ContinuousScheduler(Scheduler):
     def _reserve(self, ticket: Ticket) -> int:
         request = ticket.request
         cap = self.backend.config.max_new_tokens_cap
-        return len(request.input_ids) + max(1, min(request.max_new_tokens, cap))
+        return len(request.input_ids) + max(1, min(request.params.max_new_tokens, cap))
 
     def _join(self, batch, joining: list[Ticket], tickets: dict) -> list:
         """Start the admitted tickets: prefill them together and add them to the batch."""

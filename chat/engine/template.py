@@ -17,9 +17,21 @@ the content then goes in verbatim.
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 import secrets
 from typing import Any
+
+
+def tokenizer_digest(tokenizer: Any) -> str:
+    """sha256 of what turns a chat into ids: the vocabulary and merges, the added and special
+    tokens (all in the fast tokenizer's JSON), and the chat template."""
+    digest = hashlib.sha256()
+    inner = getattr(tokenizer, "backend_tokenizer", None)
+    digest.update(inner.to_str().encode() if inner is not None else repr(tokenizer).encode())
+    digest.update(b"\0")
+    digest.update(str(getattr(tokenizer, "chat_template", None) or "").encode())
+    return digest.hexdigest()
 
 
 def continues_answer(messages: list[dict[str, Any]]) -> bool:

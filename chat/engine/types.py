@@ -10,8 +10,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # torch-side types, named only in annotations: importing them needs torch
     from .batching import Row
@@ -47,53 +49,15 @@ class QueueFull(EngineError):
     code = "queue_full"
 
 
-# Accepted ranges of the penalties against loops, (low, high) inclusive, as OpenAI and vLLM
-# accept them; the admin and the OpenAI-compatible API both check against these.
-PENALTY_LIMITS = {
-    "repetition_penalty": (0.5, 2.0),
-    "no_repeat_ngram_size": (0, 20),
-    "frequency_penalty": (-2.0, 2.0),
-    "presence_penalty": (-2.0, 2.0),
-}
-
-
-def penalty_errors(**values: float) -> dict[str, str]:
-    """What is wrong with each given penalty, by name; empty when all are in range."""
-    errors = {}
-    for name, value in values.items():
-        low, high = PENALTY_LIMITS[name]
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not low <= value <= high
-        ):
-            errors[name] = f"must be a number from {low} to {high}"
-        elif name == "no_repeat_ngram_size" and (value == 1 or value != int(value)):
-            errors[name] = "must be 0 (off) or a whole number from 2 to 20"
-    return errors
-
-
 @dataclass
 class GenerationRequest:
     """One answer to generate.
 
     Args:
         input_ids: the rendered prompt, already tokenized.
-        max_new_tokens: always set; the backend caps it at its configured ceiling.
-        stop_strings: cut the answer where one appears; never shown to the user.
-        eos_token_ids: extra end-of-sequence ids, on top of the model's own.
-        temperature: 0 means greedy decoding.
-        top_p: nucleus sampling when temperature > 0.
-        repetition_penalty: divides the logits of tokens already in the answer (1 is off).
-        no_repeat_ngram_size: never repeat an n-gram of the answer this long (0 is off).
-        frequency_penalty, presence_penalty: OpenAI's, over the answer so far (0 is off).
-        json_schema: constrain decoding so the output is JSON valid for this schema.
-        tool_grammar: constrain decoding to prose or tool calls (engine/constrained.py):
-            {"tools": OpenAI's function tools, "tool_choice": "auto", "required" or
-            {"type": "function", "function": {"name": ...}}, "parallel_tool_calls": bool}.
-            A remote backend does not constrain to it; the turn validates the calls.
-        min_new_tokens: suppress eos until this many tokens (benchmarks use it for fixed lengths).
+        params: every decoding setting (sampling_params.py).
         cancel: set it from any thread to stop after at most one more decode step.
+        label: a name for logs and benchmarks.
         messages: the chat as role/content dicts; a remote backend sends these instead of input_ids.
         tag: whose input this is, opaque (the chat's conversation); what the engine keeps of it
             (prefix KV, a shared generation's events) is filed under it, for `forget`. Never
@@ -101,22 +65,18 @@ class GenerationRequest:
     """
 
     input_ids: list[int]
-    max_new_tokens: int
-    stop_strings: tuple[str, ...] = ()
-    eos_token_ids: tuple[int, ...] = ()
-    temperature: float = 0.0
-    top_p: float = 1.0
-    repetition_penalty: float = 1.0
-    no_repeat_ngram_size: int = 0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    json_schema: dict[str, Any] | None = None
-    tool_grammar: dict[str, Any] | None = None
-    min_new_tokens: int = 0
+    params: SamplingParams = field(default_factory=SamplingParams)
     cancel: threading.Event = field(default_factory=threading.Event)
     label: str = ""
     messages: list[dict[str, Any]] | None = None
     tag: str = ""
+
+    @classmethod
+    def of(cls, input_ids: list[int], **options: Any) -> GenerationRequest:
+        """A request from flat keyword options: SamplingParams' fields and this class's own."""
+        own = {f.name for f in fields(cls)}
+        params = {k: options.pop(k) for k in list(options) if k not in own}
+        return cls(input_ids=input_ids, params=SamplingParams(**params), **options)
 
 
 @dataclass
@@ -243,6 +203,11 @@ class Backend(Protocol):
     fingerprint: str  # identifies the weights; part of every cache key
     context_length: int
     eos_token_ids: list[int]
+
+    def model_identity(self) -> dict[str, str]:
+        """What decides this backend's answers besides the request: the weights (their files,
+        quantization mode, dtype, device and kernels) and the tokenizer. Part of every answer's
+        identity, so two processes that would answer differently never share an answer."""
 
     def render(self, messages: list[dict[str, Any]]) -> str:
         """The exact model input for a conversation (the chat template applied)."""

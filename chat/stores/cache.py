@@ -1,4 +1,6 @@
-"""The completion cache in Redis: key, store, serve, evict; chat goes on without it.
+"""The completion cache in Redis: store, serve, evict; chat goes on without it.
+
+Entries are keyed by the answer's identity (chat/turns/identity.py).
 
 An answer is cached whole, after it ended normally and passed its policy; a
 stream is never cached as a stream. When Redis is unreachable, calls return
@@ -8,7 +10,6 @@ timeout, and caching resumes by itself when Redis answers again.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 
@@ -21,30 +22,6 @@ log = logging.getLogger(__name__)
 
 KEY_PREFIX = "chat:answer:"
 CACHEABLE_FINISH = ("eos", "stop_string")
-
-
-def cache_key(
-    *,
-    model_id: str,
-    fingerprint: str,
-    rendered_prompt: str,
-    params: dict,
-    policy_slug: str,
-    policy_version: int,
-) -> str:
-    """sha256 of a canonical JSON of everything that shapes the answer."""
-    canonical = json.dumps(
-        {
-            "model": [model_id, fingerprint],
-            "prompt": rendered_prompt,
-            "params": params,
-            "policy": [policy_slug, policy_version],
-        },
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
-    )
-    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 class CompletionCache:

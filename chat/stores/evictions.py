@@ -1,10 +1,12 @@
 """Evictions from the completion cache that are never forgotten, even while Redis is down.
 
-Deleting a cached answer's record, by any path (erasure, the admin's delete), writes a
-PendingEviction row in the same transaction; after the commit the key is removed from Redis and
-the row deleted. When Redis cannot be reached the row stays and is retried at the next moment
-Redis is known to answer: the next answer cached, the next erasure, a hit on that very key, and
-every `manage.py purge`. Meanwhile a hit whose record is gone is never served (`entry_servable`).
+Deleting a cached answer's record, by any path (erasure, the admin's delete), and rejecting or
+evicting one in review (chat/stores/review.py) writes a PendingEviction row in the same
+transaction; after the commit the key is removed from Redis and the row deleted. When Redis
+cannot be reached the row stays and is retried at the next moment Redis is known to answer: the
+next answer cached or approved, the next erasure or review decision, a hit on that very key, and
+every `manage.py purge`. Meanwhile a hit whose record is gone or no longer servable is never
+served (`review.entry_servable`).
 
 Why a row in the database rather than a retry in memory: the process may stop before Redis is
 back, and the row commits with the deletion itself (both or neither), so nothing can lose it.
@@ -15,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, transaction
+from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models import F
 from django.db.models.signals import post_delete
 from django.dispatch import receiver
@@ -69,22 +71,6 @@ def evictions_retry() -> int:
 
 def _retry_after_commit() -> None:
     evictions_retry()
-
-
-def entry_servable(*, key: str, entry: dict) -> bool:
-    """Whether a cache hit may be served: its review record still exists.
-
-    An entry whose record was deleted (its eviction still pending, or Redis was down when it was
-    made) is removed now and answered as a miss. Without the database nothing is served.
-    """
-    try:
-        if CachedAnswer.objects.filter(pk=entry.get("record"), key=key).exists():
-            return True
-        if completion_cache.remove(key):
-            PendingEviction.objects.filter(key=key).delete()
-    except DatabaseError as exc:
-        log.warning("could not check the cached answer %s… (%s); not serving it", key[:12], exc)
-    return False
 
 
 @receiver(post_delete, sender=CachedAnswer, dispatch_uid="chat-evict-deleted-answers")

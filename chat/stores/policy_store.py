@@ -6,14 +6,17 @@ rows, builds their hooks, and says what is wrong with a row before the admin sav
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import logging
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from django.conf import settings
 
 from ..engine.eos import token_id
-from ..engine.types import PENALTY_LIMITS, penalty_errors
+from ..engine.sampling_params import POLICY_SETTINGS, SamplingParams
 from ..models import OutputPolicy
 from ..policy import (
     BlocklistHook,
@@ -60,15 +63,9 @@ class ResolvedPolicy:
     fallback_text: str = ""
     max_retries: int = 0
     system_prompt: str = ""
-    max_new_tokens: int = 256
-    stop_strings: tuple[str, ...] = ()
+    # Every decoding setting; its eos ids are added per request, from `extra_eos_tokens`.
+    sampling: SamplingParams = field(default_factory=SamplingParams)
     extra_eos_tokens: tuple[str, ...] = ()
-    temperature: float = 0.0
-    top_p: float = 1.0
-    repetition_penalty: float = 1.0
-    no_repeat_ngram_size: int = 0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
     cache_enabled: bool = False
     cache_ttl_seconds: int = 0
     require_review: bool = False
@@ -78,6 +75,29 @@ class ResolvedPolicy:
     # The functions the answer may call (a request's `tools`); the answer is then held and
     # its calls judged (chat/policy/tool_calls.py).
     tools: ToolSpec | None = None
+
+    @functools.cached_property
+    def settings_digest(self) -> str:
+        """sha256 of every setting that shapes an answer, as a turn uses them: the stored row's
+        (hooks included) with one request's overrides applied."""
+        effective = {
+            "mode": self.mode,
+            "schema": self.schema,
+            "constrained": self.constrained,
+            "examples": self.examples,
+            "holdback_chars": self.holdback_chars,
+            "failure_action": self.failure_action,
+            "fallback_text": self.fallback_text,
+            "max_retries": self.max_retries,
+            "system_prompt": self.system_prompt,
+            "sampling": self.sampling.identity(),
+            "extra_eos_tokens": self.extra_eos_tokens,
+            "tools": self.tools.as_dict() if self.tools is not None else None,
+            "stored": self.snapshot,
+            "overrides": self.overrides,
+        }
+        canonical = json.dumps(effective, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -92,9 +112,8 @@ class PolicyOverride:
             wins (a request never loosens what staff configured), and is then constrained too.
         stop_strings: added to the policy's own.
         max_new_tokens: capped by CHAT_MAX_NEW_TOKENS_CAP.
-        temperature, top_p: replace the policy's.
-        penalties: repetition_penalty, frequency_penalty, presence_penalty by name; replace the
-            policy's.
+        sampling: other SamplingParams fields by name (temperature, top_p, seed, the
+            penalties); they replace the policy's.
         tools: the functions the answer may call, told in the system prompt; decoding is
             constrained to prose or calls. A policy with its own schema refuses them
             (ToolsRefused): its answers are its schema's.
@@ -104,9 +123,7 @@ class PolicyOverride:
     schema: dict | None = None
     stop_strings: tuple[str, ...] = ()
     max_new_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    penalties: dict[str, float] = field(default_factory=dict)
+    sampling: dict[str, float | int] = field(default_factory=dict)
     tools: ToolSpec | None = None
 
     def apply(self, policy: ResolvedPolicy) -> ResolvedPolicy:
@@ -134,26 +151,23 @@ class PolicyOverride:
             changes.update(mode="buffer", schema=schema, constrained=True)
         if system_prompt != policy.system_prompt:
             changes["system_prompt"] = system_prompt
-        stops = tuple(dict.fromkeys(policy.stop_strings + self.stop_strings))
-        if stops != policy.stop_strings:
-            changes["stop_strings"] = stops
+        sampling: dict[str, Any] = dict(self.sampling)
+        stops = tuple(dict.fromkeys(policy.sampling.stop_strings + self.stop_strings))
+        if stops != policy.sampling.stop_strings:
+            sampling["stop_strings"] = stops
         if self.max_new_tokens is not None:
-            changes["max_new_tokens"] = min(self.max_new_tokens, settings.CHAT_MAX_NEW_TOKENS_CAP)
-        if self.temperature is not None:
-            changes["temperature"] = self.temperature
-        if self.top_p is not None:
-            changes["top_p"] = self.top_p
-        changes.update(
-            (name, value)
-            for name, value in self.penalties.items()
-            if getattr(policy, name) != value
-        )
+            sampling["max_new_tokens"] = min(self.max_new_tokens, settings.CHAT_MAX_NEW_TOKENS_CAP)
+        sampling = {k: v for k, v in sampling.items() if getattr(policy.sampling, k) != v}
+        if sampling:
+            changes["sampling"] = policy.sampling.with_changes(**sampling)
         if not changes:
             return policy
         recorded = {
             k: v.as_dict() if isinstance(v, ToolSpec) else list(v) if isinstance(v, tuple) else v
             for k, v in changes.items()
+            if k != "sampling"
         }
+        recorded.update((k, list(v) if isinstance(v, tuple) else v) for k, v in sampling.items())
         return replace(policy, **changes, overrides=recorded)
 
 
@@ -166,8 +180,10 @@ def builtin_policy() -> ResolvedPolicy:
         version=0,
         mode="stream",
         system_prompt=settings.CHAT_SYSTEM_PROMPT,
-        max_new_tokens=settings.CHAT_MAX_NEW_TOKENS,
-        repetition_penalty=PROSE_REPETITION_PENALTY,
+        sampling=SamplingParams(
+            max_new_tokens=settings.CHAT_MAX_NEW_TOKENS,
+            repetition_penalty=PROSE_REPETITION_PENALTY,
+        ),
     )
 
 
@@ -217,20 +233,22 @@ def compile_policy(policy) -> ResolvedPolicy:
         fallback_text=policy.fallback_text,
         max_retries=policy.max_retries,
         system_prompt=policy.system_prompt or settings.CHAT_SYSTEM_PROMPT,
-        max_new_tokens=min(policy.max_new_tokens, settings.CHAT_MAX_NEW_TOKENS_CAP),
-        stop_strings=tuple(policy.stop_strings or ()),
+        sampling=stored_sampling(policy).with_changes(
+            max_new_tokens=min(policy.max_new_tokens, settings.CHAT_MAX_NEW_TOKENS_CAP)
+        ),
         extra_eos_tokens=tuple(policy.extra_eos_tokens or ()),
-        temperature=policy.temperature,
-        top_p=policy.top_p,
-        repetition_penalty=policy.repetition_penalty,
-        no_repeat_ngram_size=policy.no_repeat_ngram_size,
-        frequency_penalty=policy.frequency_penalty,
-        presence_penalty=policy.presence_penalty,
         cache_enabled=policy.cache_enabled,
         cache_ttl_seconds=policy.cache_ttl_seconds,
         require_review=policy.require_review,
         snapshot=policy.snapshot(),
     )
+
+
+def stored_sampling(policy) -> SamplingParams:
+    """A policy row's decoding settings, one column each (POLICY_SETTINGS)."""
+    values = {name: getattr(policy, name) for name in POLICY_SETTINGS}
+    values["stop_strings"] = tuple(values["stop_strings"] or ())
+    return SamplingParams(**values)
 
 
 def policy_for(slug: str | None) -> ResolvedPolicy:
@@ -281,20 +299,18 @@ def policy_errors(policy, *, tokenizer=None) -> dict[str, list[str]]:
         errors["examples"] = ['must be a list of {"user": "...", "assistant": "..."} objects']
     if policy.constrained and policy.json_schema is None:
         errors["constrained"] = ["constrained decoding needs a JSON Schema"]
-    if policy.max_new_tokens < 1:
-        errors["max_new_tokens"] = ["must be at least 1"]
-    elif policy.max_new_tokens > settings.CHAT_MAX_NEW_TOKENS_CAP:
+    numbers = {name: getattr(policy, name) for name in POLICY_SETTINGS if name != "stop_strings"}
+    for name, problem in SamplingParams(**numbers).errors().items():  # stop strings: below
+        errors[name] = [problem]
+    if policy.max_new_tokens > settings.CHAT_MAX_NEW_TOKENS_CAP:
         errors["max_new_tokens"] = [
             f"at most {settings.CHAT_MAX_NEW_TOKENS_CAP} (CHAT_MAX_NEW_TOKENS_CAP)"
         ]
-    if not 0 <= policy.temperature <= 2:
-        errors["temperature"] = ["must be between 0 and 2"]
-    if not 0 < policy.top_p <= 1:
-        errors["top_p"] = ["must be greater than 0 and at most 1"]
-    for name, problem in penalty_errors(
-        **{name: getattr(policy, name) for name in PENALTY_LIMITS}
-    ).items():
-        errors[name] = [problem]
+    if policy.cache_enabled and policy.temperature > 0 and policy.seed is None:
+        errors["cache_enabled"] = [
+            "a policy that samples (temperature above 0) without a seed never gives the same "
+            "answer twice, so it cannot be cached: set a seed, or turn caching off"
+        ]
     if policy.failure_action == "fallback" and not policy.fallback_text.strip():
         errors["fallback_text"] = ["the fallback action needs a fallback text"]
 

@@ -1,23 +1,85 @@
 """Cached answers: remember a completed answer for review, and the admins' decisions on it.
 
-Redis holds only servable answers; the CachedAnswer row is the record admins review. Each
-record is linked to the conversations holding its prompt (the one that produced it, and every
-one it was served to), so deleting them reaches the cache (chat/stores/erasure.py).
+The CachedAnswer row is the record admins review, and it decides what is served: Redis holds a
+copy of servable records, but a hit is served only while its record is servable and holds the
+same text (`entry_servable`), so a Redis entry left behind by a missed delete is never served.
+Each record is linked to the conversations holding its prompt (the one that produced it, and
+every one it was served to), so deleting them reaches the cache (chat/stores/erasure.py).
 """
 
 from __future__ import annotations
 
+import enum
+import hashlib
+import json
 import logging
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from ..models import CachedAnswer, CachedAnswerSource, Conversation, OutputPolicy
+from ..models import CachedAnswer, CachedAnswerSource, Conversation, OutputPolicy, PendingEviction
 from . import evictions
 from .cache import completion_cache
 
 log = logging.getLogger(__name__)
+
+
+def review_digest(*, text: str, json_value) -> str:
+    """sha256 of an answer as the review page shows it: its text and its JSON value, if any.
+
+    The page carries it; an approval or an edit made from a page whose digest is no longer the
+    record's is refused, so what gets approved is exactly what the reviewer read.
+    """
+    shown = json.dumps(
+        [text, json_value], sort_keys=True, ensure_ascii=False, separators=(",", ":")
+    )
+    return hashlib.sha256(shown.encode()).hexdigest()
+
+
+def record_digest(record: CachedAnswer) -> str:
+    return review_digest(text=record.answer, json_value=record.json_value)
+
+
+def servable(*, status: str, review_required: bool) -> bool:
+    """The one rule for serving a record: approved, or pending under a policy that needs no
+    review. Rejected and evicted records are never served."""
+    if status == CachedAnswer.Status.APPROVED:
+        return True
+    return status == CachedAnswer.Status.PENDING and not review_required
+
+
+def _review_required(policy: OutputPolicy | None) -> bool:
+    # A record whose policy was deleted is served only if someone approved it.
+    return True if policy is None else policy.require_review
+
+
+def entry_servable(*, key: str, entry: dict) -> bool:
+    """Whether a cache hit may be served: its record exists, is servable, and holds the very
+    text of the entry. One indexed query on a hit.
+
+    Any other entry (its record deleted, rejected, evicted, awaiting review, or changed since
+    the entry was written, and Redis not told yet) is removed now and answered as a miss.
+    Without the database nothing is served.
+    """
+    try:
+        row = (
+            CachedAnswer.objects.filter(pk=entry.get("record"), key=key)
+            .values_list("status", "policy__require_review", "answer")
+            .first()
+        )
+        if row is not None:
+            status, review_required, text = row
+            # None: the record's policy was deleted, and only an approval serves it then.
+            if text == entry.get("text") and servable(
+                status=status, review_required=review_required is not False
+            ):
+                return True
+        if completion_cache.remove(key):
+            PendingEviction.objects.filter(key=key).delete()
+    except DatabaseError as exc:
+        log.warning("could not check the cached answer %s… (%s); not serving it", key[:12], exc)
+    return False
 
 
 def cache_entry(record: CachedAnswer) -> dict:
@@ -38,6 +100,9 @@ def _ttl(record: CachedAnswer) -> int:
 
 
 def _publish(record: CachedAnswer) -> bool:
+    """Put the record in Redis, after the evictions still waiting for it (so a late eviction
+    never removes what is published now)."""
+    evictions.evictions_retry()
     return completion_cache.put(record.key, cache_entry(record), _ttl(record))
 
 
@@ -72,8 +137,13 @@ def answer_remember(
     model_id: str,
     require_review: bool,
 ) -> CachedAnswer | None:
-    """Record a normally ended, policy-passing answer of `conversation_id`; publish it unless it
-    awaits review or was rejected. Nothing is recorded for a conversation deleted meanwhile."""
+    """Record a normally ended, policy-passing answer of `conversation_id`; publish the record
+    if it is servable. Nothing is recorded for a conversation deleted meanwhile.
+
+    The first answer recorded under a key is the one kept: a pending, approved or edited record
+    is never overwritten by a later generation of the same key (docs/policies.md, Review), so
+    what a reviewer reads is what gets approved. Only an evicted record takes the new answer.
+    """
     with transaction.atomic():
         if not _conversation_locked(conversation_id):
             return None  # deleted while its answer was generated: nothing of it is cached
@@ -95,23 +165,20 @@ def answer_remember(
         _source_link(record, conversation_id)  # a rejected record holds the prompt too
         if record.status == CachedAnswer.Status.REJECTED:
             return None  # an admin said no: this key stays uncached until they reset it
-        if not created:
-            if record.redacted_at is not None:  # a kept approved answer: a new holder's prompt
-                record.prompt, record.rendered_prompt = prompt, rendered_prompt
-                record.redacted_at = None
-            if record.answer != text and record.status == CachedAnswer.Status.APPROVED:
-                record.status = (
-                    CachedAnswer.Status.PENDING
-                )  # a different answer needs its own approval
-            elif record.status == CachedAnswer.Status.EVICTED:
-                record.status = CachedAnswer.Status.PENDING
+        if not created and record.redacted_at is not None:
+            # A kept approved answer: a new holder's prompt.
+            record.prompt, record.rendered_prompt = prompt, rendered_prompt
+            record.redacted_at = None
+            record.save(update_fields=["prompt", "rendered_prompt", "redacted_at", "updated_at"])
+        if not created and record.status == CachedAnswer.Status.EVICTED:
+            # Its text was taken out of service on purpose: this answer refills it, to be
+            # reviewed afresh. Any other record keeps the text it has.
             record.answer, record.json_value, record.metrics = text, json_value, metrics
             record.finish_reason = finish_reason
+            record.status = CachedAnswer.Status.PENDING
+            record.reviewed_by = record.edited_by = record.edited_at = None
             record.save()
-    if not require_review or record.status == CachedAnswer.Status.APPROVED:
-        # A moment to reach Redis anyway: erased keys still waiting for it go first (so a
-        # late eviction never removes what is published next).
-        evictions.evictions_retry()
+    if servable(status=record.status, review_required=require_review):
         _publish(record)
     return record
 
@@ -130,39 +197,107 @@ def answer_served(record_id: int, *, conversation_id: int | None = None) -> None
         )
 
 
-def answer_approve(record: CachedAnswer, *, by) -> bool:
-    record.status, record.reviewed_by = CachedAnswer.Status.APPROVED, by
-    record.save(update_fields=["status", "reviewed_by", "updated_at"])
-    return _publish(record)
+class Approval(enum.Enum):
+    """How an approval ended."""
+
+    PUBLISHED = "published"  # approved, and in Redis now
+    APPROVED = "approved"  # approved; Redis is unreachable, so it is published when next asked
+    TEXT_CHANGED = "text changed"  # refused: the record's text is not what the reviewer read
+    GONE = "gone"  # refused: the record was deleted meanwhile
 
 
-def answer_reject(record: CachedAnswer, *, by) -> bool:
-    record.status, record.reviewed_by = CachedAnswer.Status.REJECTED, by
-    record.save(update_fields=["status", "reviewed_by", "updated_at"])
-    return completion_cache.evict(record.key)
+def answer_approve(*, record_id: int, seen_digest: str, by) -> Approval:
+    """Approve the record if its text is still the one whose digest the reviewer's page carried.
+
+    The compare and the status change happen under the row's lock, so no edit or generation can
+    land between them; a generation waiting on the lock then finds the record approved and
+    leaves its text alone (`answer_remember`).
+    """
+    with transaction.atomic():
+        record = CachedAnswer.objects.select_for_update().filter(pk=record_id).first()
+        if record is None:
+            return Approval.GONE
+        if record_digest(record) != seen_digest:
+            return Approval.TEXT_CHANGED
+        record.status, record.reviewed_by = CachedAnswer.Status.APPROVED, by
+        record.save(update_fields=["status", "reviewed_by", "updated_at"])
+    return Approval.PUBLISHED if _publish(record) else Approval.APPROVED
 
 
-def answer_evict(record: CachedAnswer) -> bool:
-    record.status = CachedAnswer.Status.EVICTED
-    record.save(update_fields=["status", "updated_at"])
-    return completion_cache.evict(record.key)
+def answer_reject(*, record_id: int, by) -> bool:
+    """Reject the record: never served, its key kept uncached until reset. True if Redis has
+    let its entry go already; otherwise the eviction is retried until it does."""
+    return _withdraw(record_id, status=CachedAnswer.Status.REJECTED, by=by)
 
 
-def answer_reset(record: CachedAnswer) -> None:
-    """Let a rejected key be cached again the next time it is answered."""
-    record.status = CachedAnswer.Status.PENDING
-    record.save(update_fields=["status", "updated_at"])
+def answer_evict(*, record_id: int) -> bool:
+    """Take the record's text out of service; the next answer to its key refills it, pending.
+    True if Redis has let its entry go already; otherwise the eviction is retried."""
+    return _withdraw(record_id, status=CachedAnswer.Status.EVICTED)
 
 
-def answer_edited(record: CachedAnswer) -> bool:
-    """Re-store an edited answer, if it is servable at all."""
-    if record.status in (CachedAnswer.Status.REJECTED, CachedAnswer.Status.EVICTED):
-        return False
-    policy: OutputPolicy | None = record.policy
-    if (
-        policy is not None
-        and policy.require_review
-        and record.status != CachedAnswer.Status.APPROVED
-    ):
-        return False
-    return _publish(record)
+def _withdraw(record_id: int, *, status, by=None) -> bool:
+    """The status change and the eviction recorded in one transaction, so a Redis delete that
+    fails now is retried later (chat/stores/evictions.py); the record's status alone already
+    stops it being served (`entry_servable`)."""
+    with transaction.atomic():
+        record = CachedAnswer.objects.select_for_update().filter(pk=record_id).first()
+        if record is None:
+            return True  # deleted meanwhile: its deletion evicted it
+        record.status = status
+        fields = ["status", "updated_at"]
+        if by is not None:
+            record.reviewed_by = by
+            fields.append("reviewed_by")
+        record.save(update_fields=fields)
+        evictions.eviction_schedule(key=record.key)
+    # The commit ran the retry (unless an outer transaction is still open).
+    return not PendingEviction.objects.filter(key=record.key).exists()
+
+
+def answer_reset(*, record_id: int) -> bool:
+    """Let a rejected key be cached again: it becomes evicted, so the next answer refills it
+    (pending) instead of bringing back the rejected text. False if it was not rejected."""
+    with transaction.atomic():
+        updated = CachedAnswer.objects.filter(
+            pk=record_id, status=CachedAnswer.Status.REJECTED
+        ).update(status=CachedAnswer.Status.EVICTED, updated_at=timezone.now())
+    return bool(updated)
+
+
+class Edit(enum.Enum):
+    """How an admin's edit ended."""
+
+    SERVED = "served"  # pending under a policy that needs no review: published
+    AWAITS_APPROVAL = "awaits approval"  # pending; served once someone approves this text
+    REJECTED = "rejected"  # saved on a rejected record, which stays rejected and unserved
+    UNCHANGED = "unchanged"  # the same text: nothing was written
+
+
+class TextChanged(Exception):
+    """The record's text is not the one the editor's page showed."""
+
+
+def answer_edit(*, record_id: int, text: str, seen_digest: str, by) -> Edit:
+    """Replace the record's text with an admin's, if the text they edited is still the current one.
+
+    An edit marks the record edited (who, when) and makes it pending again unless it was
+    rejected: an approval covers the text it was given, not this one. An evicted record edited
+    this way is back in service as pending. Run it inside the admin's transaction: the Redis
+    side happens after the commit.
+    """
+    with transaction.atomic():
+        record = CachedAnswer.objects.select_for_update().get(pk=record_id)
+        if record_digest(record) != seen_digest:
+            raise TextChanged(f"cached answer {record_id} changed since it was shown")
+        if record.answer == text:
+            return Edit.UNCHANGED
+        record.answer, record.edited_by, record.edited_at = text, by, timezone.now()
+        if record.status != CachedAnswer.Status.REJECTED:
+            record.status = CachedAnswer.Status.PENDING
+        record.save(update_fields=["answer", "edited_by", "edited_at", "status", "updated_at"])
+        if servable(status=record.status, review_required=_review_required(record.policy)):
+            transaction.on_commit(lambda: _publish(record), robust=True)
+            return Edit.SERVED
+        evictions.eviction_schedule(key=record.key)  # the text it replaced leaves Redis
+    return Edit.REJECTED if record.status == CachedAnswer.Status.REJECTED else Edit.AWAITS_APPROVAL

@@ -28,7 +28,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from ..engine.types import penalty_errors
+from ..engine.sampling_params import penalty_errors
 from ..policy import ToolSpec, schema_errors
 from ..policy.tool_calls import EMPTY_PARAMETERS, call_text, parse_calls, result_text
 from ..policy.validation import unresolvable_refs
@@ -250,7 +250,7 @@ class ChatCompletionRequest(_Body):
     temperature: Annotated[_Number, Field(ge=0, le=2)] | None = None
     top_p: Annotated[_Number, Field(gt=0, le=1)] | None = None
     # OpenAI's frequency/presence penalties and vLLM's repetition_penalty, in the engine's ranges
-    # (`penalty_errors`). no_repeat_ngram_size stays a policy setting: no OpenAI client sends it.
+    # (`penalty_errors`). the n-gram ban stays a policy setting: no OpenAI client sends it.
     frequency_penalty: Any = None
     presence_penalty: Any = None
     repetition_penalty: Any = None
@@ -359,9 +359,16 @@ class ChatCompletionRequest(_Body):
         return value
 
     @property
-    def penalties(self) -> dict[str, float]:
-        given = {name: getattr(self, name) for name in _PENALTY_FIELDS}
-        return {name: float(value) for name, value in given.items() if value is not None}
+    def sampling(self) -> dict[str, float | int]:
+        """The SamplingParams fields this request sets (engine/sampling_params.py)."""
+        given: dict[str, float | int] = {
+            name: float(value)
+            for name in ("temperature", "top_p", *_PENALTY_FIELDS)
+            if (value := getattr(self, name)) is not None
+        }
+        if self.seed is not None:
+            given["seed"] = self.seed
+        return given
 
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -511,9 +518,7 @@ def parse_chat_request(body: bytes, *, model_name: str, max_prompt_chars: int) -
         schema=schema,
         stop_strings=() if stop is None else (stop,) if isinstance(stop, str) else tuple(stop),
         max_new_tokens=min(max_tokens) if max_tokens else None,
-        temperature=None if request.temperature is None else float(request.temperature),
-        top_p=None if request.top_p is None else float(request.top_p),
-        penalties=request.penalties,
+        sampling=request.sampling,
         tools=tools,
     )
     options = request.stream_options

@@ -24,7 +24,7 @@ from ..protocol import API_KEY_REVOKED, Prompt, events
 from ..stores import storage
 from ..stores.apikeys import apikey_active
 from ..stores.cache import completion_cache
-from ..stores.evictions import entry_servable
+from ..stores.review import entry_servable
 from ..stores.selectors import Owner
 from .continuation import prepare_continue
 from .errors import TurnError
@@ -110,7 +110,8 @@ async def _start(
             entry = await sync_to_async(completion_cache.get, thread_sensitive=False)(
                 prepared.cache_key
             )
-            # An entry whose record was erased is never served, even before Redis lets it go.
+            # An entry whose record was erased, rejected or evicted is never served, even before
+            # Redis lets it go.
             if entry is not None and await sync_to_async(entry_servable)(
                 key=prepared.cache_key, entry=entry
             ):

@@ -13,14 +13,16 @@ from ..stores import policy_store
 from ..stores.selectors import Owner, answer_history, conversations_for
 from .errors import TurnError
 from .prepare import Prepared
-from .prompting import fit_prompt, request_for, turn_cache_key
+from .prompting import fit_prompt, request_for
 
 
 def prepare_continue(owner: Owner, prompt: Prompt, backend: Backend) -> Prepared:
     """The rest of an answer cut off at the token limit, written into the same message.
 
-    When it ends well, the whole answer is cached under its prompt's own key, so a repeat of
-    that prompt gets all of it.
+    It keeps the identity the answer was given when it was first prepared (identity.py), never
+    one worked out again from what the database holds now: when it ends well, the whole answer
+    is cached under it, so a repeat of that prompt gets all of it. An answer with no identity
+    (sampled, or from a context only the client held) stays unshared, continued or not.
     """
     with transaction.atomic():
         answer = (
@@ -67,14 +69,12 @@ def prepare_continue(owner: Owner, prompt: Prompt, backend: Backend) -> Prepared
         answer.status = Message.Status.STREAMING
         answer.request_id = prompt.request_id
         answer.instance = settings.CHAT_INSTANCE
-        answer.save(update_fields=["status", "request_id", "instance", "updated_at"])
+        if (answer.policy_id, answer.policy_version) != (policy.id, policy.version or None):
+            answer.identity = ""  # the policy changed since: the whole is no longer what it named
+        answer.save(update_fields=["status", "request_id", "instance", "identity", "updated_at"])
     request = request_for(backend, policy, input_ids, prompt.request_id, messages)
-    # The cache entry (and its review record) is the prompt's, as if answered whole at once.
-    asked_messages, asked_rendered, asked_ids = fit_prompt(backend, policy, history, asked.text)
-    key = None
-    if policy.cache_enabled and answer.policy_version == policy.version:
-        asked_request = request_for(backend, policy, asked_ids, prompt.request_id, asked_messages)
-        key = turn_cache_key(backend, policy, asked_rendered, asked_request)
+    # The review record shows the prompt's model input, as if the answer was made at once.
+    _messages, asked_rendered, _ids = fit_prompt(backend, policy, history, asked.text)
     return Prepared(
         conversation=conversation,
         assistant=answer,
@@ -82,7 +82,7 @@ def prepare_continue(owner: Owner, prompt: Prompt, backend: Backend) -> Prepared
         messages=messages,
         rendered=asked_rendered,
         request=request,
-        cache_key=key,
+        identity=answer.identity or None,
         asked=asked.text,
         answer_so_far=answer.text,
         tokens_so_far=(answer.metrics or {}).get("new_tokens") or 0,

@@ -1,5 +1,6 @@
 """Preparing a new prompt's turn (sync, in a worker thread): its policy, conversation, stored
-messages, the prompt fitted to the model, and its cache key. A Continue is chat/turns/continuation.py.
+messages, the prompt fitted to the model, and the answer's identity. A Continue is
+chat/turns/continuation.py.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from ..protocol import Prompt
 from ..stores import policy_store
 from ..stores.selectors import Owner, answer_history, conversations_for
 from .errors import TurnError
-from .prompting import fit_prompt, request_for, turn_cache_key
+from .identity import answer_identity
+from .prompting import fit_prompt, request_for
 
 # Sampling temperature of a regenerated answer when its policy is greedy.
 REGENERATE_TEMPERATURE = 0.8
@@ -31,11 +33,16 @@ class Prepared:
     messages: list[dict]  # the chat as rendered for the model, for re-asks
     rendered: str  # the prompt's model input, for the cache's review record
     request: GenerationRequest
-    cache_key: str | None
+    identity: str | None  # what made the answer (identity.py); None: never shared
     asked: str  # the user's prompt this answer is to
     # A continuation: the answer's text and tokens so far, which the new text is appended to.
     answer_so_far: str = ""
     tokens_so_far: int = 0
+
+    @property
+    def cache_key(self) -> str | None:
+        """The completion cache's key: the identity, when the policy caches."""
+        return self.identity if self.policy.cache_enabled else None
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,15 @@ class Given:
     history: list[dict] | None = None  # earlier turns, in place of the conversation's
     override: policy_store.PolicyOverride | None = None
     api_key_id: int | None = None
+
+    @property
+    def client_context(self) -> bool:
+        """The model reads something only the client holds (earlier turns, tool results among
+        them, or its own system prompt): the answer is never shared. A request's tools and
+        schema are parameters, part of the identity, not context."""
+        return bool(self.history) or (
+            self.override is not None and self.override.system_prompt is not None
+        )
 
 
 def check_prompt_tokens(backend: Backend, text: str) -> None:
@@ -91,6 +107,18 @@ def prepare_prompt(owner: Owner, prompt: Prompt, backend: Backend, given: Given)
             )
         except EngineError as exc:
             raise TurnError(exc.code, str(exc)) from None
+        request = request_for(backend, policy, input_ids, prompt.request_id, messages)
+        if regenerate:
+            # A new answer, not the same one again: sampled afresh, so never served from or
+            # stored in the cache, nor shared.
+            params = request.params
+            request = replace(
+                request,
+                params=params.with_changes(
+                    temperature=max(params.temperature, REGENERATE_TEMPERATURE), seed=None
+                ),
+            )
+        identity = answer_identity(backend, policy, request, client_context=given.client_context)
         if conversation is None:
             conversation = Conversation.objects.create(
                 user_id=owner.user_id,
@@ -107,14 +135,11 @@ def prepare_prompt(owner: Owner, prompt: Prompt, backend: Backend, given: Given)
             instance=settings.CHAT_INSTANCE,
             policy_id=policy.id,
             policy_version=policy.version if policy.id else None,
+            identity=identity or "",
         )
-    request = request_for(backend, policy, input_ids, prompt.request_id, messages)
-    key = turn_cache_key(backend, policy, rendered, request) if policy.cache_enabled else None
-    if regenerate:
-        # A new answer, not the same greedy one again: sample, and neither serve nor store a cached one.
-        temperature = max(request.temperature, REGENERATE_TEMPERATURE)
-        request, key = replace(request, temperature=temperature), None
-    return Prepared(conversation, assistant, policy, messages, rendered, request, key, prompt.text)
+    return Prepared(
+        conversation, assistant, policy, messages, rendered, request, identity, prompt.text
+    )
 
 
 def supersede(conversation: Conversation, prompt: Prompt) -> str:

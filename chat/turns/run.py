@@ -84,7 +84,8 @@ class TurnRun:
         self.request = prepared.request
         self.accepted_at = accepted_at
         self._backend = backend
-        # Identical cacheable prompts in flight share one generation (engine/coalescing.py).
+        # Cacheable answers of one identity in flight share one generation (engine/coalescing.py):
+        # a policy that caches nothing shares nothing.
         self._scheduler = coalescer.sharing(scheduler, prepared.cache_key)
         self._ticket: Ticket | None = None
         self._events: asyncio.Queue = asyncio.Queue()
@@ -311,7 +312,7 @@ class TurnRun:
         ]
         backend = self._backend
         input_ids = backend.encode(messages)
-        if len(input_ids) + self.request.max_new_tokens > backend.context_length:
+        if len(input_ids) + self.request.params.max_new_tokens > backend.context_length:
             return False
         try:
             # The same cancel flag: a Stop during the re-ask stops it too.

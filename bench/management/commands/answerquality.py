@@ -68,11 +68,12 @@ class Command(BaseCommand):
                 "no_repeat_ngram_size",
                 "frequency_penalty",
                 "presence_penalty",
-                "system_prompt",
             )
             if opts[name] is not None
         }
-        policy = replace(policy, **trial)
+        policy = replace(policy, sampling=policy.sampling.with_changes(**trial))
+        if opts["system_prompt"] is not None:
+            policy = replace(policy, system_prompt=opts["system_prompt"])
         prompts = json.loads(Path(opts["prompts"]).read_text())["prompts"]
         if opts["limit"]:
             prompts = prompts[: opts["limit"]]
@@ -143,14 +144,20 @@ class Command(BaseCommand):
         counts = Counter(a["ending"] for a in answers)
         total = len(answers)
         tokens = [a["new_tokens"] for a in answers]
+        params = policy.sampling
         settings = {
             "policy": f"{policy.slug} v{policy.version}",
-            "max_new_tokens": policy.max_new_tokens,
-            "repetition_penalty": policy.repetition_penalty,
-            "no_repeat_ngram_size": policy.no_repeat_ngram_size,
-            "frequency_penalty": policy.frequency_penalty,
-            "presence_penalty": policy.presence_penalty,
-            "temperature": policy.temperature,
+            **{
+                name: getattr(params, name)
+                for name in (
+                    "max_new_tokens",
+                    "repetition_penalty",
+                    "no_repeat_ngram_size",
+                    "frequency_penalty",
+                    "presence_penalty",
+                    "temperature",
+                )
+            },
         }
         ended_well = counts["eos"] + counts["stop_string"] + counts["cut"]
         figures = {

@@ -101,7 +101,11 @@ class Command(BaseCommand):
         """How long the model runs on after the cancel flag is set, in time and tokens."""
         from dataclasses import replace
 
-        request = replace(request, max_new_tokens=200, cancel=threading.Event())
+        request = replace(
+            request,
+            params=request.params.with_changes(max_new_tokens=200),
+            cancel=threading.Event(),
+        )
         flagged = {}
 
         def on_text(text):

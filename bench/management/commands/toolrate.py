@@ -112,9 +112,9 @@ class Command(BaseCommand):
         for name, choice, constrained in ways:
             spec = ToolSpec(functions=TOOLS, choice=choice)
             turn_policy = replace(
-                PolicyOverride(tools=spec, max_new_tokens=max_new_tokens, temperature=0.0).apply(
-                    policy
-                ),
+                PolicyOverride(
+                    tools=spec, max_new_tokens=max_new_tokens, sampling={"temperature": 0.0}
+                ).apply(policy),
                 cache_enabled=False,
             )
             called = right = prose = invalid = 0
@@ -150,5 +150,5 @@ class Command(BaseCommand):
         messages, _, input_ids = fit_prompt(backend, policy, [], question)
         request = request_for(backend, policy, input_ids, "toolrate", messages)
         if not constrained:
-            request = replace(request, tool_grammar=None)
+            request = replace(request, params=request.params.with_changes(tool_grammar=None))
         return backend.generate(request).text

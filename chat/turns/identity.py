@@ -1,0 +1,58 @@
+"""An answer's identity: one sha256 of exactly what made it.
+
+Computed once, when a turn is prepared, and stored on its message. The completion cache, the
+sharing of generations in flight (in this process and across processes) and the review record
+are all keyed by it, so an answer reaches another user only when everything that decided it was
+the same: the model's exact input ids and the tokenizer that made them, the weights and how they
+are computed, the policy and its effective settings, and every decoding setting.
+
+An answer that is not reproducible, or whose context the server does not hold, has no identity
+and is never shared (docs/policies.md, "What makes two answers the same").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from ..engine.types import Backend, GenerationRequest
+from ..stores.policy_store import ResolvedPolicy
+
+
+def identity_inputs(
+    backend: Backend, policy: ResolvedPolicy, request: GenerationRequest
+) -> dict[str, Any]:
+    """Everything that decides the answer, as plain JSON."""
+    params = request.params
+    effective = params.with_changes(
+        max_new_tokens=min(params.max_new_tokens, backend.config.max_new_tokens_cap),
+        eos_token_ids=tuple(sorted({*backend.eos_token_ids, *params.eos_token_ids})),
+    )
+    return {
+        "model": backend.model_identity(),
+        "input_ids": list(request.input_ids),
+        "messages": request.messages,  # what a remote server reads instead of the ids
+        "policy": {"id": policy.id, "slug": policy.slug, "settings": policy.settings_digest},
+        "sampling": effective.identity(),
+    }
+
+
+def answer_identity(
+    backend: Backend,
+    policy: ResolvedPolicy,
+    request: GenerationRequest,
+    *,
+    client_context: bool,
+) -> str | None:
+    """The identity of the answer `request` will produce; None when it must never be shared:
+    sampled without a seed, or `client_context` (history or instructions the client sent)."""
+    if client_context or not request.params.reproducible:
+        return None
+    canonical = json.dumps(
+        identity_inputs(backend, policy, request),
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()

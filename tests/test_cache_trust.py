@@ -1,0 +1,159 @@
+"""The shared cache cannot be poisoned: on the real model, real Redis and the database, what one
+user made from a context only they held, or sampled, never reaches a stranger (docs/policies.md,
+"What makes two answers the same")."""
+
+from __future__ import annotations
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from chat.models import CachedAnswer, Message
+from chat.stores.apikeys import apikey_create
+from tests.test_consumer import new_session_key
+from tests.test_http_api import HttpVisitor
+from tests.test_openai_views import _user_with_key, post
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+QUESTION = "Count from 1 to 10, separated by commas."
+# Greedy and cached; every answer of it ends at its first comma, space or line break, so a
+# continued answer ends well (and would be cached) within a few tokens, whatever the wording.
+COUNTING = dict(
+    slug="counting", max_new_tokens=12, stop_strings=[",", " ", "\n"], cache_enabled=True
+)
+
+
+@pytest.fixture
+def alice():
+    return _user_with_key("alice")
+
+
+@pytest.fixture
+def counting(make_policy):
+    return make_policy(**COUNTING)
+
+
+def signed_in(name: str) -> tuple[str, str]:
+    """A user's browser session key and API key."""
+    user = get_user_model().objects.create_user(name)
+    browser = Client()
+    browser.force_login(user)
+    return browser.cookies["sessionid"].value, apikey_create(user=user, name="test")[1]
+
+
+async def hot_answer_cut_at_its_first_token(key: str) -> dict:
+    """Over /v1: the user's own system prompt, sampled hot, cut after one token. A sample can
+    end on a stop string at once; it is asked again until one is cut on length."""
+    for _ in range(12):
+        response, body = await post(
+            key,
+            {
+                "model": "smollm2:counting",
+                "messages": [
+                    {"role": "system", "content": "Answer with random words."},
+                    {"role": "user", "content": QUESTION},
+                ],
+                "temperature": 1.6,
+                "max_tokens": 1,
+            },
+        )
+        assert response.status_code == 200, body
+        if body["choices"][0]["native_finish_reason"] == "length":
+            return body
+    raise AssertionError("twelve hot samples all ended before their first token's end")
+
+
+async def stranger_asks(application) -> dict:
+    stranger = HttpVisitor(application, await new_session_key())
+    status, done, _ = await stranger.post("/api/chat", {"text": QUESTION, "policy": "counting"})
+    assert status == 200 and isinstance(done, dict), done
+    return done
+
+
+async def assert_nothing_of_it_is_shared(application, continued: dict, first: dict) -> None:
+    message = await Message.objects.aget(pk=first["message_id"])
+    assert message.identity == ""  # a context only its client held: never shared
+    assert continued["finish_reason"] in ("stop_string", "eos"), continued  # it ended well
+    assert not await CachedAnswer.objects.filter(answer=continued["text"]).aexists()
+    done = await stranger_asks(application)
+    assert done["cached"] is False  # the stranger's own answer, generated for them
+    again = await stranger_asks(application)
+    # ...which is then the one everybody shares.
+    assert again["cached"] is True and again["text"] == done["text"]
+
+
+async def test_a_v1_answer_continued_over_http_never_reaches_a_stranger(application, counting):
+    """A user's /v1 answer (their own system prompt, temperature 1.6), continued from their
+    browser session over /api, is not filed under the plain question: a stranger asking it
+    plainly is generated their own answer, and the cache then holds that one."""
+    session, key = await sync_to_async(signed_in)("mallory")
+    first = await hot_answer_cut_at_its_first_token(key)
+    browser = HttpVisitor(application, session)
+    status, continued, _ = await browser.post(
+        "/api/chat", {"type": "continue", "message": first["message_id"]}
+    )
+    assert status == 200 and continued["message"] == first["message_id"], continued
+    await assert_nothing_of_it_is_shared(application, continued, first)
+
+
+async def test_a_v1_answer_continued_over_the_socket_never_reaches_a_stranger(
+    application, counting, make_client
+):
+    """The same through the chat socket's `continue` frame."""
+    session, key = await sync_to_async(signed_in)("trudy")
+    first = await hot_answer_cut_at_its_first_token(key)
+    chat = await make_client(session_key=session)
+    await chat.send({"type": "continue", "request_id": "c1", "message": first["message_id"]})
+    continued = (await chat.receive_until("done", "c1"))[-1]
+    assert continued["message"] == first["message_id"], continued
+    await assert_nothing_of_it_is_shared(application, continued, first)
+
+
+async def test_a_sample_without_a_seed_is_generated_every_time(alice, runtime, example_policies):
+    """temperature 1.2 and no seed, asked twice under the caching `chat` policy: generated both
+    times, never cached or shared."""
+    from chat.engine.coalescing import coalescer
+
+    joined = coalescer.joined
+    ask = {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": "Write a short poem about the sea."}],
+        "temperature": 1.2,
+        "max_tokens": 8,
+    }
+    for _ in range(2):
+        response, body = await post(alice[1], ask)
+        assert response.status_code == 200 and body["cached"] is False, body
+        assert (await Message.objects.aget(pk=body["message_id"])).identity == ""
+    assert not await CachedAnswer.objects.aexists() and coalescer.joined == joined
+
+
+async def test_a_seed_makes_a_sample_reproducible_and_two_seeds_two_answers(
+    alice, runtime, example_policies
+):
+    """With a seed the same request samples the same answer (then served from the cache when
+    it ended well); another seed samples another answer."""
+
+    async def sample(seed: int) -> dict:
+        response, body = await post(
+            alice[1],
+            {
+                "model": "smollm2",
+                "messages": [{"role": "user", "content": "Write a short poem about the sea."}],
+                "temperature": 1.2,
+                "max_tokens": 32,
+                "seed": seed,
+            },
+        )
+        assert response.status_code == 200, body
+        return body
+
+    first, again, other = await sample(11), await sample(11), await sample(12)
+    text = [b["choices"][0]["message"]["content"] for b in (first, again, other)]
+    assert text[0] == text[1] and text[0] != text[2]
+    identities = [(await Message.objects.aget(pk=b["message_id"])).identity for b in (first, other)]
+    assert all(identities) and identities[0] != identities[1]
+    ended_well = first["choices"][0]["native_finish_reason"] in ("eos", "stop_string")
+    assert again["cached"] is ended_well and other["cached"] is False
