@@ -96,7 +96,7 @@ def model_guard():
     if not NO_MODEL:
         yield
         return
-    from chat.engine import loading
+    from chat.engine.weights import loading
     from testing.liveserver import LiveServer
     from testing.peer import ServerProcess
 
@@ -181,7 +181,7 @@ def float_backend(runtime):
     that compare quantized layers with them or swap layers in and out; loaded on first use."""
     from dataclasses import replace
 
-    from chat.engine.loading import load_backend
+    from chat.engine.weights.loading import load_backend
 
     return load_backend(replace(runtime.engine_config(), quant="none"), progress=lambda line: None)
 
@@ -373,7 +373,7 @@ def make_policy(db):
 def scripted(monkeypatch):
     """A scripted backend (testing/scripted.py) behind the process's runtime, for unit tests of
     what the turn (chat/turns/) does around generation; returns a function taking the answers to play."""
-    from chat.engine.concurrent import ConcurrentScheduler
+    from chat.engine.remote.concurrent import ConcurrentScheduler
     from chat.infra.runtime import runtime
     from testing.scripted import ScriptedBackend
 

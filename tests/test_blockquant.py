@@ -1,6 +1,6 @@
-"""GGUF block-quantized linears (chat/engine/blockquant.py) and the "gguf" weight mode.
+"""GGUF block-quantized linears (chat/engine/weights/blockquant.py) and the "gguf" weight mode.
 
-The kernels are compiled C++ (chat/engine/kernels/blockquant.cpp): every test here compares them
+The kernels are compiled C++ (chat/engine/weights/kernels/blockquant.cpp): every test here compares them
 with the float matmul of the weight the blocks stand for, on random blocks and on the bundled
 model, so a wrong shift, sign or stride fails loudly. They run the instruction set this CPU
 compiles (AVX-512 or AVX2; `isa()` says which); CHAT_KERNEL_ISA=avx2 runs the AVX2 kernels on an
@@ -15,9 +15,9 @@ import pytest
 import torch
 from torch import nn
 
-from chat.engine import blockquant, quantized
-from chat.engine.blockquant import BlockQuantLinear
-from chat.engine.loading import bundled_gguf_path
+from chat.engine.weights import blockquant, quantized
+from chat.engine.weights.blockquant import BlockQuantLinear
+from chat.engine.weights.loading import bundled_gguf_path
 
 supported, why = blockquant.cpu_supported()
 pytestmark = [

@@ -28,7 +28,7 @@ from django.test import AsyncClient
 from django.utils import timezone
 
 from chat import turns
-from chat.engine.concurrent import ConcurrentScheduler
+from chat.engine.remote.concurrent import ConcurrentScheduler
 from chat.engine.types import GenerationResult
 from chat.models import (
     ApiKey,

@@ -1,4 +1,4 @@
-"""Weight-only quantized linears (chat/engine/quantized.py): kernels, GGUF blocks, the choice at load."""
+"""Weight-only quantized linears (chat/engine/weights/quantized.py): kernels, GGUF blocks, the choice at load."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-from chat.engine import quantized, weight_major
-from chat.engine.loading import bundled_gguf_path
-from chat.engine.quantized import QuantLinear
-from chat.engine.start_choices import StartChoices, decisive
+from chat.engine.weights import quantized, weight_major
+from chat.engine.weights.loading import bundled_gguf_path
+from chat.engine.weights.quantized import QuantLinear
+from chat.engine.weights.start_choices import StartChoices, decisive
 
 pytestmark = pytest.mark.skipif(
     not quantized.kernels_available(), reason="this torch has no weight-only CPU kernels"

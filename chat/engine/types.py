@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # torch-side types, named only in annotations: importing them needs torch
-    from .batching import Row
-    from .decoding import RunningBatch
+    from .local.batching import Row
+    from .local.decoding import RunningBatch
 
 # Why an engine generation ended. A chat turn adds its own reasons on top (chat/protocol/events.py, `Finish`).
 FINISH_REASONS = ("eos", "stop_string", "length", "cancelled")

@@ -68,7 +68,7 @@ class _EngineCollector:
         self.prefix_store = None  # the local backend's PrefixStore; None for a remote backend
 
     def collect(self):
-        from ..engine.coalescing import coalescer
+        from ..engine.sharing.coalescing import coalescer
 
         yield CounterMetricFamily(
             f"{PREFIX}_coalesced_requests",

@@ -19,9 +19,9 @@ log = logging.getLogger(__name__)
 
 def share_generations_across_processes() -> None:
     """Identical prompts in flight share one generation across the processes on the completion
-    cache's Redis (engine/coalescing_across.py), unless CHAT_COALESCE_ACROSS_PROCESSES is off."""
-    from ..engine.coalescing import coalescer
-    from ..engine.coalescing_across import AcrossProcesses
+    cache's Redis (engine/sharing/coalescing_across.py), unless CHAT_COALESCE_ACROSS_PROCESSES is off."""
+    from ..engine.sharing.coalescing import coalescer
+    from ..engine.sharing.coalescing_across import AcrossProcesses
 
     if settings.CHAT_COALESCE_ACROSS_PROCESSES and coalescer.across is None:
         coalescer.across = AcrossProcesses(
@@ -78,7 +78,7 @@ class Runtime:
 
     def remote_config(self):
         """The inference server's settings (CHAT_BACKEND=openai)."""
-        from ..engine.remote import RemoteConfig
+        from ..engine.remote.openai_backend import RemoteConfig
 
         tokenizer = settings.CHAT_REMOTE_TOKENIZER
         if tokenizer == "":
@@ -103,13 +103,13 @@ class Runtime:
     def _make_engine(self) -> tuple[Backend, Scheduler]:
         """(backend, scheduler) for the configured CHAT_BACKEND."""
         if settings.CHAT_BACKEND == "openai":
-            from ..engine.concurrent import ConcurrentScheduler
-            from ..engine.remote import OpenAIBackend
+            from ..engine.remote.concurrent import ConcurrentScheduler
+            from ..engine.remote.openai_backend import OpenAIBackend
 
             backend = OpenAIBackend.from_config(self.remote_config(), progress=self._progress)
             admission = None
             if settings.CHAT_REMOTE_GLOBAL_CONCURRENCY:
-                from ..engine.admission import RedisAdmission
+                from ..engine.remote.global_queue import RedisAdmission
 
                 # One queue per server and model, whichever process joins it.
                 admission = RedisAdmission(
@@ -125,8 +125,8 @@ class Runtime:
                 admission=admission,
             )
             return backend, scheduler
-        from ..engine.loading import load_backend
-        from ..engine.scheduler import ContinuousScheduler
+        from ..engine.local.scheduler import ContinuousScheduler
+        from ..engine.weights.loading import load_backend
 
         local = load_backend(self.engine_config(), progress=self._progress)
         return local, ContinuousScheduler(
@@ -169,7 +169,7 @@ class Runtime:
             if folder is None:
                 return None
             # Its files alone: a web process in front of an inference server never imports torch.
-            from ..engine.file_tokenizer import FileTokenizer
+            from ..engine.text.file_tokenizer import FileTokenizer
 
             self._tokenizer = FileTokenizer(folder)
         return self._tokenizer

@@ -12,7 +12,7 @@ from enum import StrEnum
 
 from asgiref.sync import sync_to_async
 
-from ..engine.coalescing import coalescer
+from ..engine.sharing.coalescing import coalescer
 from ..engine.types import (
     Backend,
     EngineError,
@@ -84,7 +84,7 @@ class TurnRun:
         self.request = prepared.request
         self.accepted_at = accepted_at
         self._backend = backend
-        # Cacheable answers of one identity in flight share one generation (engine/coalescing.py):
+        # Cacheable answers of one identity in flight share one generation (engine/sharing/coalescing.py):
         # a policy that caches nothing shares nothing.
         self._scheduler = coalescer.sharing(scheduler, prepared.cache_key)
         self._ticket: Ticket | None = None

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from .types import (
+from ..types import (
     Event,
     Failed,
     Finished,

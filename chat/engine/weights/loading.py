@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .types import EngineConfig, Progress
+from ..types import EngineConfig, Progress
 
 if TYPE_CHECKING:
-    from .backend import LocalBackend
+    from ..local.backend import LocalBackend
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def resolve_model_dir(config: EngineConfig, progress: Progress = log.info) -> Pa
 
 def load_backend(config: EngineConfig | None = None, progress: Progress = log.info) -> LocalBackend:
     """Load model and tokenizer and return a ready LocalBackend."""
-    from .backend import LocalBackend
+    from ..local.backend import LocalBackend
 
     config = config or EngineConfig()
     model_dir = resolve_model_dir(config, progress)

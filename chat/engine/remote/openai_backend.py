@@ -36,9 +36,8 @@ from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlsplit
 
-from .capabilities import Capabilities, discover
-from .holdback import StopStringHoldback
-from .template import (
+from ..text.holdback import StopStringHoldback
+from ..text.template import (
     continues_answer,
     defuse_markers,
     encode_pieces,
@@ -47,7 +46,7 @@ from .template import (
     special_token_pattern,
     tokenizer_digest,
 )
-from .types import (
+from ..types import (
     Backend,
     EngineError,
     GenerationRequest,
@@ -56,6 +55,7 @@ from .types import (
     Progress,
     PromptTooLong,
 )
+from .capabilities import Capabilities, discover
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class OpenAIBackend(Backend):
     def from_config(cls, config: RemoteConfig, progress: Progress = log.info) -> OpenAIBackend:
         tokenizer = None
         if config.tokenizer_path:
-            from .file_tokenizer import FileTokenizer
+            from ..text.file_tokenizer import FileTokenizer
 
             progress(f"Reading the tokenizer in {config.tokenizer_path} for token counts...")
             tokenizer = FileTokenizer(config.tokenizer_path)
@@ -195,7 +195,7 @@ class OpenAIBackend(Backend):
         """Id of a single token in the local tokenizer, or None (then it cannot be sent as a stop token)."""
         if self.tokenizer is None:
             return None
-        from .eos import token_id
+        from ..text.eos import token_id
 
         return token_id(self.tokenizer, token)
 

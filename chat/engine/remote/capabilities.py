@@ -24,8 +24,8 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .remote import OpenAIBackend
-    from .types import Progress
+    from ..types import Progress
+    from .openai_backend import OpenAIBackend
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def discover(backend: OpenAIBackend, progress: Progress = log.info) -> Capabilit
     Needs no tokenizer. A server that cannot be reached leaves everything "unknown"
     (requests then learn it); nothing here fails the start-up.
     """
-    from .types import EngineError, GenerationRequest, GenerationResult
+    from ..types import EngineError, GenerationRequest, GenerationResult
 
     caps = backend.capabilities
     backend.models_status()

@@ -13,15 +13,9 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, StopStringCriteria
 
-from . import attention, blockquant, quantized, weight_major
-from .batching import Row
-from .decoding import RunningBatch, sampling_processors
-from .eos import token_id
-from .prefix_store import PrefixStore
-from .start_choices import START_CHOICES_FILE, StartChoices, machine_identity
-from .template import encode_pieces, encode_text, render_pieces, tokenizer_digest
-from .threads import ThreadPlan
-from .types import (
+from ..text.eos import token_id
+from ..text.template import encode_pieces, encode_text, render_pieces, tokenizer_digest
+from ..types import (
     EngineConfig,
     GenerationRequest,
     GenerationResult,
@@ -30,6 +24,13 @@ from .types import (
     PromptTooLong,
     SteppedBackend,
 )
+from ..weights import blockquant, quantized, weight_major
+from ..weights.start_choices import START_CHOICES_FILE, StartChoices, machine_identity
+from . import attention
+from .batching import Row
+from .decoding import RunningBatch, sampling_processors
+from .prefix_store import PrefixStore
+from .threads import ThreadPlan
 
 log = logging.getLogger(__name__)
 
