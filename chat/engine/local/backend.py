@@ -88,7 +88,7 @@ def bf16_pays_on_this_cpu(flags: set[str]) -> bool:
 BF16_ON_AVX512 = False
 
 
-class LocalBackend(SteppedBackend):
+class LocalBackend(SteppedBackend[Row]):
     """A Hugging Face causal LM held in this process.
 
     Args:

@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections import deque
+from typing import Any
 
 from ..types import (
     Failed,
@@ -61,7 +62,7 @@ class ContinuousScheduler(Scheduler):
 
     def __init__(
         self,
-        backend: SteppedBackend,
+        backend: SteppedBackend[Any],
         *,
         max_waiting: int = 64,
         max_batch: int = 1,
