@@ -12,8 +12,9 @@ MODES = ("none", "int8", "int4", "gguf", "gguf-q8")
 
 def load_mode(mode: str, *, simulate: bool, progress, dtype: str | None = None):
     """A LocalBackend with weights in `mode`; returns (backend, a label for the report)."""
+    from chat.engine.local.loader import load_backend
     from chat.engine.weights import quantized, weight_major
-    from chat.engine.weights.loading import ModelNotFound, bundled_gguf_path, load_backend
+    from chat.engine.weights.loading import ModelNotFound, bundled_gguf_path
     from chat.infra.runtime import runtime
 
     if mode not in MODES:

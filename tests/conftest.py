@@ -96,7 +96,7 @@ def model_guard():
     if not NO_MODEL:
         yield
         return
-    from chat.engine.weights import loading
+    from chat.engine.local import loader
     from testing.liveserver import LiveServer
     from testing.peer import ServerProcess
 
@@ -104,7 +104,7 @@ def model_guard():
         raise AssertionError("CHAT_TEST_NO_MODEL=1: this test needs the model; mark it integration")
 
     patched = [
-        (loading, "load_backend"),
+        (loader, "load_backend"),
         (LiveServer, "start"),
         (ServerProcess, "start"),
     ]
@@ -181,7 +181,7 @@ def float_backend(runtime):
     that compare quantized layers with them or swap layers in and out; loaded on first use."""
     from dataclasses import replace
 
-    from chat.engine.weights.loading import load_backend
+    from chat.engine.local.loader import load_backend
 
     return load_backend(replace(runtime.engine_config(), quant="none"), progress=lambda line: None)
 

@@ -44,8 +44,9 @@ def main() -> None:
     import torch
     from torch import nn
 
+    from chat.engine.local.loader import load_backend
     from chat.engine.weights import blockquant, quantized, weight_major
-    from chat.engine.weights.loading import bundled_gguf_path, load_backend
+    from chat.engine.weights.loading import bundled_gguf_path
     from chat.infra.runtime import runtime
 
     config = replace(runtime.engine_config(), weight_major="off", dtype="float32", quant="none")

@@ -25,8 +25,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args()
     django.setup()
+    from chat.engine.local.loader import load_backend
     from chat.engine.local.threads import TORCH_DEFAULT, ThreadPlan
-    from chat.engine.weights.loading import load_backend
     from chat.infra.runtime import runtime
 
     backend = load_backend(runtime.engine_config(), progress=print)

@@ -27,8 +27,8 @@ def main() -> None:
 
     import torch
 
+    from chat.engine.local.loader import load_backend
     from chat.engine.weights import weight_major
-    from chat.engine.weights.loading import load_backend
     from chat.infra.runtime import runtime
 
     config = replace(runtime.engine_config(), weight_major="off")

@@ -2,7 +2,7 @@
 
 Usable from plain Python::
 
-    from chat.engine.weights.loading import load_backend
+    from chat.engine.local.loader import load_backend
     backend = load_backend()
     req = backend.request([{"role": "user", "content": "Hi"}], max_new_tokens=20)
     result = backend.generate(req, on_text=print)

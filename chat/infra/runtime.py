@@ -125,8 +125,8 @@ class Runtime:
                 admission=admission,
             )
             return backend, scheduler
+        from ..engine.local.loader import load_backend
         from ..engine.local.scheduler import ContinuousScheduler
-        from ..engine.weights.loading import load_backend
 
         local = load_backend(self.engine_config(), progress=self._progress)
         return local, ContinuousScheduler(
