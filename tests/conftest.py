@@ -373,7 +373,7 @@ def make_policy(db):
 def scripted(monkeypatch):
     """A scripted backend (testing/scripted.py) behind the process's runtime, for unit tests of
     what the turn (chat/turns/) does around generation; returns a function taking the answers to play."""
-    from chat.engine.remote.concurrent import ConcurrentScheduler
+    from chat.engine.stack import StackConfig, build_stack
     from chat.infra.runtime import runtime
     from testing.scripted import ScriptedBackend
 
@@ -381,13 +381,13 @@ def scripted(monkeypatch):
 
     def install(*answers) -> ScriptedBackend:
         backend = ScriptedBackend(list(answers))
-        scheduler = ConcurrentScheduler(backend, max_running=2)
-        made.append(scheduler)
+        stack = build_stack(backend, StackConfig(max_running=2))
+        made.append(stack)
         monkeypatch.setattr(runtime, "backend", backend)
-        monkeypatch.setattr(runtime, "scheduler", scheduler)
+        monkeypatch.setattr(runtime, "stack", stack)
         monkeypatch.setattr(runtime, "state", "ready")
         return backend
 
     yield install
-    for scheduler in made:
-        scheduler.close()
+    for stack in made:
+        stack.close()

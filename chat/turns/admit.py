@@ -16,7 +16,8 @@ import time
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError
 
-from ..engine.types import Backend, EngineError, Scheduler
+from ..engine.stack import SchedulerStack
+from ..engine.types import Backend, EngineError
 from ..infra import metrics as prometheus
 from ..infra.runtime import NotReady, runtime
 from ..models import Message
@@ -57,13 +58,13 @@ async def admit(
             "busy", f"request {running.request_id} is still running; wait for it or cancel it"
         )
     try:
-        backend, scheduler = runtime.require()
+        backend, stack = runtime.require()
     except NotReady as exc:
         raise TurnError(exc.code, str(exc)) from None
     token = object()  # request ids are the client's: two sockets may use the same one
     starting.add(token)
     try:
-        return await _start(owner, prompt, send, given or Given(), backend, scheduler)
+        return await _start(owner, prompt, send, given or Given(), backend, stack)
     finally:
         starting.discard(token)
 
@@ -75,10 +76,10 @@ def _prepare(owner: Owner, prompt: Prompt, backend: Backend, given: Given) -> Pr
 
 
 async def _start(
-    owner: Owner, prompt: Prompt, send: Send, given: Given, backend: Backend, scheduler: Scheduler
+    owner: Owner, prompt: Prompt, send: Send, given: Given, backend: Backend, stack: SchedulerStack
 ) -> Turn:
     accepted_at = time.perf_counter()
-    scheduler.expect()  # users arriving together are batched together
+    stack.expect()  # users arriving together are batched together
     submitted = False
     try:
         try:
@@ -97,7 +98,7 @@ async def _start(
             prepared,
             send=send,
             backend=backend,
-            scheduler=scheduler,
+            stack=stack,
             accepted_at=accepted_at,
         )
         turn = run.turn
@@ -122,7 +123,7 @@ async def _start(
             raise TurnError(exc.code, str(exc)) from None
     finally:
         if not submitted:
-            scheduler.unexpect()
+            stack.unexpect()
     running_turns.add(turn)
     cancel_bus.ensure_listening()
     await turn.emit(

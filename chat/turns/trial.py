@@ -129,7 +129,7 @@ async def trial_run(*, policy: ResolvedPolicy, text: str, user_id: int | None) -
     if user_id is not None:
         turn_rate_check(owner=Owner(user_id, ""))
     try:
-        backend, scheduler = runtime.require()
+        backend, stack = runtime.require()
     except NotReady as exc:
         raise TurnError(exc.code, str(exc)) from None
     accepted_at = time.perf_counter()
@@ -141,7 +141,7 @@ async def trial_run(*, policy: ResolvedPolicy, text: str, user_id: int | None) -
         prepared,
         prompt,
         backend=backend,
-        scheduler=scheduler,
+        stack=stack,
         accepted_at=accepted_at,
     )
     try:
