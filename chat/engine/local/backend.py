@@ -24,7 +24,7 @@ from ..types import (
     PromptTooLong,
     SteppedBackend,
 )
-from ..weights import blockquant, quantized, weight_major
+from ..weights import blockquant, quant_choice, quantized, weight_major
 from ..weights.start_choices import START_CHOICES_FILE, StartChoices, machine_identity
 from . import attention
 from .batching import Row
@@ -151,7 +151,7 @@ class LocalBackend(SteppedBackend[Row]):
         backend = cls(model, tokenizer, config, model_id=folder.name, fingerprint=fingerprint)
         # Weights first: a block mode leaves no float linear for weight-major to time, which
         # saves seconds of start-up; the float model keeps weight-major's choice as before.
-        quant_line = quantized.choose(
+        quant_line = quant_choice.choose(
             model,
             config.quant,
             backend.time_quant_steps,
