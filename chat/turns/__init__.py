@@ -14,10 +14,10 @@ handed; none touches the model or the database itself. The modules, in a turn's 
 """
 
 from .admit import admit
-from .errors import TurnError
 from .handle import Turn
 from .limits import turn_rate_check
 from .prepare import Given
+from .refusals import TurnError
 from .running import cancel_bus, running_turns, turn_cancel, turns_drain
 
 __all__ = [

@@ -27,10 +27,10 @@ from ..stores.cache import completion_cache
 from ..stores.evictions import entry_servable
 from ..stores.selectors import Owner
 from .continuation import prepare_continue
-from .errors import TurnError
 from .handle import Send, Turn
 from .limits import turn_rate_check
 from .prepare import Given, Prepared, prepare_prompt
+from .refusals import TurnError
 from .run import TurnRun
 from .running import cancel_bus, running_turns, starting
 

@@ -12,7 +12,7 @@ from ..models import Message
 from ..protocol import SERVER_RESTARTING
 from ..stores.selectors import Owner, answer_status
 from .cancel_bus import CancelBus, RunningTurns
-from .errors import TurnError
+from .refusals import TurnError
 
 log = logging.getLogger(__name__)
 
