@@ -48,7 +48,7 @@ lint: $(STAMP) $(NODE_STAMP)
 	node_modules/.bin/eslint --max-warnings=0 .
 
 test: lint
-	$(PY) -m chat.engine.prepare
+	$(PY) -m chat.engine.weights.convert
 	@set -e; only=0; for db in $(TEST_DATABASES); do \
 	  if [ "$$db" = sqlite ]; then \
 	    echo "== make test: the suite on SQLite"; \
@@ -64,11 +64,11 @@ test: lint
 # under a minute. CHAT_TEST_NO_MODEL=1 makes loading the model (or starting daphne) fail the
 # test, and the fuzzers draw a tenth of their examples.
 test-unit: $(STAMP)
-	$(PY) -m chat.engine.prepare
+	$(PY) -m chat.engine.weights.convert
 	env -u DATABASE_URL CHAT_TEST_NO_MODEL=1 CHAT_TEST_FUZZ_SCALE=0.1 $(PY) -m pytest -m unit $(PYTEST_ARGS)
 
 benchmark: $(STAMP)
-	$(PY) -m chat.engine.prepare
+	$(PY) -m chat.engine.weights.convert
 	$(PY) manage.py benchmark --settings project.settings_bench $(BENCH_ARGS)
 
 # llama.cpp's server as a measuring peer for `make benchmark` (docs/benchmarks.md): built from
@@ -81,7 +81,7 @@ llama-peer:
 
 # 200 WebSockets for 60 s against a daphne of its own, then every stored answer checked.
 loadtest: $(STAMP)
-	$(PY) -m chat.engine.prepare
+	$(PY) -m chat.engine.weights.convert
 	$(PY) manage.py loadtest --settings project.settings_bench $(LOAD_ARGS)
 
 clean:

@@ -208,7 +208,7 @@ def newcomer_first_chunk(backend, long_tokens: int, max_batch: int = 8) -> Newco
     """
     import threading
 
-    from chat.engine.scheduler import ContinuousScheduler
+    from chat.engine.local.scheduler import ContinuousScheduler
     from chat.engine.types import Finished, TextChunk
 
     scheduler = ContinuousScheduler(backend, max_batch=max_batch)

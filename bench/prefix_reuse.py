@@ -13,9 +13,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from chat.engine.coalescing import Coalescer
-from chat.engine.coalescing_across import AcrossProcesses
-from chat.engine.scheduler import ContinuousScheduler
+from chat.engine.local.scheduler import ContinuousScheduler
+from chat.engine.sharing.coalescing import Coalescer
+from chat.engine.sharing.coalescing_across import AcrossProcesses
 from chat.engine.types import Failed, Finished, GenerationResult
 
 SYSTEM = (

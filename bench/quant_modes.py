@@ -1,6 +1,6 @@
 """Load the engine once per weight mode for the quality commands (perplexity, dtypecheck,
 jsonpassrate): `none` is today's float model; int8/int4 are CHAT_MODEL_QUANT's modes, with the
-real kernels or, with `simulate`, the very same weights in float nn.Linears (quantized.simulate),
+real kernels or, with `simulate`, the very same weights in float nn.Linears (quant_choice.simulate),
 for a CPU whose kernels for a mode are too slow to measure quality with in minutes."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ MODES = ("none", "int8", "int4", "gguf", "gguf-q8")
 
 def load_mode(mode: str, *, simulate: bool, progress, dtype: str | None = None):
     """A LocalBackend with weights in `mode`; returns (backend, a label for the report)."""
-    from chat.engine import quantized, weight_major
-    from chat.engine.loading import ModelNotFound, bundled_gguf_path, load_backend
+    from chat.engine.local.loader import load_backend
+    from chat.engine.weights import quant_choice, weight_major
+    from chat.engine.weights.loading import ModelNotFound, bundled_gguf_path
     from chat.infra.runtime import runtime
 
     if mode not in MODES:
@@ -32,7 +33,7 @@ def load_mode(mode: str, *, simulate: bool, progress, dtype: str | None = None):
         except ModelNotFound:
             gguf = None
     if simulate:
-        quantized.simulate(backend.model, mode, gguf_path=gguf)
+        quant_choice.simulate(backend.model, mode, gguf_path=gguf)
         return backend, f"{mode} (simulated)"
-    progress(quantized.choose(backend.model, mode, lambda: 0.0, gguf_path=gguf))
+    progress(quant_choice.choose(backend.model, mode, lambda: 0.0, gguf_path=gguf))
     return backend, mode

@@ -38,8 +38,8 @@ from .stores.selectors import Owner
 from .transports.accounts import AdminSignInForm
 from .transports.policy_fields import ExamplesField, HooksField
 from .turns import regressions
-from .turns.errors import TurnError
 from .turns.limits import turn_rate_check
+from .turns.refusals import TurnError
 from .turns.trial import trial_run
 
 # /admin/login/ counts failed attempts exactly like the page's sign-in.

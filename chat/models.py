@@ -179,7 +179,7 @@ class OutputPolicy(models.Model):
         help_text="with temperature above 0, makes sampling reproducible, so its answers may be "
         "cached; empty: every sampled answer is new and never cached",
     )
-    # Against loops, over the answer so far (chat/engine/penalties.py); deterministic, so a
+    # Against loops, over the answer so far (chat/engine/local/penalties.py); deterministic, so a
     # greedy answer stays cacheable. Defaults measured with `manage.py answerquality`.
     repetition_penalty = models.FloatField(
         default=1.0,

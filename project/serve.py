@@ -69,14 +69,14 @@ def kept_secret_key(path: Path) -> str:
 def prepare_bundled_model(settings) -> None:
     """Convert the bundled model once, in this process unless it must stay torch-free."""
     if settings.CHAT_BACKEND != "openai":
-        from chat.engine.loading import ensure_default_model
+        from chat.engine.weights.loading import ensure_default_model
 
         ensure_default_model(settings.DATA_DIR, progress=lambda line: print(line, flush=True))
     elif not settings.CHAT_REMOTE_TOKENIZER:
         # In front of an inference server the bundled folder only serves as the tokenizer for
         # token counts. Converting it needs torch, which this process must not hold: a child
         # process does it (later starts find the folder and return at once).
-        subprocess.run([sys.executable, "-m", "chat.engine.prepare"], check=True)
+        subprocess.run([sys.executable, "-m", "chat.engine.weights.convert"], check=True)
 
 
 def serve(argv: list[str]) -> None:

@@ -248,12 +248,12 @@ CHAT_MODEL_PATH = (
 CHAT_MODEL_DTYPE = env("CHAT_MODEL_DTYPE", "auto")
 CHAT_MODEL_DEVICE = env("CHAT_MODEL_DEVICE", "auto")
 CHAT_TORCH_THREADS = envint("CHAT_TORCH_THREADS", 0)
-# Threads of a decode step; 0 is one fewer than a prefill's (chat/engine/threads.py).
+# Threads of a decode step; 0 is one fewer than a prefill's (chat/engine/local/threads.py).
 CHAT_DECODE_THREADS = envint("CHAT_DECODE_THREADS", 0)
-# Decode-step matmuls as W @ x.T (chat/engine/weight_major.py): auto times both orders per weight
+# Decode-step matmuls as W @ x.T (chat/engine/weights/weight_major.py): auto times both orders per weight
 # shape at load and keeps the faster; on and off force it.
 CHAT_WEIGHT_MAJOR = env("CHAT_WEIGHT_MAJOR", "auto")
-# Weight-only quantized linears (chat/engine/quantized.py, docs/engine.md): auto times the modes
+# Weight-only quantized linears (chat/engine/weights/quantized.py, docs/engine.md): auto times the modes
 # whose quality matched fp32 against the float model at load and keeps a faster one; gguf (the
 # GGUF file's own blocks through the project's AVX2 kernels; gguf-q8 with llama.cpp's int8
 # activations), int8, int4 and none force one.

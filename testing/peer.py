@@ -156,7 +156,7 @@ class TransformersServe(ServerProcess):
             )
         if not Path(self.model, "config.json").exists():
             raise RuntimeError(
-                f"no model folder at {self.model} (run python -m chat.engine.prepare)"
+                f"no model folder at {self.model} (run python -m chat.engine.weights.convert)"
             )
         return [
             cli,

@@ -96,7 +96,7 @@ def model_guard():
     if not NO_MODEL:
         yield
         return
-    from chat.engine import loading
+    from chat.engine.local import loader
     from testing.liveserver import LiveServer
     from testing.peer import ServerProcess
 
@@ -104,7 +104,7 @@ def model_guard():
         raise AssertionError("CHAT_TEST_NO_MODEL=1: this test needs the model; mark it integration")
 
     patched = [
-        (loading, "load_backend"),
+        (loader, "load_backend"),
         (LiveServer, "start"),
         (ServerProcess, "start"),
     ]
@@ -203,7 +203,7 @@ def float_backend(runtime):
     that compare quantized layers with them or swap layers in and out; loaded on first use."""
     from dataclasses import replace
 
-    from chat.engine.loading import load_backend
+    from chat.engine.local.loader import load_backend
 
     return load_backend(replace(runtime.engine_config(), quant="none"), progress=lambda line: None)
 
@@ -395,7 +395,7 @@ def make_policy(db):
 def scripted(monkeypatch):
     """A scripted backend (testing/scripted.py) behind the process's runtime, for unit tests of
     what the turn (chat/turns/) does around generation; returns a function taking the answers to play."""
-    from chat.engine.concurrent import ConcurrentScheduler
+    from chat.engine.stack import StackConfig, build_stack
     from chat.infra.runtime import runtime
     from testing.scripted import ScriptedBackend
 
@@ -403,13 +403,13 @@ def scripted(monkeypatch):
 
     def install(*answers) -> ScriptedBackend:
         backend = ScriptedBackend(list(answers))
-        scheduler = ConcurrentScheduler(backend, max_running=2)
-        made.append(scheduler)
+        stack = build_stack(backend, StackConfig(max_running=2))
+        made.append(stack)
         monkeypatch.setattr(runtime, "backend", backend)
-        monkeypatch.setattr(runtime, "scheduler", scheduler)
+        monkeypatch.setattr(runtime, "stack", stack)
         monkeypatch.setattr(runtime, "state", "ready")
         return backend
 
     yield install
-    for scheduler in made:
-        scheduler.close()
+    for stack in made:
+        stack.close()

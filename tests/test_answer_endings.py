@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from asgiref.sync import sync_to_async
 
-from chat.engine.template import render_pieces
+from chat.engine.text.template import render_pieces
 from chat.models import Message
 from chat.policy import BufferGate, Cut, RepetitionHook, StreamGate, gate_for
 from testing.scripted import Answer

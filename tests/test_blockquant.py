@@ -1,6 +1,6 @@
-"""GGUF block-quantized linears (chat/engine/blockquant.py) and the "gguf" weight mode.
+"""GGUF block-quantized linears (chat/engine/weights/blockquant.py) and the "gguf" weight mode.
 
-The kernels are compiled C++ (chat/engine/kernels/blockquant.cpp): every test here compares them
+The kernels are compiled C++ (chat/engine/weights/kernels/blockquant.cpp): every test here compares them
 with the float matmul of the weight the blocks stand for, on random blocks and on the bundled
 model, so a wrong shift, sign or stride fails loudly. They run the instruction set this CPU
 compiles (AVX-512 or AVX2; `isa()` says which); CHAT_KERNEL_ISA=avx2 runs the AVX2 kernels on an
@@ -15,9 +15,9 @@ import pytest
 import torch
 from torch import nn
 
-from chat.engine import blockquant, quantized
-from chat.engine.blockquant import BlockQuantLinear
-from chat.engine.loading import bundled_gguf_path
+from chat.engine.weights import blockquant, gguf_blocks, quant_choice, quantized
+from chat.engine.weights.blockquant import BlockQuantLinear
+from chat.engine.weights.loading import bundled_gguf_path
 
 supported, why = blockquant.cpu_supported()
 pytestmark = [
@@ -138,7 +138,7 @@ def test_an_unsupported_cpu_gives_a_reason_and_forcing_gguf_says_it(monkeypatch)
     monkeypatch.setattr(blockquant, "cpu_supported", lambda: (False, "this CPU lacks avx2"))
     model = _Tiny()
     with pytest.raises(ValueError, match="CHAT_MODEL_QUANT=gguf: this CPU lacks avx2"):
-        quantized.choose(model, "gguf", lambda: 1.0)
+        quant_choice.choose(model, "gguf", lambda: 1.0)
     assert type(model.up) is nn.Linear
 
 
@@ -159,7 +159,7 @@ class _Tiny(nn.Module):
 def test_auto_keeps_gguf_only_when_its_timed_steps_are_faster(kernels, seconds, kept):
     model = _Tiny()
     order = iter(["none", "gguf"])
-    line = quantized.choose(model, "auto", lambda: seconds[next(order)])
+    line = quant_choice.choose(model, "auto", lambda: seconds[next(order)])
     assert "gguf 500 ms" in line or "gguf 950 ms" in line
     if kept:
         assert line.startswith("weights gguf (auto)") and isinstance(model.up, BlockQuantLinear)
@@ -172,7 +172,7 @@ def test_auto_keeps_gguf_only_when_its_timed_steps_are_faster(kernels, seconds, 
 
 
 def test_the_gguf_files_blocks_are_read_as_stored_and_match_the_model(float_backend, kernels):
-    layers = quantized.gguf_block_layers(bundled_gguf_path(), float_backend.model)
+    layers = gguf_blocks.gguf_block_layers(bundled_gguf_path(), float_backend.model)
     config = float_backend.model.config
     assert len(layers) == 7 * config.num_hidden_layers + 1  # every projection, and the head
     kinds = {layer.kind for name, layer in layers.items() if name != "lm_head"}
@@ -192,7 +192,7 @@ def test_gguf_mode_keeps_the_models_predictions(float_backend, kernels, int8_act
     ids = torch.tensor([float_backend.encode([{"role": "user", "content": "Name three fruits."}])])
     with torch.inference_mode():
         before = float_backend.model(ids).logits[0, -1]
-        undo, from_file = quantized.quantize_blocks(
+        undo, from_file = gguf_blocks.quantize_blocks(
             float_backend.model, gguf_path=bundled_gguf_path(), int8_activations=int8_activations
         )
         try:
@@ -214,7 +214,7 @@ def test_gguf_mode_keeps_the_models_predictions(float_backend, kernels, int8_act
 
 
 def test_a_stream_in_gguf_mode_runs_through_the_engine(float_backend, kernels):
-    undo, _ = quantized.quantize_blocks(float_backend.model, gguf_path=bundled_gguf_path())
+    undo, _ = gguf_blocks.quantize_blocks(float_backend.model, gguf_path=bundled_gguf_path())
     try:
         chunks: list[str] = []
         request = float_backend.request(
@@ -234,13 +234,13 @@ def test_a_stream_in_gguf_mode_runs_through_the_engine(float_backend, kernels):
 def test_the_files_blocks_are_kept_beside_the_model_and_read_back_the_same(
     float_backend, kernels, monkeypatch
 ):
-    first = quantized.gguf_block_layers(bundled_gguf_path(), float_backend.model)
-    cache = quantized._block_cache_path(bundled_gguf_path(), float_backend.model)
+    first = gguf_blocks.gguf_block_layers(bundled_gguf_path(), float_backend.model)
+    cache = gguf_blocks._block_cache_path(bundled_gguf_path(), float_backend.model)
     assert cache is not None and cache.exists()
     monkeypatch.setattr(
-        quantized, "_read_gguf_block_layers", lambda *a: pytest.fail("read the GGUF again")
+        gguf_blocks, "_read_gguf_block_layers", lambda *a: pytest.fail("read the GGUF again")
     )
-    again = quantized.gguf_block_layers(bundled_gguf_path(), float_backend.model)
+    again = gguf_blocks.gguf_block_layers(bundled_gguf_path(), float_backend.model)
     assert again.keys() == first.keys()
     for name, layer in first.items():
         assert (again[name].kind, again[name].in_features) == (layer.kind, layer.in_features)

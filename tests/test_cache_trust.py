@@ -114,7 +114,7 @@ async def test_a_v1_answer_continued_over_the_socket_never_reaches_a_stranger(
 async def test_a_sample_without_a_seed_is_generated_every_time(alice, runtime, example_policies):
     """temperature 1.2 and no seed, asked twice under the caching `chat` policy: generated both
     times, never cached or shared."""
-    from chat.engine.coalescing import coalescer
+    coalescer = runtime.stack.sharing
 
     joined = coalescer.joined
     ask = {

@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from chat.engine.capabilities import discover
-from chat.engine.remote import OpenAIBackend, RemoteConfig
+from chat.engine.remote.capabilities import discover
+from chat.engine.remote.openai_backend import OpenAIBackend, RemoteConfig
 from chat.engine.types import EngineError
 from testing.openai_server import FakeOpenAIServer
 
@@ -85,7 +85,7 @@ def test_discovery_finds_what_a_server_like_transformers_serve_accepts_and_logs_
     fake = serve(**LIKE_TRANSFORMERS_SERVE)
     remote = remote_for(fake, backend)
     lines: list[str] = []
-    with caplog.at_level(logging.INFO, logger="chat.engine.capabilities"):
+    with caplog.at_level(logging.INFO, logger="chat.engine.remote.capabilities"):
         caps = discover(remote, progress=lines.append)
     assert caps.models == "HTTP 500"
     assert caps.refused == {"stop_token_ids", "min_tokens"}
@@ -94,7 +94,7 @@ def test_discovery_finds_what_a_server_like_transformers_serve_accepts_and_logs_
     assert caplog.records == []  # found at start-up: said in that one line only
 
     # Later findings are logged, once each.
-    with caplog.at_level(logging.INFO, logger="chat.engine.capabilities"):
+    with caplog.at_level(logging.INFO, logger="chat.engine.remote.capabilities"):
         caps.saw(stop="honoured")
         caps.saw(stop="honoured")
     assert [r.getMessage() for r in caplog.records] == ["upstream stop: honoured"]

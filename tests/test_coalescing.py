@@ -8,9 +8,9 @@ import threading
 import pytest
 from asgiref.sync import sync_to_async
 
-from chat.engine.coalescing import Coalescer
-from chat.engine.coalescing_across import AcrossProcesses
-from chat.engine.scheduler import ContinuousScheduler
+from chat.engine.local.scheduler import ContinuousScheduler
+from chat.engine.sharing.coalescing import Coalescer
+from chat.engine.sharing.coalescing_across import AcrossProcesses
 from chat.engine.types import Finished, Started, TextChunk
 from chat.models import Message
 from tests.conftest import TEST_CACHE_URL
@@ -174,8 +174,8 @@ async def test_visitors_sending_the_same_prompt_at_once_share_one_generation(
 def test_identical_requests_open_one_stream_to_an_inference_server(backend):
     """CHAT_BACKEND=openai: coalescing in front of the remote scheduler (the server, serving
     the real model's tokens, sees one request)."""
-    from chat.engine.concurrent import ConcurrentScheduler
-    from chat.engine.remote import OpenAIBackend, RemoteConfig
+    from chat.engine.remote.concurrent import ConcurrentScheduler
+    from chat.engine.remote.openai_backend import OpenAIBackend, RemoteConfig
     from testing.openai_server import FakeOpenAIServer
 
     server = FakeOpenAIServer(backend).start()

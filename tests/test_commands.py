@@ -6,7 +6,7 @@ import json
 import pytest
 from django.core.management import call_command
 
-from chat.engine.eos import eos_report
+from chat.engine.text.eos import eos_report
 
 
 @pytest.mark.unit

@@ -222,7 +222,7 @@ async def test_cancelling_a_waiting_request_removes_it_from_the_queue(
     await alice.receive_until("chunk", a)
     b = await bob.prompt(SHORT)
     assert (await bob.receive())["queue_position"] == 1
-    # Not bob's prompt: an identical one would share his generation (engine/coalescing.py).
+    # Not bob's prompt: an identical one would share his generation (engine/sharing/coalescing.py).
     c = await carol.prompt("Count from 1 to 5, separated by commas.")
     assert (await carol.receive())["queue_position"] == 2
     await bob.send({"type": "cancel", "request_id": b})
@@ -321,7 +321,7 @@ async def test_a_model_failure_mid_answer_is_an_error_and_the_queue_goes_on(
 ):
     """The model raising after some text: the client gets `error`, the partial text is stored as failed,
     and the next prompt is answered normally."""
-    from chat.engine.decoding import RunningBatch
+    from chat.engine.local.decoding import RunningBatch
 
     original = RunningBatch.add
 

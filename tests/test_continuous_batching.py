@@ -8,7 +8,7 @@ import threading
 import jsonschema
 import pytest
 
-from chat.engine.scheduler import ContinuousScheduler
+from chat.engine.local.scheduler import ContinuousScheduler
 from chat.engine.types import Finished, Started, TextChunk
 
 pytestmark = pytest.mark.integration

@@ -8,8 +8,8 @@ import torch
 from transformers.cache_utils import DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from chat.engine import attention
-from chat.engine.kv_cache import HEADROOM, GrowingCache, GrowingLayer
+from chat.engine.local import attention
+from chat.engine.local.kv_cache import HEADROOM, GrowingCache, GrowingLayer
 
 
 def _kv(batch: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

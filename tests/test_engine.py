@@ -4,8 +4,8 @@ import threading
 
 import pytest
 
-from chat.engine.holdback import StopStringHoldback
-from chat.engine.stopping import CancelledCriteria
+from chat.engine.local.stopping import CancelledCriteria
+from chat.engine.text.holdback import StopStringHoldback
 from chat.engine.types import PromptTooLong
 
 COUNT = [{"role": "user", "content": "Count from 1 to 10, separated by commas."}]
@@ -210,7 +210,7 @@ def test_requests_queued_while_the_model_is_busy_join_the_running_batch(backend,
     each still streamed and ended on its own."""
     import threading as _threading
 
-    from chat.engine.scheduler import ContinuousScheduler
+    from chat.engine.local.scheduler import ContinuousScheduler
     from chat.engine.types import Finished, Started, TextChunk
 
     scheduler = ContinuousScheduler(backend, max_batch=4)
@@ -257,7 +257,7 @@ def test_requests_announced_together_start_in_one_batch(backend, joins):
     import threading as _threading
     import time as _time
 
-    from chat.engine.scheduler import ContinuousScheduler
+    from chat.engine.local.scheduler import ContinuousScheduler
     from chat.engine.types import Finished
 
     scheduler = ContinuousScheduler(backend, max_batch=4)

@@ -28,7 +28,7 @@ from django.test import AsyncClient
 from django.utils import timezone
 
 from chat import turns
-from chat.engine.concurrent import ConcurrentScheduler
+from chat.engine.stack import StackConfig, build_stack
 from chat.engine.types import GenerationResult
 from chat.models import (
     ApiKey,
@@ -290,9 +290,9 @@ async def test_an_answer_that_ends_normally_after_its_conversation_was_deleted_i
 
     gate = threading.Event()
     backend = GatedBackend(gate)
-    scheduler = ConcurrentScheduler(backend, max_running=2)
+    stack = build_stack(backend, StackConfig(max_running=2))
     monkeypatch.setattr(chat_runtime, "backend", backend)
-    monkeypatch.setattr(chat_runtime, "scheduler", scheduler)
+    monkeypatch.setattr(chat_runtime, "stack", stack)
     monkeypatch.setattr(erasure, "_answers_stop", lambda running: None)  # the cancel is lost
     try:
         http = await visitor()
@@ -311,7 +311,7 @@ async def test_an_answer_that_ends_normally_after_its_conversation_was_deleted_i
     finally:
         chat_logger.removeHandler(caplog.handler)
         gate.set()
-        scheduler.close()
+        stack.close()
 
 
 # -- Redis down during a deletion -------------------------------------------------------

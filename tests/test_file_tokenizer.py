@@ -9,9 +9,14 @@ import jinja2
 import pytest
 from transformers import AutoTokenizer
 
-from chat.engine.eos import eos_report, load_eos_report
-from chat.engine.file_tokenizer import FileTokenizer
-from chat.engine.template import encode_pieces, encode_text, render_pieces, special_token_pattern
+from chat.engine.text.eos import eos_report, load_eos_report
+from chat.engine.text.file_tokenizer import FileTokenizer
+from chat.engine.text.template import (
+    encode_pieces,
+    encode_text,
+    render_pieces,
+    special_token_pattern,
+)
 from chat.infra.checks import model_dir
 
 pytestmark = pytest.mark.unit
@@ -39,7 +44,7 @@ TEMPLATE = (
 @pytest.fixture(scope="module")
 def folder():
     found = model_dir()
-    assert found is not None, "run python -m chat.engine.prepare first"
+    assert found is not None, "run python -m chat.engine.weights.convert first"
     return found
 
 

@@ -18,10 +18,10 @@ from channels.layers import get_channel_layer
 from django.test import AsyncClient
 
 from chat import turns
-from chat.engine.coalescing import Coalescer
-from chat.engine.coalescing_across import AcrossProcesses
-from chat.engine.generation_registry import PREFIX, GenerationRegistry, generation_id
-from chat.engine.prefix_store import PrefixStore
+from chat.engine.local.prefix_store import PrefixStore
+from chat.engine.sharing.coalescing import Coalescer
+from chat.engine.sharing.coalescing_across import AcrossProcesses
+from chat.engine.sharing.generation_registry import PREFIX, GenerationRegistry, generation_id
 from chat.infra.runtime import runtime as chat_runtime
 from chat.turns.cancel_bus import GROUP, Forget
 from chat.turns.forgetting import conversation_tag

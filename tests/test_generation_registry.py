@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from chat.engine.coalescing import Coalescer
-from chat.engine.coalescing_across import OWNER_GONE, AcrossProcesses
-from chat.engine.generation_registry import GenerationRegistry, generation_id
+from chat.engine.sharing.coalescing import Coalescer
+from chat.engine.sharing.coalescing_across import OWNER_GONE, AcrossProcesses
+from chat.engine.sharing.generation_registry import GenerationRegistry, generation_id
 from chat.engine.types import (
     Failed,
     Finished,

@@ -11,7 +11,7 @@ import torch
 from asgiref.sync import sync_to_async
 from transformers import RepetitionPenaltyLogitsProcessor
 
-from chat.engine.penalties import AnswerOnly, FrequencyPresencePenalty, penalty_processors
+from chat.engine.local.penalties import AnswerOnly, FrequencyPresencePenalty, penalty_processors
 from chat.engine.sampling_params import SamplingParams, penalty_errors
 from chat.engine.types import GenerationRequest
 from chat.models import OutputPolicy

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from chat.engine.decoding import RunningBatch
-from chat.engine.prefix_store import PrefixStore
+from chat.engine.local.decoding import RunningBatch
+from chat.engine.local.prefix_store import PrefixStore
 
 pytestmark = pytest.mark.integration
 

@@ -3,7 +3,7 @@
 import pytest
 from asgiref.sync import sync_to_async
 
-from chat.engine.remote import OpenAIBackend, RemoteConfig
+from chat.engine.remote.openai_backend import OpenAIBackend, RemoteConfig
 from chat.models import Message
 from tests.test_consumer import wait_stored
 

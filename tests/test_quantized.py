@@ -1,4 +1,5 @@
-"""Weight-only quantized linears (chat/engine/quantized.py): kernels, GGUF blocks, the choice at load."""
+"""Weight-only quantized linears (chat/engine/weights/quantized.py): kernels, GGUF blocks
+(gguf_blocks.py), the choice at load (quant_choice.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import pytest
 import torch
 from torch import nn
 
-from chat.engine import quantized, weight_major
-from chat.engine.loading import bundled_gguf_path
-from chat.engine.quantized import QuantLinear
-from chat.engine.start_choices import StartChoices, decisive
+from chat.engine.weights import gguf_blocks, quant_choice, quantized, weight_major
+from chat.engine.weights.loading import bundled_gguf_path
+from chat.engine.weights.quantized import QuantLinear
+from chat.engine.weights.start_choices import StartChoices, decisive
 
 pytestmark = pytest.mark.skipif(
     not quantized.kernels_available(), reason="this torch has no weight-only CPU kernels"
@@ -56,7 +57,7 @@ def test_q4_1_blocks_are_read_as_ggml_lays_them_out():
             head = torch.stack([d[row, block], m[row, block]]).view(torch.uint8)
             blocks.append(torch.cat([head, packed]))
     data = torch.stack(blocks).reshape(4, 40)
-    got_q, got_d, got_m = quantized.q4_1_nibbles(data, 64)
+    got_q, got_d, got_m = gguf_blocks.q4_1_nibbles(data, 64)
     assert torch.equal(got_q, q)
     assert torch.equal(got_d, d.float()) and torch.equal(got_m, m.float())
 
@@ -68,7 +69,7 @@ def test_unpermuting_rows_undoes_llama_cpps_rotary_permutation(heads):
     original = torch.arange(rows)
     # convert_hf_to_gguf.py's permute(weights, n_head)
     permuted = original.reshape(heads, 2, rows // heads // 2).swapaxes(1, 2).reshape(rows)
-    assert torch.equal(permuted[quantized._unpermute_rows(rows, heads)], original)
+    assert torch.equal(permuted[gguf_blocks._unpermute_rows(rows, heads)], original)
 
 
 # -- on the real model ---------------------------------------------------------------------
@@ -76,7 +77,7 @@ def test_unpermuting_rows_undoes_llama_cpps_rotary_permutation(heads):
 
 @pytest.mark.integration
 def test_the_bundled_gguf_blocks_are_the_loaded_models_weights(float_backend):
-    parts = quantized.gguf_q4_1_parts(bundled_gguf_path(), float_backend.model)
+    parts = gguf_blocks.gguf_q4_1_parts(bundled_gguf_path(), float_backend.model)
     config = float_backend.model.config
     assert len(parts) == 7 * config.num_hidden_layers  # every projection of every layer
     for name in ("model.layers.0.self_attn.q_proj", "model.layers.5.self_attn.k_proj"):
@@ -91,7 +92,7 @@ def test_the_bundled_gguf_blocks_are_the_loaded_models_weights(float_backend):
 @pytest.fixture
 def int4_model(float_backend):
     """The session's model with int4 layers from the GGUF's blocks; put back afterwards."""
-    blocks = quantized.gguf_int4_layers(bundled_gguf_path(), float_backend.model)
+    blocks = gguf_blocks.gguf_int4_layers(bundled_gguf_path(), float_backend.model)
     undo, from_gguf = quantized.quantize(float_backend.model, "int4", gguf_blocks=blocks)
     assert from_gguf == 7 * float_backend.model.config.num_hidden_layers
     try:
@@ -116,10 +117,10 @@ def test_int4_logits_match_its_weights_in_float_and_stay_close_to_fp32(float_bac
     """
     model = float_backend.model
     fp32 = _step_logits(model)
-    undo = quantized.simulate(model, "int4", gguf_path=bundled_gguf_path())
+    undo = quant_choice.simulate(model, "int4", gguf_path=bundled_gguf_path())
     simulated = _step_logits(model)
     quantized.restore(undo)
-    blocks = quantized.gguf_int4_layers(bundled_gguf_path(), model)
+    blocks = gguf_blocks.gguf_int4_layers(bundled_gguf_path(), model)
     undo, _ = quantized.quantize(model, "int4", gguf_blocks=blocks)
     try:
         kernel = _step_logits(model)
@@ -200,11 +201,11 @@ def _layers(model) -> list[str]:
     ],
 )
 def test_auto_keeps_the_mode_its_timed_steps_say_is_fastest(monkeypatch, seconds, expected):
-    monkeypatch.setattr(quantized, "probe", lambda linear, layer: 1.0)
-    monkeypatch.setattr(quantized, "AUTO_CANDIDATES", ("int4", "int8"))
+    monkeypatch.setattr(quant_choice, "probe", lambda linear, layer: 1.0)
+    monkeypatch.setattr(quant_choice, "AUTO_CANDIDATES", ("int4", "int8"))
     model = Tiny()
-    order = iter(["none", *quantized.AUTO_CANDIDATES])
-    line = quantized.choose(model, "auto", lambda: seconds[next(order)])
+    order = iter(["none", *quant_choice.AUTO_CANDIDATES])
+    line = quant_choice.choose(model, "auto", lambda: seconds[next(order)])
     assert f"{seconds['none'] * 1000:.0f} ms" in line
     if expected == "none":
         assert "not quantized" in line and _layers(model) == ["Linear"] * 3
@@ -215,10 +216,10 @@ def test_auto_keeps_the_mode_its_timed_steps_say_is_fastest(monkeypatch, seconds
 
 @pytest.mark.unit
 def test_auto_does_not_time_a_kernel_the_probe_finds_slow(monkeypatch):
-    monkeypatch.setattr(quantized, "probe", lambda linear, layer: 3.0)
-    monkeypatch.setattr(quantized, "AUTO_CANDIDATES", ("int4", "int8"))
+    monkeypatch.setattr(quant_choice, "probe", lambda linear, layer: 3.0)
+    monkeypatch.setattr(quant_choice, "AUTO_CANDIDATES", ("int4", "int8"))
     model = Tiny()
-    line = quantized.choose(model, "auto", lambda: pytest.fail("no step should be timed"))
+    line = quant_choice.choose(model, "auto", lambda: pytest.fail("no step should be timed"))
     assert "not quantized" in line and "3.0x float on one row, not tried" in line
     assert _layers(model) == ["Linear"] * 3
 
@@ -227,15 +228,17 @@ def test_auto_does_not_time_a_kernel_the_probe_finds_slow(monkeypatch):
 def test_auto_remembers_a_decisive_choice_and_the_next_start_on_that_machine_skips_the_timing(
     monkeypatch, tmp_path
 ):
-    monkeypatch.setattr(quantized, "probe", lambda linear, layer: 1.0)
-    monkeypatch.setattr(quantized, "AUTO_CANDIDATES", ("int4", "int8"))
+    monkeypatch.setattr(quant_choice, "probe", lambda linear, layer: 1.0)
+    monkeypatch.setattr(quant_choice, "AUTO_CANDIDATES", ("int4", "int8"))
     remembered = StartChoices(tmp_path / "start-choices.json")
     machine = {"cpu": "abc", "torch": "2.13.0", "threads": 2}
     seconds = iter([1.0, 0.5, 0.7])  # none, int4, int8: int4 wins clearly
-    quantized.choose(Tiny(), "auto", lambda: next(seconds), remembered=remembered, machine=machine)
+    quant_choice.choose(
+        Tiny(), "auto", lambda: next(seconds), remembered=remembered, machine=machine
+    )
 
     model = Tiny()
-    line = quantized.choose(
+    line = quant_choice.choose(
         model,
         "auto",
         lambda: pytest.fail("a remembered choice is not timed again"),
@@ -248,7 +251,7 @@ def test_auto_remembers_a_decisive_choice_and_the_next_start_on_that_machine_ski
     # Another CPU (or torch, threads, weights) is another key: measured again.
     timed = []
     other = {**machine, "cpu": "def"}
-    quantized.choose(
+    quant_choice.choose(
         Tiny(), "auto", lambda: timed.append(1) or 1.0, remembered=remembered, machine=other
     )
     assert timed
@@ -258,17 +261,17 @@ def test_auto_remembers_a_decisive_choice_and_the_next_start_on_that_machine_ski
 def test_a_close_call_is_not_remembered_and_a_damaged_file_only_costs_a_timing(
     monkeypatch, tmp_path
 ):
-    monkeypatch.setattr(quantized, "probe", lambda linear, layer: 1.0)
-    monkeypatch.setattr(quantized, "AUTO_CANDIDATES", ("int4",))
+    monkeypatch.setattr(quant_choice, "probe", lambda linear, layer: 1.0)
+    monkeypatch.setattr(quant_choice, "AUTO_CANDIDATES", ("int4",))
     path = tmp_path / "start-choices.json"
     remembered = StartChoices(path)
     seconds = iter([1.0, 0.9])  # none 1.0, int4 0.9: within DECISIVE, a noisy reading
-    quantized.choose(Tiny(), "auto", lambda: next(seconds), remembered=remembered, machine={})
+    quant_choice.choose(Tiny(), "auto", lambda: next(seconds), remembered=remembered, machine={})
     assert not path.exists()
 
     path.write_text("{not json")
     seconds = iter([1.0, 0.5])
-    line = quantized.choose(
+    line = quant_choice.choose(
         Tiny(), "auto", lambda: next(seconds), remembered=remembered, machine={}
     )
     assert "weights int4 (auto): decode steps" in line
@@ -285,18 +288,18 @@ def test_decisive_needs_the_runner_up_clearly_slower():
 @pytest.mark.unit
 def test_auto_tries_only_the_modes_that_passed_the_quality_gates():
     """gguf matched fp32's eos count; int8, int4 and gguf-q8 ended fewer (docs/benchmarks.md)."""
-    assert quantized.AUTO_CANDIDATES == ("gguf",)
+    assert quant_choice.AUTO_CANDIDATES == ("gguf",)
 
 
 @pytest.mark.unit
 def test_none_keeps_todays_layers_and_forced_modes_apply():
     model = Tiny()
-    assert "CHAT_MODEL_QUANT=none" in quantized.choose(model, "none", lambda: 1.0)
+    assert "CHAT_MODEL_QUANT=none" in quant_choice.choose(model, "none", lambda: 1.0)
     assert _layers(model) == ["Linear"] * 3
-    quantized.choose(model, "int4", lambda: 1.0)
+    quant_choice.choose(model, "int4", lambda: 1.0)
     assert [model.up.kind, model.down.kind, model.head.kind] == ["int4", "int4", "int8"]
     with pytest.raises(ValueError, match="use one of auto, none, int8, int4, gguf, gguf-q8"):
-        quantized.choose(Tiny(), "int3", lambda: 1.0)
+        quant_choice.choose(Tiny(), "int3", lambda: 1.0)
 
 
 @pytest.mark.unit

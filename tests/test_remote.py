@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from chat.engine.concurrent import ConcurrentScheduler
-from chat.engine.remote import OpenAIBackend, RemoteConfig
+from chat.engine.remote.concurrent import ConcurrentScheduler
+from chat.engine.remote.openai_backend import OpenAIBackend, RemoteConfig
 from chat.engine.types import (
     EngineError,
     Failed,

@@ -8,8 +8,8 @@ import uuid
 import pytest
 import redis
 
-from chat.engine.admission import RedisAdmission
-from chat.engine.concurrent import ConcurrentScheduler
+from chat.engine.remote.concurrent import ConcurrentScheduler
+from chat.engine.remote.global_queue import RedisAdmission
 from chat.engine.types import Finished, Queued, Started, TextChunk
 from testing.liveserver import free_port
 from testing.openai_server import FakeOpenAIServer
@@ -142,7 +142,7 @@ def test_an_unreachable_redis_falls_back_to_the_per_process_limit(
         remote, "unreachable", capacity=5, max_running=1, url=f"redis://127.0.0.1:{free_port()}/0"
     )
     first, second = Events(), Events()
-    with caplog.at_level(logging.WARNING, logger="chat.engine.concurrent"):
+    with caplog.at_level(logging.WARNING, logger="chat.engine.remote.concurrent"):
         _, p1 = scheduler.submit(remote.request(COUNT, max_new_tokens=3), first)
         _, p2 = scheduler.submit(remote.request(COUNT, max_new_tokens=3), second)
     assert (p1, p2) == (0, 1)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from asgiref.sync import sync_to_async
 
-from chat.engine.backend import LocalBackend
-from chat.engine.concurrent import ConcurrentScheduler
-from chat.engine.remote import OpenAIBackend, RemoteConfig
-from chat.engine.scheduler import ContinuousScheduler
+from chat.engine.local.backend import LocalBackend
+from chat.engine.local.scheduler import ContinuousScheduler
+from chat.engine.remote.concurrent import ConcurrentScheduler
+from chat.engine.remote.openai_backend import OpenAIBackend, RemoteConfig
 from chat.engine.types import Backend, Scheduler, SteppedBackend
 from chat.models import Message
 from chat.protocol import FINISH_REASONS, METRIC_KEYS
@@ -84,7 +84,7 @@ async def test_an_invalid_structured_answer_is_reasked_with_the_error_and_never_
 ):
     """Buffer mode: the first answer fails its schema, the re-ask names the problem, the second passes."""
     # Uncached: a cacheable turn's scheduler sees a shared copy of its request, with a flag of
-    # its own (engine/coalescing.py; tests/test_coalescing.py covers a Stop there).
+    # its own (engine/sharing/coalescing.py; tests/test_coalescing.py covers a Stop there).
     await sync_to_async(make_policy)(
         slug="strict", mode="buffer", json_schema=ANSWER_SCHEMA, max_retries=1, cache_enabled=False
     )

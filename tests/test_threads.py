@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from chat.engine.threads import DECODE_TOKENS, TORCH_DEFAULT, ThreadPlan
+from chat.engine.local.threads import DECODE_TOKENS, TORCH_DEFAULT, ThreadPlan
 
 
 @pytest.fixture

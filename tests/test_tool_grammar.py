@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from chat.engine import constrained
+from chat.engine.local import constrained
 from chat.policy import ToolSpec
 from chat.policy.tool_calls import call_text, judge_calls, tools_instruction
 

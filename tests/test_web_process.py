@@ -90,5 +90,5 @@ def test_make_run_in_front_of_a_server_prepares_the_tokenizer_folder_in_a_child_
         [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert child.returncode == 0, child.stderr[-3000:]
-    assert "Model ready at" in child.stdout  # the child ran chat.engine.prepare
+    assert "Model ready at" in child.stdout  # the child ran chat.engine.weights.convert
     assert child.stdout.strip().splitlines()[-1] == "[]"

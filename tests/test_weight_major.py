@@ -1,4 +1,4 @@
-"""Weight-major matmuls (chat/engine/weight_major.py): the same numbers as the model's own layers."""
+"""Weight-major matmuls (chat/engine/weights/weight_major.py): the same numbers as the model's own layers."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from chat.engine import weight_major
-from chat.engine.weight_major import WeightMajorLinear
+from chat.engine.weights import weight_major
+from chat.engine.weights.weight_major import WeightMajorLinear
 
 
 @pytest.mark.unit

@@ -27,7 +27,7 @@ def main() -> None:
 
     import torch
 
-    from chat.engine.loading import load_backend
+    from chat.engine.local.loader import load_backend
     from chat.infra.runtime import runtime
 
     backend = load_backend(

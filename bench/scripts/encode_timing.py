@@ -2,7 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python bench/scripts/encode_timing.py [--turns 10] [--rounds 200]
 
-The safe encoding (chat/engine/template.py) keeps typed control tokens as text; for a chat
+The safe encoding (chat/engine/text/template.py) keeps typed control tokens as text; for a chat
 without them it must give the very same ids, which this asserts before timing.
 """
 
@@ -13,8 +13,8 @@ import time
 
 from transformers import AutoTokenizer
 
-from chat.engine.loading import converted_model_dir
-from chat.engine.template import encode_pieces, render_pieces
+from chat.engine.text.template import encode_pieces, render_pieces
+from chat.engine.weights.loading import converted_model_dir
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ cache, as in a decode step, which reads the whole model once.
 
     PYTHONPATH=. .venv/bin/python bench/scripts/kernel_timing.py [--against main] [--rows 1,4,8]
 
-`--against REV` compiles REV's chat/engine/kernels/blockquant.cpp (AVX2 flags, as it was built)
+`--against REV` compiles REV's chat/engine/weights/kernels/blockquant.cpp (AVX2 flags, as it was built)
 under a name of its own in CHAT_KERNEL_CACHE; `--against avx2` times this tree's AVX2 build.
 A step's total is the per-layer shapes times 30 layers plus the LM head once.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from chat.engine import blockquant
+from chat.engine.weights import blockquant
 
 # (kind, out_features, in_features, calls a step): q/o, k/v, gate/up, down, the LM head.
 SHAPES = [
@@ -39,7 +39,7 @@ def other_build(against: str):
     from torch.utils import cpp_extension
 
     source = subprocess.run(
-        ["git", "show", f"{against}:chat/engine/kernels/blockquant.cpp"],
+        ["git", "show", f"{against}:chat/engine/weights/kernels/blockquant.cpp"],
         capture_output=True,
         text=True,
         check=True,

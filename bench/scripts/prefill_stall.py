@@ -24,7 +24,7 @@ def main() -> None:
     import django
 
     django.setup()
-    from chat.engine.loading import load_backend
+    from chat.engine.local.loader import load_backend
     from chat.infra.runtime import runtime
 
     backend = load_backend(runtime.engine_config(), progress=lambda line: None)

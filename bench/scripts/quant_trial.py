@@ -44,15 +44,16 @@ def main() -> None:
     import torch
     from torch import nn
 
-    from chat.engine import blockquant, quantized, weight_major
-    from chat.engine.loading import bundled_gguf_path, load_backend
+    from chat.engine.local.loader import load_backend
+    from chat.engine.weights import blockquant, gguf_blocks, quantized, weight_major
+    from chat.engine.weights.loading import bundled_gguf_path
     from chat.infra.runtime import runtime
 
     config = replace(runtime.engine_config(), weight_major="off", dtype="float32", quant="none")
     backend = load_backend(config, progress=lambda line: None)
     model = backend.model
-    originals = {q: lin for _, _, _, lin, q in quantized._projections(model)}
-    parents = {q: (p, n) for p, n, _, _, q in quantized._projections(model)}
+    originals = {q: lin for _, _, _, lin, q in quantized.projections(model)}
+    parents = {q: (p, n) for p, n, _, _, q in quantized.projections(model)}
 
     def layers_of(mode, dtype=torch.float32, blocks=None):
         undo, _ = quantized.quantize(model, mode, gguf_blocks=blocks, compute_dtype=dtype)
@@ -61,8 +62,8 @@ def main() -> None:
         return built
 
     gguf = bundled_gguf_path()
-    blocks32 = quantized.gguf_int4_layers(gguf, model, torch.float32)
-    blocks16 = quantized.gguf_int4_layers(gguf, model, torch.bfloat16)
+    blocks32 = gguf_blocks.gguf_int4_layers(gguf, model, torch.float32)
+    blocks16 = gguf_blocks.gguf_int4_layers(gguf, model, torch.bfloat16)
     print(f"GGUF Q4_1 layers matched: {len(blocks32)}")
     dynamic = torch.ao.quantization.quantize_dynamic(
         copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8
@@ -79,7 +80,7 @@ def main() -> None:
         "dyn8": {q: dyn_modules[q] for q in originals},
     }
     if blockquant.kernels() is not None:
-        candidates["gguf"] = quantized.gguf_block_layers(gguf, model)
+        candidates["gguf"] = gguf_blocks.gguf_block_layers(gguf, model)
         candidates["gguf-q8"] = candidates["gguf"]
     del dynamic
     if args.only:

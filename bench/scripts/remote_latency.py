@@ -19,8 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from chat.engine.loading import load_backend  # noqa: E402
-from chat.engine.remote import OpenAIBackend, RemoteConfig  # noqa: E402
+from chat.engine.local.loader import load_backend  # noqa: E402
+from chat.engine.remote.openai_backend import OpenAIBackend, RemoteConfig  # noqa: E402
 from chat.engine.types import EngineConfig  # noqa: E402
 from testing.openai_server import FakeOpenAIServer  # noqa: E402
 

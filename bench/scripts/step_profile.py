@@ -26,7 +26,7 @@ def main() -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from chat.engine.loading import load_backend
+    from chat.engine.local.loader import load_backend
     from chat.infra.runtime import runtime
 
     backend = load_backend(runtime.engine_config(), progress=lambda line: None)

@@ -4,7 +4,7 @@
         bench/scripts/thread_plan.py [--rows 1,4,8] [--rounds 3]
 
 Plans: every thread for both, one thread for both, and the engine's default (every thread for
-a prefill, one fewer for a decode step; chat/engine/threads.py). Prints the median step per
+a prefill, one fewer for a decode step; chat/engine/local/threads.py). Prints the median step per
 plan and row count (docs/engine.md, "How many threads").
 """
 
@@ -25,8 +25,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args()
     django.setup()
-    from chat.engine.loading import load_backend
-    from chat.engine.threads import TORCH_DEFAULT, ThreadPlan
+    from chat.engine.local.loader import load_backend
+    from chat.engine.local.threads import TORCH_DEFAULT, ThreadPlan
     from chat.infra.runtime import runtime
 
     backend = load_backend(runtime.engine_config(), progress=print)

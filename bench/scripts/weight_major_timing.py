@@ -3,7 +3,7 @@
     PYTHONPATH=. .venv/bin/python bench/scripts/weight_major_timing.py [--steps 16] [--rows 1,2,4,8]
 
 CHAT_WEIGHT_MAJOR=auto makes the same comparison at load with one 4-row step, timed by the same
-`LocalBackend.time_decode_step` (chat/engine/weight_major.py); this prints it per batch size, best
+`LocalBackend.time_decode_step` (chat/engine/weights/weight_major.py); this prints it per batch size, best
 of --steps each.
 """
 
@@ -27,8 +27,8 @@ def main() -> None:
 
     import torch
 
-    from chat.engine import weight_major
-    from chat.engine.loading import load_backend
+    from chat.engine.local.loader import load_backend
+    from chat.engine.weights import weight_major
     from chat.infra.runtime import runtime
 
     config = replace(runtime.engine_config(), weight_major="off")

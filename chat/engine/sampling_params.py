@@ -53,7 +53,7 @@ class SamplingParams:
         eos_token_ids: extra end-of-sequence ids, on top of the model's own.
         min_new_tokens: suppress eos until this many tokens (benchmarks use it for fixed lengths).
         json_schema: constrain decoding so the output is JSON valid for this schema.
-        tool_grammar: constrain decoding to prose or tool calls (engine/constrained.py):
+        tool_grammar: constrain decoding to prose or tool calls (engine/local/constrained.py):
             {"tools": OpenAI's function tools, "tool_choice": "auto", "required" or
             {"type": "function", "function": {"name": ...}}, "parallel_tool_calls": bool}.
             A remote backend does not constrain to it; the turn validates the calls.

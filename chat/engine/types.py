@@ -11,13 +11,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from .sampling_params import SamplingParams
-
-if TYPE_CHECKING:  # torch-side types, named only in annotations: importing them needs torch
-    from .batching import Row
-    from .decoding import RunningBatch
 
 # Why an engine generation ended. A chat turn adds its own reasons on top (chat/protocol/events.py, `Finish`).
 FINISH_REASONS = ("eos", "stop_string", "length", "cancelled")
@@ -195,8 +191,8 @@ class BackendConfig(Protocol):
 
 @runtime_checkable
 class Backend(Protocol):
-    """Turns requests into text: the local model (backend.LocalBackend) or a remote server
-    (remote.OpenAIBackend)."""
+    """Turns requests into text: the local model (local.backend.LocalBackend) or a remote server
+    (remote.openai_backend.OpenAIBackend)."""
 
     config: BackendConfig
     model_id: str
@@ -238,18 +234,40 @@ class Backend(Protocol):
         """Generate several answers together, each streamed and stopped on its own."""
 
 
-@runtime_checkable
-class SteppedBackend(Backend, Protocol):
-    """A backend whose model runs in this process, so a scheduler can drive it one decode step at
-    a time (backend.LocalBackend, driven by scheduler.ContinuousScheduler)."""
+# A backend's own type for a request's state in a running batch (local.batching.Row): the
+# scheduler holds rows without looking inside, and hands them back to the backend.
+RowT = TypeVar("RowT")
 
-    def new_batch(self) -> RunningBatch:
+
+class Batch(Protocol[RowT]):
+    """A running batch as its scheduler drives it (local.decoding.RunningBatch): rows join it
+    between decode steps and leave it the step they end. Each call returns the rows that ended."""
+
+    def __len__(self) -> int:
+        """Rows in the batch, decoding or still prefilling."""
+
+    def add(self, rows: list[RowT]) -> list[RowT]:
+        """Join `rows` (their prompts prefilled now, or a chunk per step); those that ended at once."""
+
+    def drop_cancelled(self) -> list[RowT]:
+        """Take out the rows whose request was cancelled."""
+
+    def step(self) -> list[RowT]:
+        """One decode step for every row; the rows it ended."""
+
+
+@runtime_checkable
+class SteppedBackend(Backend, Protocol[RowT]):
+    """A backend whose model runs in this process, so a scheduler can drive it one decode step at
+    a time (local.backend.LocalBackend, driven by local.scheduler.ContinuousScheduler)."""
+
+    def new_batch(self) -> Batch[RowT]:
         """An empty running batch: rows join it between decode steps and leave when they end."""
 
-    def row(self, request: GenerationRequest, on_text: OnText) -> Row:
+    def row(self, request: GenerationRequest, on_text: OnText) -> RowT:
         """A request's state in a running batch: its sampling, streaming and stopping."""
 
-    def result(self, row: Row, started: float, finished: float) -> GenerationResult:
+    def result(self, row: RowT, started: float, finished: float) -> GenerationResult:
         """What a finished row produced."""
 
     def kv_bytes_per_token(self) -> int:

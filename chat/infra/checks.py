@@ -7,7 +7,7 @@ from django.core import checks
 
 
 def model_dir() -> Path | None:
-    from ..engine.loading import converted_model_dir
+    from ..engine.weights.loading import converted_model_dir
 
     folder = (
         Path(settings.CHAT_MODEL_PATH)
@@ -22,7 +22,7 @@ def check_eos(app_configs=None, **kwargs):  # noqa: ARG001 (Django's signature)
     folder = model_dir()
     if folder is None:
         return []  # not converted yet; `make run` converts it, and the check runs next start
-    from ..engine.eos import load_eos_report
+    from ..engine.text.eos import load_eos_report
 
     try:
         report = load_eos_report(folder)

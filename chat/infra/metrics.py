@@ -55,10 +55,12 @@ RUNNING = Gauge(f"{PREFIX}_requests_running", "Requests being generated now.")
 WAITING = Gauge(f"{PREFIX}_requests_waiting", "Requests waiting in the queue.")
 
 
-def track_scheduler(scheduler) -> None:
-    """Read the gauges from the scheduler when scraped, so they can never drift."""
-    RUNNING.set_function(lambda: scheduler.running)
-    WAITING.set_function(lambda: scheduler.waiting)
+def track_stack(stack) -> None:
+    """Read the gauges from the stack's base scheduler, and the sharing counters from its
+    Coalescer, when scraped, so they can never drift."""
+    RUNNING.set_function(lambda: stack.base.running)
+    WAITING.set_function(lambda: stack.base.waiting)
+    ENGINE.sharing = stack.sharing
 
 
 class _EngineCollector:
@@ -66,16 +68,16 @@ class _EngineCollector:
 
     def __init__(self):
         self.prefix_store = None  # the local backend's PrefixStore; None for a remote backend
+        self.sharing = None  # the scheduler stack's Coalescer, once the model is ready
 
     def collect(self):
-        from ..engine.coalescing import coalescer
-
+        sharing = self.sharing
         yield CounterMetricFamily(
             f"{PREFIX}_coalesced_requests",
             "Requests that joined an identical generation already in flight.",
-            value=coalescer.joined,
+            value=sharing.joined if sharing is not None else 0,
         )
-        across = coalescer.across
+        across = sharing.across if sharing is not None else None
         yield CounterMetricFamily(
             f"{PREFIX}_coalesced_remote_requests",
             "Requests that followed an identical generation run by another process.",

@@ -1,4 +1,5 @@
-"""The process's one model and scheduler, loaded in the background so the server answers at once.
+"""The process's one model and scheduler stack, loaded in the background so the server answers at
+once.
 
 /healthz reports 503 with the loading step until `state` is "ready".
 """
@@ -11,23 +12,11 @@ import time
 
 from django.conf import settings
 
+from ..engine.stack import SchedulerStack, StackConfig, build_stack
 from ..engine.types import Backend, EngineConfig, Scheduler
 from ..protocol import SERVER_RESTARTING
 
 log = logging.getLogger(__name__)
-
-
-def share_generations_across_processes() -> None:
-    """Identical prompts in flight share one generation across the processes on the completion
-    cache's Redis (engine/coalescing_across.py), unless CHAT_COALESCE_ACROSS_PROCESSES is off."""
-    from ..engine.coalescing import coalescer
-    from ..engine.coalescing_across import AcrossProcesses
-
-    if settings.CHAT_COALESCE_ACROSS_PROCESSES and coalescer.across is None:
-        coalescer.across = AcrossProcesses(
-            lambda: settings.CHAT_CACHE_REDIS_URL,
-            lease_seconds=settings.CHAT_COALESCE_LEASE_SECONDS,
-        )
 
 
 class NotReady(RuntimeError):
@@ -41,13 +30,18 @@ class Runtime:
         self.state = "idle"  # idle -> loading -> ready | failed
         self.detail = ""
         self.backend: Backend | None = None
-        self.scheduler: Scheduler | None = None
+        self.stack: SchedulerStack | None = None
         self.load_seconds: float | None = None
         # Set once the process is stopping (SIGTERM): it takes no new prompts, /healthz says 503.
         self.draining = False
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self._tokenizer = None
+
+    @property
+    def scheduler(self) -> Scheduler | None:
+        """The scheduler that runs requests on the backend, under the stack's sharing."""
+        return self.stack.base if self.stack is not None else None
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
@@ -78,7 +72,7 @@ class Runtime:
 
     def remote_config(self):
         """The inference server's settings (CHAT_BACKEND=openai)."""
-        from ..engine.remote import RemoteConfig
+        from ..engine.remote.openai_backend import RemoteConfig
 
         tokenizer = settings.CHAT_REMOTE_TOKENIZER
         if tokenizer == "":
@@ -100,51 +94,43 @@ class Runtime:
             max_new_tokens_cap=settings.CHAT_MAX_NEW_TOKENS_CAP,
         )
 
-    def _make_engine(self) -> tuple[Backend, Scheduler]:
-        """(backend, scheduler) for the configured CHAT_BACKEND."""
-        if settings.CHAT_BACKEND == "openai":
-            from ..engine.concurrent import ConcurrentScheduler
-            from ..engine.remote import OpenAIBackend
-
-            backend = OpenAIBackend.from_config(self.remote_config(), progress=self._progress)
-            admission = None
-            if settings.CHAT_REMOTE_GLOBAL_CONCURRENCY:
-                from ..engine.admission import RedisAdmission
-
-                # One queue per server and model, whichever process joins it.
-                admission = RedisAdmission(
-                    settings.REDIS_URL,
-                    backend.fingerprint[:16],
-                    capacity=settings.CHAT_REMOTE_GLOBAL_CONCURRENCY,
-                    lease_seconds=settings.CHAT_REMOTE_LEASE_SECONDS,
-                )
-            scheduler = ConcurrentScheduler(
-                backend,
-                max_running=settings.CHAT_REMOTE_MAX_CONCURRENCY,
-                max_waiting=settings.CHAT_MAX_QUEUE,
-                admission=admission,
-            )
-            return backend, scheduler
-        from ..engine.loading import load_backend
-        from ..engine.scheduler import ContinuousScheduler
-
-        local = load_backend(self.engine_config(), progress=self._progress)
-        return local, ContinuousScheduler(
-            local,
+    def stack_config(self) -> StackConfig:
+        """How the scheduler stack is built (chat/engine/stack.py), from the settings."""
+        return StackConfig(
             max_waiting=settings.CHAT_MAX_QUEUE,
             max_batch=settings.CHAT_MAX_BATCH,
             kv_budget_bytes=settings.CHAT_KV_CACHE_MB * 2**20,
+            max_running=settings.CHAT_REMOTE_MAX_CONCURRENCY,
+            global_queue_url=settings.REDIS_URL,
+            global_capacity=settings.CHAT_REMOTE_GLOBAL_CONCURRENCY,
+            global_lease_seconds=settings.CHAT_REMOTE_LEASE_SECONDS,
+            # Identical prompts in flight share one generation across the processes on the
+            # completion cache's Redis (read at each request), unless turned off.
+            share_across=(lambda: settings.CHAT_CACHE_REDIS_URL)
+            if settings.CHAT_COALESCE_ACROSS_PROCESSES
+            else None,
+            share_lease_seconds=settings.CHAT_COALESCE_LEASE_SECONDS,
         )
+
+    def _make_backend(self) -> Backend:
+        """The backend for the configured CHAT_BACKEND: an inference server, or the local model."""
+        if settings.CHAT_BACKEND == "openai":
+            from ..engine.remote.openai_backend import OpenAIBackend
+
+            return OpenAIBackend.from_config(self.remote_config(), progress=self._progress)
+        from ..engine.local.loader import load_backend
+
+        return load_backend(self.engine_config(), progress=self._progress)
 
     def _load(self) -> None:
         started = time.perf_counter()
         try:
-            backend, self.scheduler = self._make_engine()
-            from .metrics import track_prefix_store, track_scheduler
+            backend = self._make_backend()
+            self.stack = build_stack(backend, self.stack_config())
+            from .metrics import track_prefix_store, track_stack
 
-            track_scheduler(self.scheduler)
+            track_stack(self.stack)
             track_prefix_store(backend)
-            share_generations_across_processes()
             self.backend = backend
         except Exception as exc:
             log.exception("model failed to load")
@@ -169,7 +155,7 @@ class Runtime:
             if folder is None:
                 return None
             # Its files alone: a web process in front of an inference server never imports torch.
-            from ..engine.file_tokenizer import FileTokenizer
+            from ..engine.text.file_tokenizer import FileTokenizer
 
             self._tokenizer = FileTokenizer(folder)
         return self._tokenizer
@@ -178,16 +164,16 @@ class Runtime:
         self._ready.wait(timeout)
         return self.state == "ready"
 
-    def require(self) -> tuple[Backend, Scheduler]:
-        """(backend, scheduler), or NotReady with a message a user can read."""
+    def require(self) -> tuple[Backend, SchedulerStack]:
+        """(backend, scheduler stack), or NotReady with a message a user can read."""
         if self.draining:
             raise NotReady(
                 "the server is restarting and takes no new prompts; send it again in a moment",
                 code=SERVER_RESTARTING,
             )
         if self.state == "ready":
-            assert self.backend is not None and self.scheduler is not None  # set before "ready"
-            return self.backend, self.scheduler
+            assert self.backend is not None and self.stack is not None  # set before "ready"
+            return self.backend, self.stack
         if self.state == "failed":
             raise NotReady(f"the model failed to load: {self.detail}")
         raise NotReady(f"the model is still loading ({self.detail}); try again in a few seconds")

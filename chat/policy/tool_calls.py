@@ -2,7 +2,7 @@
 read back, and the judgement on a finished answer that may hold calls.
 
 The format is Qwen's and Hermes's (and xgrammar's "qwen_3" structural tag, which the local
-engine constrains decoding to: chat/engine/constrained.py):
+engine constrains decoding to: chat/engine/local/constrained.py):
 
     <tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}

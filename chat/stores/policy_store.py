@@ -15,8 +15,8 @@ from typing import Any
 
 from django.conf import settings
 
-from ..engine.eos import token_id
 from ..engine.sampling_params import POLICY_SETTINGS, SamplingParams
+from ..engine.text.eos import token_id
 from ..models import OutputPolicy
 from ..policy import (
     BlocklistHook,

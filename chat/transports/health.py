@@ -13,7 +13,7 @@ from ..infra.runtime import runtime
 from ..stores.cache import completion_cache
 
 if TYPE_CHECKING:
-    from ..engine.remote import OpenAIBackend
+    from ..engine.remote.openai_backend import OpenAIBackend
 
 
 def redis_status() -> str:

@@ -18,10 +18,10 @@ handed; none touches the model or the database itself. The modules, in a turn's 
 
 from .admit import admit
 from .cancel_bus import CancelAnswer
-from .errors import TurnError
 from .handle import Turn
 from .limits import turn_rate_check
 from .prepare import Given
+from .refusals import TurnError
 from .running import (
     api_keys_stop,
     cancel_bus,

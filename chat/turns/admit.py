@@ -16,7 +16,8 @@ import time
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError
 
-from ..engine.types import Backend, EngineError, Scheduler
+from ..engine.stack import SchedulerStack
+from ..engine.types import Backend, EngineError
 from ..infra import metrics as prometheus
 from ..infra.runtime import NotReady, runtime
 from ..models import Message
@@ -27,11 +28,11 @@ from ..stores.cache import completion_cache
 from ..stores.review import entry_servable
 from ..stores.selectors import Owner
 from .continuation import prepare_continue
-from .errors import TurnError
 from .forgetting import conversation_tag
 from .handle import Send, Turn
 from .limits import turn_rate_check
 from .prepare import Given, Prepared, prepare_prompt
+from .refusals import TurnError
 from .run import TurnRun
 from .running import cancel_bus, running_turns, starting
 
@@ -59,13 +60,13 @@ async def admit(
             "busy", f"request {running.request_id} is still running; wait for it or cancel it"
         )
     try:
-        backend, scheduler = runtime.require()
+        backend, stack = runtime.require()
     except NotReady as exc:
         raise TurnError(exc.code, str(exc)) from None
     token = object()  # request ids are the client's: two sockets may use the same one
     starting.add(token)
     try:
-        return await _start(owner, prompt, send, given or Given(), backend, scheduler)
+        return await _start(owner, prompt, send, given or Given(), backend, stack)
     finally:
         starting.discard(token)
 
@@ -77,10 +78,10 @@ def _prepare(owner: Owner, prompt: Prompt, backend: Backend, given: Given) -> Pr
 
 
 async def _start(
-    owner: Owner, prompt: Prompt, send: Send, given: Given, backend: Backend, scheduler: Scheduler
+    owner: Owner, prompt: Prompt, send: Send, given: Given, backend: Backend, stack: SchedulerStack
 ) -> Turn:
     accepted_at = time.perf_counter()
-    scheduler.expect()  # users arriving together are batched together
+    stack.expect()  # users arriving together are batched together
     submitted = False
     try:
         try:
@@ -99,7 +100,7 @@ async def _start(
             prepared,
             send=send,
             backend=backend,
-            scheduler=scheduler,
+            stack=stack,
             accepted_at=accepted_at,
         )
         turn = run.turn
@@ -128,7 +129,7 @@ async def _start(
             raise TurnError(exc.code, str(exc)) from None
     finally:
         if not submitted:
-            scheduler.unexpect()
+            stack.unexpect()
     running_turns.add(turn)
     cancel_bus.ensure_listening()
     if turn.api_key_id is not None and not await sync_to_async(apikey_active)(turn.api_key_id):

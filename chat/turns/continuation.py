@@ -11,9 +11,9 @@ from ..models import Message
 from ..protocol import CONTINUABLE, Prompt
 from ..stores import policy_store
 from ..stores.selectors import Owner, answer_history, conversations_for
-from .errors import TurnError
 from .prepare import Prepared
 from .prompting import fit_prompt, request_for
+from .refusals import TurnError
 
 
 def prepare_continue(owner: Owner, prompt: Prompt, backend: Backend) -> Prepared:

@@ -1,9 +1,9 @@
 """What a deleted conversation leaves in the engine, and forgetting it.
 
-Two things outlive a conversation's rows. The prefix store (chat/engine/prefix_store.py) keeps
+Two things outlive a conversation's rows. The prefix store (chat/engine/local/prefix_store.py) keeps
 the KV of recent rows by their token ids in each process that ran them, and whether a new
 prompt reuses them shows in its speed; a shared generation's events (chat/engine/
-generation_registry.py) stay in the cache's Redis for a while after it ends. Both are filed
+sharing/generation_registry.py) stay in the cache's Redis for a while after it ends. Both are filed
 under the tag every turn's request carries (`GenerationRequest.tag`, set by admit): the
 conversation's id under an HMAC keyed with SECRET_KEY, so nothing the engine keeps or the bus
 carries names a conversation. The engine knows no Django: it is handed tags and plain methods
@@ -22,9 +22,8 @@ from collections.abc import Iterable
 
 from django.conf import settings
 
-from ..engine.coalescing import coalescer
-from ..engine.coalescing_across import AcrossProcesses
-from ..engine.generation_registry import GenerationRegistry
+from ..engine.sharing.coalescing_across import AcrossProcesses
+from ..engine.sharing.generation_registry import GenerationRegistry
 from ..infra.runtime import runtime
 
 log = logging.getLogger(__name__)
@@ -52,7 +51,7 @@ def streams_forget(tags: Iterable[str]) -> int:
     """Delete the shared generations filed under `tags` that no living conversation holds (their
     events, owner and listeners) from the cache's Redis; how many. Redis away: logged, and the
     events expire on their own a minute after their last one."""
-    across = coalescer.across
+    across = runtime.stack.sharing.across if runtime.stack is not None else None
     shared = isinstance(across, AcrossProcesses)  # the process's own, when it runs a model
     registry = (
         across.registry()

@@ -6,7 +6,7 @@ from ..infra.ratelimit import address_limiter, prompt_limiter
 from ..infra.runtime import runtime
 from ..protocol import SERVER_RESTARTING, server_restarting_error
 from ..stores.selectors import Owner
-from .errors import TurnError
+from .refusals import TurnError
 
 
 def turn_rate_check(*, owner: Owner, address: str | None = None) -> None:

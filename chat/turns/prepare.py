@@ -15,9 +15,9 @@ from ..models import Conversation, Message
 from ..protocol import Prompt
 from ..stores import policy_store
 from ..stores.selectors import Owner, answer_history, conversations_for
-from .errors import TurnError
 from .identity import answer_identity
 from .prompting import fit_prompt, request_for
+from .refusals import TurnError
 
 # Sampling temperature of a regenerated answer when its policy is greedy.
 REGENERATE_TEMPERATURE = 0.8

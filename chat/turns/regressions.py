@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from ..models import RegressionCase, RegressionRun
 from ..protocol.events import Finish
 from ..stores.policy_store import ResolvedPolicy
-from .errors import TurnError
+from .refusals import TurnError
 from .run import Verdict
 from .trial import TrialResult, trial_run
 

@@ -12,7 +12,7 @@ from enum import StrEnum
 
 from asgiref.sync import sync_to_async
 
-from ..engine.coalescing import coalescer
+from ..engine.stack import SchedulerStack
 from ..engine.types import (
     Backend,
     EngineError,
@@ -20,7 +20,6 @@ from ..engine.types import (
     Finished,
     GenerationRequest,
     Queued,
-    Scheduler,
     Started,
     TextChunk,
     Ticket,
@@ -64,7 +63,7 @@ class TurnRun:
         *,
         send: Send,
         backend: Backend,
-        scheduler: Scheduler,
+        stack: SchedulerStack,
         accepted_at: float,
     ):
         self.turn = Turn(
@@ -84,9 +83,9 @@ class TurnRun:
         self.request = prepared.request
         self.accepted_at = accepted_at
         self._backend = backend
-        # Cacheable answers of one identity in flight share one generation (engine/coalescing.py):
+        # Cacheable answers of one identity in flight share one generation (chat/engine/stack.py):
         # a policy that caches nothing shares nothing.
-        self._scheduler = coalescer.sharing(scheduler, prepared.cache_key)
+        self._scheduler = stack.for_answer(prepared.cache_key)
         self._ticket: Ticket | None = None
         self._events: asyncio.Queue = asyncio.Queue()
         self.started_at: float | None = None

@@ -14,8 +14,8 @@ from ..models import Message
 from ..protocol import API_KEY_REVOKED, SERVER_RESTARTING
 from ..stores.selectors import Owner, answer_status
 from .cancel_bus import CancelAnswer, CancelBus, CancelKeys, Forget, Notice, RunningTurns
-from .errors import TurnError
 from .forgetting import conversation_tag, prefix_forget, streams_forget
+from .refusals import TurnError
 
 log = logging.getLogger(__name__)
 

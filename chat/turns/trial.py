@@ -21,10 +21,10 @@ from ..protocol import Prompt, events
 from ..protocol.events import Finish, event_fields
 from ..stores.policy_store import ResolvedPolicy
 from ..stores.selectors import Owner
-from .errors import TurnError
 from .limits import turn_rate_check
 from .prepare import Prepared, check_prompt_tokens
 from .prompting import fit_prompt, request_for
+from .refusals import TurnError
 from .run import TurnRun, Verdict
 
 
@@ -129,7 +129,7 @@ async def trial_run(*, policy: ResolvedPolicy, text: str, user_id: int | None) -
     if user_id is not None:
         turn_rate_check(owner=Owner(user_id, ""))
     try:
-        backend, scheduler = runtime.require()
+        backend, stack = runtime.require()
     except NotReady as exc:
         raise TurnError(exc.code, str(exc)) from None
     accepted_at = time.perf_counter()
@@ -141,7 +141,7 @@ async def trial_run(*, policy: ResolvedPolicy, text: str, user_id: int | None) -
         prepared,
         prompt,
         backend=backend,
-        scheduler=scheduler,
+        stack=stack,
         accepted_at=accepted_at,
     )
     try:

@@ -462,7 +462,7 @@ class Command(BaseCommand):
             self.measure_peer(peer, "peer: its default dtype", "peer-auto")
 
     def api_llama(self):
-        from chat.engine.loading import bundled_gguf_path
+        from chat.engine.weights.loading import bundled_gguf_path
         from testing.peer import LlamaCppServer, llama_cpp_python
 
         python = llama_cpp_python()

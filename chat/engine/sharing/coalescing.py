@@ -11,8 +11,9 @@ only the tokens are shared.
 A joiner's cancel detaches it alone (it gets Finished "cancelled" with the text it had);
 the generation is cancelled only when its last listener is gone. Works in front of any
 Scheduler (the local ContinuousScheduler or the remote ConcurrentScheduler). Within one
-process by itself; with `across` set (coalescing_across.py), the one request a process's
-identical turns share is in turn shared with the other processes on the same Redis.
+process by itself; with `across` (coalescing_across.py), the one request a process's
+identical turns share is in turn shared with the other processes on the same Redis. The
+process's one Coalescer is part of its scheduler stack (chat/engine/stack.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from .types import (
+from ..types import (
     Event,
     Failed,
     Finished,
@@ -70,12 +71,14 @@ class Across(Protocol):
 class Coalescer:
     """The generations in flight in this process, by (scheduler, answer identity, token ids)."""
 
-    def __init__(self) -> None:
+    def __init__(self, across: Across | None = None) -> None:
         self._lock = threading.RLock()  # a scheduler may call a sink from inside submit/cancel
         self._live: dict[tuple[object, ...], _Generation] = {}
         self._of: dict[Ticket, _Generation] = {}
         self.joined = 0  # requests that joined another's generation (for tests and benchmarks)
-        self.across: Across | None = None  # set by the runtime when processes share a Redis
+        self.across = (
+            across  # how the one request reaches the scheduler when processes share a Redis
+        )
 
     def sharing(self, scheduler: Scheduler, key: str | None) -> Scheduler:
         """`scheduler` as seen by a turn whose answer has identity `key`: identical requests
@@ -228,6 +231,3 @@ class SharingScheduler:
 
     def close(self) -> None:
         self._scheduler.close()
-
-
-coalescer = Coalescer()

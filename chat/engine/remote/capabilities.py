@@ -21,11 +21,9 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .remote import OpenAIBackend
-    from .types import Progress
+from ..types import EngineError, GenerationRequest, GenerationResult, Progress
 
 log = logging.getLogger(__name__)
 
@@ -132,14 +130,34 @@ class Capabilities:
         progress(line)
 
 
-def discover(backend: OpenAIBackend, progress: Progress = log.info) -> Capabilities:
+class _Address(Protocol):
+    @property
+    def base_url(self) -> str: ...
+
+
+class Upstream(Protocol):
+    """What discovery asks of the backend in front of the server (openai_backend.OpenAIBackend)."""
+
+    @property
+    def config(self) -> _Address: ...
+
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+    @property
+    def eos_token_ids(self) -> list[int]: ...
+
+    def models_status(self, timeout: float = 1.0) -> str: ...
+
+    def generate(self, request: GenerationRequest) -> GenerationResult: ...
+
+
+def discover(backend: Upstream, progress: Progress = log.info) -> Capabilities:
     """Ask the server what it accepts: its model list, then three answers of a few tokens.
 
     Needs no tokenizer. A server that cannot be reached leaves everything "unknown"
     (requests then learn it); nothing here fails the start-up.
     """
-    from .types import EngineError, GenerationRequest, GenerationResult
-
     caps = backend.capabilities
     backend.models_status()
     hello = [{"role": "user", "content": "Say hello."}]

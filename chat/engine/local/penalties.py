@@ -14,7 +14,7 @@ from transformers import (
     RepetitionPenaltyLogitsProcessor,
 )
 
-from .sampling_params import SamplingParams
+from ..sampling_params import SamplingParams
 
 
 class AnswerOnly(LogitsProcessor):

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import LogitsProcessorList, StopStringCriteria, TextStreamer
 
-from .holdback import StopStringHoldback
-from .types import GenerationRequest, OnText
+from ..text.holdback import StopStringHoldback
+from ..types import GenerationRequest, OnText
 
 
 @dataclass(eq=False)

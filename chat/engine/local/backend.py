@@ -13,15 +13,9 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, StopStringCriteria
 
-from . import attention, blockquant, quantized, weight_major
-from .batching import Row
-from .decoding import RunningBatch, sampling_processors
-from .eos import token_id
-from .prefix_store import PrefixStore
-from .start_choices import START_CHOICES_FILE, StartChoices, machine_identity
-from .template import encode_pieces, encode_text, render_pieces, tokenizer_digest
-from .threads import ThreadPlan
-from .types import (
+from ..text.eos import token_id
+from ..text.template import encode_pieces, encode_text, render_pieces, tokenizer_digest
+from ..types import (
     EngineConfig,
     GenerationRequest,
     GenerationResult,
@@ -30,6 +24,13 @@ from .types import (
     PromptTooLong,
     SteppedBackend,
 )
+from ..weights import blockquant, quant_choice, quantized, weight_major
+from ..weights.start_choices import START_CHOICES_FILE, StartChoices, machine_identity
+from . import attention
+from .batching import Row
+from .decoding import RunningBatch, sampling_processors
+from .prefix_store import PrefixStore
+from .threads import ThreadPlan
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ def bf16_pays_on_this_cpu(flags: set[str]) -> bool:
 BF16_ON_AVX512 = False
 
 
-class LocalBackend(SteppedBackend):
+class LocalBackend(SteppedBackend[Row]):
     """A Hugging Face causal LM held in this process.
 
     Args:
@@ -150,7 +151,7 @@ class LocalBackend(SteppedBackend):
         backend = cls(model, tokenizer, config, model_id=folder.name, fingerprint=fingerprint)
         # Weights first: a block mode leaves no float linear for weight-major to time, which
         # saves seconds of start-up; the float model keeps weight-major's choice as before.
-        quant_line = quantized.choose(
+        quant_line = quant_choice.choose(
             model,
             config.quant,
             backend.time_quant_steps,

@@ -1,4 +1,4 @@
-"""`python -m chat.engine.prepare`: convert the bundled model once, with progress, before tests or serving."""
+"""`python -m chat.engine.weights.convert`: convert the bundled model once, with progress, before tests or serving."""
 
 import os
 import sys
@@ -13,7 +13,7 @@ def main() -> int:
         prepare_kernels()
     if os.environ.get("CHAT_MODEL_PATH"):
         return 0  # a local model folder needs no conversion
-    data_dir = Path(os.environ.get("DATA_DIR", Path(__file__).resolve().parents[2] / "var"))
+    data_dir = Path(os.environ.get("DATA_DIR", Path(__file__).resolve().parents[3] / "var"))
     ensure_default_model(data_dir, progress=lambda line: print(line, flush=True))
     print(f"Model ready at {converted_model_dir(data_dir)}", flush=True)
     return 0

@@ -1,6 +1,6 @@
 """One model, many users: a FIFO queue in front of one worker that batches continuously.
 
-The worker drives a running batch (chat/engine/decoding.py) one decode step at a time.
+The worker drives a running batch (chat/engine/local/decoding.py) one decode step at a time.
 Between steps, waiters join it (prefilled together, then decoding with the rest) as long
 as the batch has a free row (`max_batch`) and its KV cache stays within `kv_budget_bytes`;
 rows that end leave at once. Nobody waits for someone else's answer to finish unless
@@ -18,8 +18,9 @@ import logging
 import threading
 import time
 from collections import deque
+from typing import Any
 
-from .types import (
+from ..types import (
     Failed,
     Finished,
     GenerationRequest,
@@ -61,7 +62,7 @@ class ContinuousScheduler(Scheduler):
 
     def __init__(
         self,
-        backend: SteppedBackend,
+        backend: SteppedBackend[Any],
         *,
         max_waiting: int = 64,
         max_batch: int = 1,

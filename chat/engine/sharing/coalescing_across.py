@@ -34,8 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .generation_registry import GenerationRegistry, generation_id
-from .types import (
+from ..types import (
     Event,
     Failed,
     Finished,
@@ -48,6 +47,7 @@ from .types import (
     TextChunk,
     Ticket,
 )
+from .generation_registry import GenerationRegistry, generation_id
 
 log = logging.getLogger(__name__)
 

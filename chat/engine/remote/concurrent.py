@@ -8,7 +8,7 @@ types.py and send the same events to each sink: Queued* -> Started -> TextChunk*
 Queue positions: 0 means the request starts now; a waiter's position is 1 (one of the
 running streams must end) plus the waiters ahead of it, as the local scheduler counts them.
 
-With an `admission` (chat/engine/admission.py) the slots and the queue are global, shared
+With an `admission` (chat/engine/remote/global_queue.py) the slots and the queue are global, shared
 through Redis by every process using the same server; positions are then ranks in the
 global queue. If Redis cannot be reached the scheduler says so in the log and admits up
 to its own `max_running`, and goes back to the global queue once Redis answers again.
@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from .types import (
+from ..types import (
     Backend,
     EngineError,
     Failed,
@@ -42,7 +42,7 @@ from .types import (
 )
 
 if TYPE_CHECKING:
-    from .admission import RedisAdmission
+    from .global_queue import RedisAdmission
 
 log = logging.getLogger(__name__)
 

@@ -15,30 +15,22 @@ with `stream: true`. What has no remote meaning is decided here:
   sent once more.
 - Batching is the server's business: each request streams on its own (concurrent.py).
 
-Cancellation closes the upstream socket at once (a watcher shuts it down, so a read
-waiting for the next token returns), which is how vLLM and TGI learn to stop generating.
+Each answer is one streamed request (stream.py), whose cancel closes the upstream socket at once:
+that is how vLLM and TGI learn to stop generating.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import http.client
 import json
 import logging
-import re
-import socket
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
-from urllib.parse import urlsplit
 
-from .capabilities import Capabilities, discover
-from .holdback import StopStringHoldback
-from .template import (
+from ..text.template import (
     continues_answer,
     defuse_markers,
     encode_pieces,
@@ -47,7 +39,7 @@ from .template import (
     special_token_pattern,
     tokenizer_digest,
 )
-from .types import (
+from ..types import (
     Backend,
     EngineError,
     GenerationRequest,
@@ -56,18 +48,14 @@ from .types import (
     Progress,
     PromptTooLong,
 )
+from .capabilities import Capabilities, discover
+from .stream import Endpoint, Stream
 
 log = logging.getLogger(__name__)
 
 
 # Seconds each start-up question to the server may take (capabilities.discover).
 _DISCOVER_TIMEOUT = 10.0
-# How often a stream's cancel watcher looks whether the stream ended by itself; a cancel wakes it at once.
-_WATCH_SECONDS = 0.05
-# vLLM: "maximum context length is"; OpenAI: code context_length_exceeded; TGI: "must be <= N".
-_CONTEXT_ERROR = re.compile(
-    r"context[ _]length|maximum context|must be <=|too many tokens|prompt is too long", re.I
-)
 
 
 @dataclass(frozen=True)
@@ -123,17 +111,13 @@ class OpenAIBackend(Backend):
         eos = getattr(tokenizer, "eos_token_id", None)
         self.eos_token_ids = [eos] if eos is not None else []
         self._markers = special_token_pattern(tokenizer) if tokenizer is not None else None
-        url = urlsplit(config.base_url)
-        if url.scheme not in {"http", "https"} or not url.hostname:
-            raise ValueError(f"{config.base_url!r} is not an http(s) URL")
-        self._url = url
-        self._path = url.path.rstrip("/")
+        self.endpoint = Endpoint(config.base_url, config.api_key)
 
     @classmethod
     def from_config(cls, config: RemoteConfig, progress: Progress = log.info) -> OpenAIBackend:
         tokenizer = None
         if config.tokenizer_path:
-            from .file_tokenizer import FileTokenizer
+            from ..text.file_tokenizer import FileTokenizer
 
             progress(f"Reading the tokenizer in {config.tokenizer_path} for token counts...")
             tokenizer = FileTokenizer(config.tokenizer_path)
@@ -195,7 +179,7 @@ class OpenAIBackend(Backend):
         """Id of a single token in the local tokenizer, or None (then it cannot be sent as a stop token)."""
         if self.tokenizer is None:
             return None
-        from .eos import token_id
+        from ..text.eos import token_id
 
         return token_id(self.tokenizer, token)
 
@@ -216,10 +200,12 @@ class OpenAIBackend(Backend):
 
     def models_status(self, timeout: float = 1.0) -> str:
         """ "ok" when `GET {base}/models` answers and lists our model, else what is wrong."""
-        connection = self._connection(timeout)
+        connection = self.endpoint.connection(timeout)
         found = "unreachable"
         try:
-            connection.request("GET", f"{self._path}/models", headers=self._headers())
+            connection.request(
+                "GET", f"{self.endpoint.path}/models", headers=self.endpoint.headers()
+            )
             response = connection.getresponse()
             body = response.read(1 << 20)
             if response.status != 200:
@@ -267,8 +253,10 @@ class OpenAIBackend(Backend):
         max_new = max(1, min(request.params.max_new_tokens, self.config.max_new_tokens_cap))
         if request.input_ids:
             self.check_fits(len(request.input_ids), max_new)
-        stream = _Stream(self, request, on_text, max_new)
-        return stream.run()
+        body = self._body(request, max_new)
+        return Stream(
+            self.endpoint, self.capabilities, self.config.timeout, request, on_text, body
+        ).run()
 
     def _body(self, request: GenerationRequest, max_new: int) -> dict[str, Any]:
         params = request.params
@@ -310,21 +298,6 @@ class OpenAIBackend(Backend):
             }
         return body
 
-    def _headers(self) -> dict[str, Any]:
-        headers = {"Accept": "application/json"}
-        if self.config.api_key:
-            headers["Authorization"] = f"Bearer {self.config.api_key}"
-        return headers
-
-    def _connection(self, timeout: float) -> http.client.HTTPConnection:
-        kind = (
-            http.client.HTTPSConnection
-            if self._url.scheme == "https"
-            else http.client.HTTPConnection
-        )
-        host = cast(str, self._url.hostname)  # __init__ refused a URL without one
-        return kind(host, self._url.port, timeout=timeout)
-
 
 def _with_context_from(config: RemoteConfig, folder: Path) -> RemoteConfig:
     """The context length from the tokenizer folder's model config, when it has one."""
@@ -334,226 +307,3 @@ def _with_context_from(config: RemoteConfig, folder: Path) -> RemoteConfig:
         return config
     length = model_config.get("max_position_embeddings")
     return replace(config, context_length=int(length)) if length else config
-
-
-class _Stream:
-    """One streamed completion: send, read SSE events, hold back stop strings, map the end."""
-
-    def __init__(
-        self, backend: OpenAIBackend, request: GenerationRequest, on_text: OnText, max_new: int
-    ):
-        self.backend = backend
-        self.request = request
-        self.on_text = on_text
-        self.max_new = max_new
-        self.holdback = StopStringHoldback(request.params.stop_strings)
-        self.shown: list[str] = []
-        self.chunks = 0
-        self.usage: dict[str, Any] | None = None
-        self.upstream_finish: str | None = None
-        self.stop_reason = None
-        self.first_token_at: float | None = None
-        self.stop_sent = False
-
-    def run(self) -> GenerationResult:
-        started = time.perf_counter()
-        backend = self.backend
-        target = f"{backend.config.base_url.rstrip('/')}/chat/completions"
-        caps = backend.capabilities
-        try:
-            body = caps.body(backend._body(self.request, self.max_new))
-            # A refused optional field is dropped and the request sent once more without it.
-            without = self._attempt(body, target, may_retry=True)
-            if without is not None:
-                self._attempt(without, target, may_retry=False)
-        except TimeoutError:
-            if not self.request.cancel.is_set():
-                caps.saw(chat="silent")
-                raise EngineError(
-                    f"the inference server at {target} sent nothing for {backend.config.timeout:g} s"
-                ) from None
-        except ConnectionRefusedError:
-            caps.saw(chat="unreachable")
-            raise EngineError(
-                f"the inference server at {target} refused the connection (is it running?)"
-            ) from None
-        except (OSError, http.client.HTTPException) as exc:
-            if not self.request.cancel.is_set():
-                caps.saw(chat="unreachable")
-                raise EngineError(
-                    f"the connection to the inference server at {target} failed: {exc}"
-                ) from None
-        finished = time.perf_counter()
-        tail = self.holdback.finish()
-        if tail:
-            self._show(tail)
-        usage = self.usage or {}
-        return GenerationResult(
-            text="".join(self.shown),
-            finish_reason=self._finish_reason(),
-            new_tokens=int(usage.get("completion_tokens") or self.chunks),
-            prompt_tokens=int(usage.get("prompt_tokens") or len(self.request.input_ids)),
-            started_at=started,
-            first_token_at=self.first_token_at,
-            finished_at=finished,
-        )
-
-    def _attempt(
-        self, body: dict[str, Any], target: str, *, may_retry: bool
-    ) -> dict[str, Any] | None:
-        """Send `body` and read its stream; the body to send again when a field was refused."""
-        backend = self.backend
-        connection = backend._connection(backend.config.timeout)
-        ended = threading.Event()
-        try:
-            connection.connect()
-            sock = connection.sock  # kept: getresponse() may hand the socket to the response
-            threading.Thread(
-                target=self._watch_cancel, args=(sock, ended), name="remote-cancel", daemon=True
-            ).start()
-            connection.request(
-                "POST",
-                f"{backend._path}/chat/completions",
-                body=json.dumps(body).encode(),
-                headers={**backend._headers(), "Content-Type": "application/json"},
-            )
-            response = connection.getresponse()
-            if response.status != 200:
-                status, message, payload = _error_of(response)
-                if status >= 500:
-                    backend.capabilities.saw(chat=f"HTTP {status}")
-                if not _is_context_error(status, message, payload):
-                    refused = backend.capabilities.refused_in(status, message, body)
-                    if refused and may_retry:
-                        return {k: v for k, v in body.items() if k not in refused}
-                raise _http_error(status, message, payload, target)
-            backend.capabilities.saw(chat="ok")
-            self.stop_sent = "stop" in body
-            self._read(response)
-            return None
-        finally:
-            ended.set()
-            connection.close()
-
-    def _watch_cancel(self, sock: socket.socket, ended: threading.Event) -> None:
-        """Shut the socket down the moment the request is cancelled, waking a read blocked on the next token."""
-        while not ended.is_set():
-            if self.request.cancel.wait(_WATCH_SECONDS):
-                if not ended.is_set():
-                    with contextlib.suppress(OSError):  # already closed
-                        sock.shutdown(socket.SHUT_RDWR)
-                return
-
-    def _read(self, response: http.client.HTTPResponse) -> None:
-        """Consume `data:` events (SSE) until [DONE], the end of the stream, or a cancel."""
-        data: list[str] = []
-        while not self.request.cancel.is_set():
-            raw = response.readline(1 << 20)
-            if not raw:
-                break  # connection closed (by the server, or by the cancel watcher)
-            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-            if line.startswith("data:"):
-                data.append(line[5:].removeprefix(" "))
-                continue
-            if line or not data:
-                continue  # comments (":"), other fields, stray blank lines
-            payload, data = "\n".join(data), []
-            if payload.strip() == "[DONE]":
-                return
-            self._event(payload)
-            if self.holdback.stopped:
-                if self.stop_sent:  # it was asked to stop there, and streamed it anyway
-                    self.backend.capabilities.saw(stop="ignored")
-                return  # the server streamed one of our stop strings: nothing after it is wanted
-        if (
-            not self.request.cancel.is_set()
-            and self.upstream_finish is None
-            and not self.holdback.stopped
-        ):
-            raise EngineError("the inference server closed the stream before the answer ended")
-
-    def _event(self, payload: str) -> None:
-        try:
-            event = json.loads(payload)
-        except ValueError:
-            raise EngineError(
-                f"the inference server sent a malformed event: {payload[:200]!r}"
-            ) from None
-        if not isinstance(event, dict):
-            raise EngineError(f"the inference server sent a malformed event: {payload[:200]!r}")
-        if "error" in event:  # vLLM reports a failure mid-stream this way
-            raise EngineError(f"the inference server failed mid-answer: {_error_message(event)}")
-        if event.get("usage"):
-            self.usage = event["usage"]
-        for choice in event.get("choices") or []:
-            delta = choice.get("delta") or {}
-            text = delta.get("content")
-            if text:
-                self.chunks += 1
-                self.first_token_at = self.first_token_at or time.perf_counter()
-                visible = self.holdback.feed(text)
-                if visible:
-                    self._show(visible)
-            if choice.get("finish_reason"):
-                self.upstream_finish = choice["finish_reason"]
-                self.stop_reason = choice.get("stop_reason")
-
-    def _show(self, text: str) -> None:
-        self.shown.append(text)
-        self.on_text(text)
-
-    def _finish_reason(self) -> str:
-        # A natural end the server already reported wins over a cancel that came after it.
-        if self.holdback.stopped:
-            return "stop_string"
-        if self.upstream_finish == "length":
-            return "length"
-        if self.upstream_finish is None and self.request.cancel.is_set():
-            return "cancelled"
-        # vLLM says which stop fired (stop_reason: the string, or a token id); others only say "stop".
-        if (
-            isinstance(self.stop_reason, str)
-            and self.stop_reason in self.request.params.stop_strings
-        ):
-            return "stop_string"
-        return "eos"  # "stop", a [DONE] without a reason, or a reason we do not know ("content_filter")
-
-
-def _error_message(payload: Any) -> str:
-    if isinstance(payload, dict):
-        error = payload.get("error", payload.get("detail", payload))  # FastAPI: "detail"
-        if isinstance(error, dict):
-            return str(error.get("message") or error)
-        return str(error)
-    return str(payload)
-
-
-def _error_of(response: http.client.HTTPResponse) -> tuple[int, str, object]:
-    """(status, readable message, parsed body) of a refused request."""
-    raw = response.read(1 << 16).decode("utf-8", errors="replace")
-    try:
-        payload = json.loads(raw)
-    except ValueError:
-        payload = raw.strip()[:300]
-    return response.status, _error_message(payload), payload
-
-
-def _is_context_error(status: int, message: str, payload: Any) -> bool:
-    error = payload.get("error") if isinstance(payload, dict) else None
-    code = (
-        error.get("code") if isinstance(error, dict) else None
-    )  # OpenAI: "context_length_exceeded"
-    return status in (400, 413, 422) and (
-        code == "context_length_exceeded" or bool(_CONTEXT_ERROR.search(message))
-    )
-
-
-def _http_error(status: int, message: str, payload: Any, target: str) -> EngineError:
-    """A readable error for a refused request; a context-length refusal is PromptTooLong."""
-    if _is_context_error(status, message, payload):
-        return PromptTooLong(f"the prompt is too long for the model: {message}")
-    if status in (401, 403):
-        return EngineError(
-            f"the inference server refused our credentials (HTTP {status}): {message}"
-        )
-    return EngineError(f"the inference server at {target} answered HTTP {status}: {message}")
