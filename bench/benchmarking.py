@@ -437,7 +437,7 @@ def daphne(workdir: Path, label: str, *, premigrate: bool, timeout: float = 120,
     env.setdefault("REDIS_URL", loopback_url(os.environ.get("REDIS_URL"), CHANNEL_REDIS_URL))
     env.setdefault("CHAT_CACHE_REDIS_URL", CACHE_REDIS_URL)
     # Every benchmark connection is its own visitor, but 20 hits or 8 users must never meet the limiter.
-    env.setdefault("CHAT_RATE_LIMIT_PER_MINUTE", "0")
+    env.setdefault("CHAT_RATE_LIMITS", "prompt=0")
     server = LiveServer(workdir, **env)
     run = ServerRun(label=label, env=env, server=server)
     try:

@@ -50,7 +50,7 @@ class LiveServer:
 
     def start(self, timeout: float = 180, *, wait_for_model: bool = True) -> LiveServer:
         """Migrate, start daphne, and return once /healthz says ready (or answers at all, without
-        `wait_for_model`: a server with CHAT_LOAD_MODEL=0 never reports ready)."""
+        `wait_for_model`: a server with CHAT_BACKEND=none never reports ready)."""
         subprocess.run(
             [sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=self.env, check=True
         )

@@ -151,10 +151,10 @@ def fast_password_hashing(settings):
 @pytest.fixture(autouse=True)
 def fresh_rate_limits():
     """Every test starts with empty rate-limit windows: all test clients share one address."""
-    from chat.infra.ratelimit import address_limiter, prompt_limiter
+    from chat.infra import ratelimit
 
-    prompt_limiter.clear()
-    address_limiter.clear()
+    for limiter in ratelimit.ALL:
+        limiter.clear()
 
 
 @pytest.fixture(scope="session")
@@ -284,7 +284,7 @@ def daphne_server(tmp_path_factory):
         tmp_path_factory.mktemp("live"),
         CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL,
         # Every browser test signs up from 127.0.0.1; the sign-up throttle has tests/test_accounts.py.
-        CHAT_SIGNUPS_PER_ADDRESS="0",
+        CHAT_RATE_LIMITS="signup_address=0",
     ).start()
     yield server
     server.stop()

@@ -61,10 +61,9 @@ PRODUCTION_ENV = {
     "DEBUG": "0",
     "SECRET_KEY": "x" * 30 + "-production-secret-for-the-check-only-" + "y" * 20,
     "ALLOWED_HOSTS": "chat.example.com",
-    "SECURE_SSL_REDIRECT": "1",
     "SECURE_HSTS_SECONDS": "31536000",
     "BEHIND_TLS_PROXY": "1",
-    "CHAT_LOAD_MODEL": "0",
+    "CHAT_BACKEND": "none",
 }
 
 

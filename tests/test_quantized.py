@@ -301,9 +301,9 @@ def test_none_keeps_todays_layers_and_forced_modes_apply():
 
 @pytest.mark.unit
 def test_a_bad_chat_model_quant_stops_the_server_at_start_up():
-    env = {**os.environ, "CHAT_MODEL_QUANT": "fp4", "CHAT_LOAD_MODEL": "0"}
+    env = {**os.environ, "CHAT_ENGINE": "quant=fp4", "CHAT_BACKEND": "none"}
     done = subprocess.run(
         [sys.executable, "manage.py", "check"], env=env, capture_output=True, text=True
     )
     assert done.returncode != 0
-    assert "CHAT_MODEL_QUANT='fp4': use auto, none, gguf, gguf-q8, int8 or int4" in done.stderr
+    assert "CHAT_ENGINE quant='fp4': use auto, gguf, gguf-q8, int4, int8, none" in done.stderr
