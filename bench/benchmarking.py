@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from testing.liveserver import process_status_mb
+
 LOOPBACK = "127.0.0.1"
 # The benchmark's servers use these Redis databases; the cache one is flushed between runs.
 CACHE_REDIS_URL = os.environ.get("BENCH_CACHE_REDIS_URL", "redis://127.0.0.1:6379/13")
@@ -43,19 +45,6 @@ def ratio(a, b) -> float | None:
 def self_peak_rss_mb() -> float:
     """Peak RSS of this process (ru_maxrss is in KiB on Linux)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def process_status_mb(pid: int | None, key: str) -> float | None:
-    """A size from another process's /proc status ("VmRSS", "VmHWM", ...) in MB, or None if it is gone."""
-    if pid is None:
-        return None
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(f"{key}:"):
-                return int(line.split()[1]) / 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def process_peak_rss_mb(pid: int) -> float | None:

@@ -128,3 +128,16 @@ class LiveServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+def process_status_mb(pid: int | None, key: str) -> float | None:
+    """A size from another process's /proc status ("VmRSS", "VmHWM", ...) in MB, or None if it is gone."""
+    if pid is None:
+        return None
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(f"{key}:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

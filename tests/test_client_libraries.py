@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 from pydantic import BaseModel, Field
 
-from bench import client_modes as cm
+from testing import client_modes as cm
 from tests.conftest import LIVE_CACHE_URL
 
 pytestmark = pytest.mark.integration

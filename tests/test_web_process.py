@@ -1,5 +1,5 @@
 """A web process on CHAT_BACKEND=openai never imports torch or transformers, start-up checks and
-a served turn included (its RSS and start-up time: bench/scripts/web_process.py)."""
+a served turn included (its RSS and start-up time: docs/operations.md)."""
 
 from __future__ import annotations
 

@@ -25,9 +25,7 @@ from pathlib import Path
 import websockets
 
 from chat.infra.stats import percentile
-from testing.liveserver import LiveServer
-
-from .benchmarking import process_status_mb
+from testing.liveserver import LiveServer, process_status_mb
 
 POLICY_SLUG = "loadtest"
 PROMPTS = (
