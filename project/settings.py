@@ -1,6 +1,9 @@
 """Settings, all from environment variables, with defaults that make a bare checkout run.
 
-Every variable is listed in docs/configuration.md. A malformed value fails at start-up, not later.
+Every variable is read here, through the env* helpers below (tests/test_configuration.py finds
+them by those calls), and listed in docs/configuration.md. A family of knobs is one variable (a
+URL or a `key=value,...` spec), which sets the Django settings the code reads. A malformed value
+fails at start-up, naming the variable, not later.
 """
 
 import os
