@@ -19,7 +19,8 @@ log = logging.getLogger(__name__)
 
 def share_generations_across_processes() -> None:
     """Identical prompts in flight share one generation across the processes on the completion
-    cache's Redis (engine/coalescing_across.py), unless CHAT_COALESCE_ACROSS_PROCESSES is off."""
+    cache's Redis (engine/coalescing_across.py), unless the Django setting
+    CHAT_COALESCE_ACROSS_PROCESSES is off (it is on; no environment variable turns it off)."""
     from ..engine.coalescing import coalescer
     from ..engine.coalescing_across import AcrossProcesses
 
