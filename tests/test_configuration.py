@@ -61,12 +61,15 @@ def environ_names(path: Path) -> set[str]:
 
 
 def test_every_variable_read_is_documented_and_every_documented_one_is_read():
+    """A variable added to settings without a row in the table fails, and so does a row left
+    behind for a variable settings no longer reads."""
     read, listed = read_in_settings(), documented()
     assert read - listed == set(), "read in project/settings.py but not in docs/configuration.md"
     assert listed - read == set(), "in docs/configuration.md but not read in project/settings.py"
 
 
 def test_thirty_variables_at_most():
+    """The product keeps to 30 variables; a 31st means folding a family first."""
     assert len(read_in_settings()) <= 30
 
 
@@ -83,6 +86,8 @@ def test_the_product_reads_the_environment_in_settings_only():
 
 
 def test_a_spec_takes_known_keys_only_and_a_rate_its_documented_forms():
+    """`count/span` with s, m, h or d (the span's number optional), `0` for off; anything else
+    stops start-up rather than being read as some other limit."""
     assert product.rate("r", "30/1m") == (30, 60.0)
     assert product.rate("r", "5/h") == (5, 3600.0)
     assert product.rate("r", "20/15m") == (20, 900.0)
@@ -92,6 +97,7 @@ def test_a_spec_takes_known_keys_only_and_a_rate_its_documented_forms():
 
 
 def test_a_spec_rejects_an_unknown_key(monkeypatch):
+    """A misspelt key (`thread=`) stops start-up instead of being ignored; spaces are allowed."""
     monkeypatch.setenv("CHAT_ENGINE", "threads=2,thread=4")
     with pytest.raises(ImproperlyConfigured, match="'thread=4' is not one of"):
         product.envspec("CHAT_ENGINE", product.ENGINE_DEFAULTS)
@@ -100,6 +106,9 @@ def test_a_spec_rejects_an_unknown_key(monkeypatch):
 
 
 def test_email_url_gives_djangos_mail_settings():
+    """EMAIL_URL sets what the seven EMAIL_* variables and DEFAULT_FROM_EMAIL did: STARTTLS on
+    smtp://, implicit TLS and port 465 on smtps://, a percent-encoded password decoded, the
+    console without one."""
     smtp = product.email_settings(
         "smtp://mailer:p%40ss@mail.example.com:2525?from=chat@example.com"
     )
@@ -121,6 +130,8 @@ def test_email_url_gives_djangos_mail_settings():
 
 
 def test_chat_remote_gives_the_url_key_and_options():
+    """CHAT_REMOTE's password is the Bearer key and never stays in the URL sent to; its query
+    gives the remote tier's options, each checked as its own variable was."""
     remote = product.remote_settings("http://:s3cret@10.0.0.5:8000/v1/?model=qwen&concurrency=3")
     assert remote["url"] == "http://10.0.0.5:8000/v1"  # the key never travels in the URL
     assert (remote["api_key"], remote["model"], remote["concurrency"]) == ("s3cret", "qwen", 3)

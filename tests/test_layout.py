@@ -30,6 +30,8 @@ def top_level_imports(path: Path) -> set[str]:
     ],
 )
 def test_no_folder_imports_what_it_must_not(folders, forbidden):
+    """A module of `folders` importing one of `forbidden` (at top level or inside a function)
+    fails, naming the module."""
     for folder in folders:
         for path in (ROOT / folder).rglob("*.py"):
             wrong = top_level_imports(path) & forbidden
