@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from testing.liveserver import process_status_mb
+
 LOOPBACK = "127.0.0.1"
 # The benchmark's servers use these Redis databases; the cache one is flushed between runs.
 CACHE_REDIS_URL = os.environ.get("BENCH_CACHE_REDIS_URL", "redis://127.0.0.1:6379/13")
@@ -43,19 +45,6 @@ def ratio(a, b) -> float | None:
 def self_peak_rss_mb() -> float:
     """Peak RSS of this process (ru_maxrss is in KiB on Linux)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def process_status_mb(pid: int | None, key: str) -> float | None:
-    """A size from another process's /proc status ("VmRSS", "VmHWM", ...) in MB, or None if it is gone."""
-    if pid is None:
-        return None
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(f"{key}:"):
-                return int(line.split()[1]) / 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def process_peak_rss_mb(pid: int) -> float | None:
@@ -437,7 +426,7 @@ def daphne(workdir: Path, label: str, *, premigrate: bool, timeout: float = 120,
     env.setdefault("REDIS_URL", loopback_url(os.environ.get("REDIS_URL"), CHANNEL_REDIS_URL))
     env.setdefault("CHAT_CACHE_REDIS_URL", CACHE_REDIS_URL)
     # Every benchmark connection is its own visitor, but 20 hits or 8 users must never meet the limiter.
-    env.setdefault("CHAT_RATE_LIMIT_PER_MINUTE", "0")
+    env.setdefault("CHAT_RATE_LIMITS", "prompt=0")
     server = LiveServer(workdir, **env)
     run = ServerRun(label=label, env=env, server=server)
     try:

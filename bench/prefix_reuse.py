@@ -296,7 +296,8 @@ def budget(backend, scheduler, rows: int = 8, tokens: int = 600) -> Budget:
     other rows' long prefills without reuse raise the process's high-water mark."""
     import os
 
-    from bench.benchmarking import process_status_mb, self_peak_rss_mb
+    from bench.benchmarking import self_peak_rss_mb
+    from testing.liveserver import process_status_mb
 
     store = backend.prefix_store
     store.clear()

@@ -1,5 +1,5 @@
 """Load the engine once per weight mode for the quality commands (perplexity, dtypecheck,
-jsonpassrate): `none` is today's float model; int8/int4 are CHAT_MODEL_QUANT's modes, with the
+jsonpassrate): `none` is today's float model; int8/int4 are CHAT_ENGINE quant's modes, with the
 real kernels or, with `simulate`, the very same weights in float nn.Linears (quant_choice.simulate),
 for a CPU whose kernels for a mode are too slow to measure quality with in minutes."""
 

@@ -39,17 +39,14 @@ def main(argv: list[str]) -> None:
 
 
 def serve_defaults(data_dir: Path) -> None:
-    """DEBUG off unless asked for; then a secret key kept in `data_dir`, and cookies that work
-    over the plain http this serves (unless a TLS proxy is in front)."""
+    """DEBUG off unless asked for; then a secret key kept in `data_dir`. Only variables that
+    project/settings.py reads (and docs/configuration.md lists) are read or set here."""
     if not os.environ.get("DEBUG"):
         os.environ["DEBUG"] = "0"
     if os.environ["DEBUG"].lower() in {"1", "true", "yes", "on"}:
         return
     if not os.environ.get("SECRET_KEY"):
         os.environ["SECRET_KEY"] = kept_secret_key(data_dir / "secret_key")
-    if os.environ.get("BEHIND_TLS_PROXY", "").lower() not in {"1", "true", "yes", "on"}:
-        os.environ.setdefault("SESSION_COOKIE_SECURE", "0")
-        os.environ.setdefault("CSRF_COOKIE_SECURE", "0")
 
 
 def kept_secret_key(path: Path) -> str:
@@ -76,7 +73,17 @@ def prepare_bundled_model(settings) -> None:
         # In front of an inference server the bundled folder only serves as the tokenizer for
         # token counts. Converting it needs torch, which this process must not hold: a child
         # process does it (later starts find the folder and return at once).
-        subprocess.run([sys.executable, "-m", "chat.engine.weights.convert"], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "chat.engine.weights.convert",
+                "--data-dir",
+                str(settings.DATA_DIR),
+            ]
+            + ["--quant", settings.CHAT_MODEL_QUANT],
+            check=True,
+        )
 
 
 def serve(argv: list[str]) -> None:
@@ -94,8 +101,7 @@ def serve(argv: list[str]) -> None:
 
     from daphne.cli import CommandLineInterface
 
-    host = os.environ.get("HOST", "127.0.0.1")
-    port = os.environ.get("PORT", "8000")
+    host, port = settings.SERVE_HOST, str(settings.SERVE_PORT)
     print(f"Serving on http://{host}:{port}/", flush=True)
     CommandLineInterface().run(["-b", host, "-p", port, *argv, "project.asgi:application"])
 

@@ -1,11 +1,16 @@
 """Settings, all from environment variables, with defaults that make a bare checkout run.
 
-Every variable is listed in docs/configuration.md. A malformed value fails at start-up, not later.
+Every variable is read here, through the env* helpers below (tests/test_configuration.py finds
+them by those calls), and listed in docs/configuration.md. A family of knobs is one variable (a
+URL or a `key=value,...` spec), which sets the Django settings the code reads. A malformed value
+fails at start-up, naming the variable, not later.
 """
 
 import os
+import re
 import socket
 from pathlib import Path
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -28,28 +33,60 @@ def envbool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name}={value!r} is not a boolean (use 1/0, true/false)")
 
 
-def envint(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return default
+def number(name: str, value: str, kind: type[int] | type[float], minimum: float = 0):
+    """`value` as an int or float of at least `minimum`; else start-up stops naming `name`."""
     try:
-        return int(value)
+        parsed = kind(value)
     except ValueError:
-        raise ImproperlyConfigured(f"{name}={value!r} is not an integer") from None
+        article = "an integer" if kind is int else "a number"
+        raise ImproperlyConfigured(f"{name}={value!r} is not {article}") from None
+    if parsed < minimum:
+        raise ImproperlyConfigured(f"{name}={value!r} must be at least {minimum}")
+    return parsed
 
 
-def envfloat(name: str, default: float) -> float:
+def envint(name: str, default: int, minimum: int = 0) -> int:
     value = os.environ.get(name)
-    if value is None or value == "":
-        return default
-    try:
-        return float(value)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name}={value!r} is not a number") from None
+    return default if not value else number(name, value, int, minimum)
+
+
+def envfloat(name: str, default: float, minimum: float = 0) -> float:
+    value = os.environ.get(name)
+    return default if not value else number(name, value, float, minimum)
 
 
 def envlist(name: str, default: str) -> list[str]:
     return [item.strip() for item in env(name, default).split(",") if item.strip()]
+
+
+def envspec(name: str, defaults: dict[str, str]) -> dict[str, str]:
+    """`key=value,key=value` over `defaults`: one variable for a family of knobs, each key
+    optional; an unknown key or an item without `=` stops start-up."""
+    spec = dict(defaults)
+    for item in envlist(name, ""):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or key not in defaults:
+            raise ImproperlyConfigured(
+                f"{name}: {item!r} is not one of {', '.join(f'{k}=...' for k in defaults)}"
+            )
+        spec[key] = value.strip()
+    return spec
+
+
+UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def rate(name: str, value: str) -> tuple[int, float]:
+    """`30/1m` (or `30/m`): at most 30 in any minute, as (count, window seconds); `0`: no limit.
+    Units s, m, h, d."""
+    if value.strip() == "0":
+        return 0, 60.0
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d*)\s*([smhd])\s*", value)
+    if not match:
+        raise ImproperlyConfigured(f"{name}={value!r}: write a limit as count/span, e.g. 30/1m")
+    count, span, unit = match.groups()
+    return int(count), float(int(span or 1) * UNITS[unit])
 
 
 DEBUG = envbool("DEBUG", True)
@@ -119,8 +156,13 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = {
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         "transaction_mode": "IMMEDIATE",
-        # How long a write waits for another connection's lock before "database is locked".
-        "timeout": envfloat("SQLITE_BUSY_TIMEOUT", 5.0),
+        # How long a write waits for another connection's lock before "database is locked":
+        # `?timeout=` on DATABASE_URL, 5 s by default.
+        "timeout": number(
+            "DATABASE_URL timeout",
+            DATABASES["default"].get("OPTIONS", {}).get("timeout", "5"),
+            float,
+        ),
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -161,33 +203,61 @@ LOGOUT_REDIRECT_URL = "/"
 CHAT_SIGNUP = env("CHAT_SIGNUP", "open")
 if CHAT_SIGNUP not in {"open", "confirm", "closed"}:
     raise ImproperlyConfigured(f"CHAT_SIGNUP={CHAT_SIGNUP!r} must be open, confirm or closed")
-# Accounts one client address may make in a window (chat/infra/signup_throttle.py); 0 = no limit.
-CHAT_SIGNUPS_PER_ADDRESS = envint("CHAT_SIGNUPS_PER_ADDRESS", 5)
-CHAT_SIGNUP_WINDOW_MINUTES = envint("CHAT_SIGNUP_WINDOW_MINUTES", 60)
-# Failed sign-ins (the page's and /admin/login/) allowed per account and per client address
-# in a window; beyond them every attempt is refused until the window ends.
-CHAT_SIGNIN_FAILURES_PER_ACCOUNT = envint("CHAT_SIGNIN_FAILURES_PER_ACCOUNT", 5)
-CHAT_SIGNIN_FAILURES_PER_ADDRESS = envint("CHAT_SIGNIN_FAILURES_PER_ADDRESS", 20)
-CHAT_SIGNIN_WINDOW_MINUTES = envint("CHAT_SIGNIN_WINDOW_MINUTES", 15)
+# Every throttle in one spec (chat/infra/ratelimit.py counts them all the same way): prompts per
+# user or visitor session, prompts per client address for visitors without an account, sign-ups
+# per address, failed sign-ins per account and per address. `0` turns one off.
+RATE_LIMIT_DEFAULTS = {
+    "prompt": "30/1m",
+    "prompt_address": "",  # empty: as `prompt`
+    "signup_address": "5/1h",
+    "signin_account": "5/15m",
+    "signin_address": "20/15m",
+}
+_rates = envspec("CHAT_RATE_LIMITS", RATE_LIMIT_DEFAULTS)
+_rates["prompt_address"] = _rates["prompt_address"] or _rates["prompt"]
+CHAT_RATE_LIMITS = {key: rate(f"CHAT_RATE_LIMITS {key}", value) for key, value in _rates.items()}
 # Conversations with nothing new for this many days are deleted by `manage.py purge`, run from
 # cron or a systemd timer (docs/privacy.md); 0 (unset) keeps them.
 CHAT_RETENTION_DAYS = envint("CHAT_RETENTION_DAYS", 0)
-if CHAT_RETENTION_DAYS < 0:
-    raise ImproperlyConfigured("CHAT_RETENTION_DAYS must be 0 (keep) or a number of days")
-# Password-reset and sign-up confirmation mail: printed to the console unless EMAIL_HOST names an SMTP server.
-EMAIL_HOST = env("EMAIL_HOST", "")
-EMAIL_BACKEND = env(
-    "EMAIL_BACKEND",
-    "django.core.mail.backends.smtp.EmailBackend"
-    if EMAIL_HOST
-    else "django.core.mail.backends.console.EmailBackend",
-)
-EMAIL_PORT = envint("EMAIL_PORT", 587)
-EMAIL_HOST_USER = env("EMAIL_HOST_USER", "")
-EMAIL_HOST_PASSWORD = env("EMAIL_HOST_PASSWORD", "")
-EMAIL_USE_SSL = envbool("EMAIL_USE_SSL", False)
-EMAIL_USE_TLS = envbool("EMAIL_USE_TLS", not EMAIL_USE_SSL)
-DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", "chat@localhost")
+
+
+def email_settings(url: str) -> dict[str, object]:
+    """Django's EMAIL_* settings from one URL: `smtp://user:password@host:587` (STARTTLS;
+    `?tls=0` for none), `smtps://...:465` (implicit TLS); `?from=` is the sender. Empty prints
+    mail to the console."""
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    unknown = set(query) - {"from", "tls"}
+    if parts.scheme not in {"", "smtp", "smtps"} or unknown or (url and not parts.hostname):
+        raise ImproperlyConfigured(
+            f"EMAIL_URL: use smtp://user:password@host:587 or smtps://...:465 "
+            f"(options ?from=, ?tls=0), not {parts.scheme or url!r}"
+        )
+    ssl = parts.scheme == "smtps"
+    return {
+        "EMAIL_BACKEND": "django.core.mail.backends.smtp.EmailBackend"
+        if url
+        else "django.core.mail.backends.console.EmailBackend",
+        "EMAIL_HOST": parts.hostname or "",
+        "EMAIL_PORT": parts.port or (465 if ssl else 587),
+        "EMAIL_HOST_USER": unquote(parts.username or ""),
+        "EMAIL_HOST_PASSWORD": unquote(parts.password or ""),
+        "EMAIL_USE_SSL": ssl,
+        "EMAIL_USE_TLS": not ssl and query.get("tls", "1") not in {"0", "false", "off", "no"},
+        "DEFAULT_FROM_EMAIL": query.get("from", "chat@localhost"),
+    }
+
+
+# Password-reset and sign-up confirmation mail.
+_email = email_settings(env("EMAIL_URL", ""))
+EMAIL_BACKEND = str(_email["EMAIL_BACKEND"])
+EMAIL_HOST = str(_email["EMAIL_HOST"])
+EMAIL_PORT = int(str(_email["EMAIL_PORT"]))
+EMAIL_HOST_USER = str(_email["EMAIL_HOST_USER"])
+EMAIL_HOST_PASSWORD = str(_email["EMAIL_HOST_PASSWORD"])
+EMAIL_USE_SSL = bool(_email["EMAIL_USE_SSL"])
+EMAIL_USE_TLS = bool(_email["EMAIL_USE_TLS"])
+DEFAULT_FROM_EMAIL = str(_email["DEFAULT_FROM_EMAIL"])
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -196,7 +266,7 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = Path(env("STATIC_ROOT", str(DATA_DIR / "staticfiles")))
+STATIC_ROOT = DATA_DIR / "staticfiles"
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {
@@ -208,23 +278,24 @@ STORAGES = {
 WHITENOISE_USE_FINDERS = DEBUG
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # also creates DATA_DIR for the SQLite file
 
-SESSION_COOKIE_SECURE = envbool("SESSION_COOKIE_SECURE", not DEBUG)
-CSRF_COOKIE_SECURE = envbool("CSRF_COOKIE_SECURE", not DEBUG)
-SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", False)
-SECURE_PROXY_SSL_HEADER = (
-    ("HTTP_X_FORWARDED_PROTO", "https") if envbool("BEHIND_TLS_PROXY", False) else None
-)
+# Behind a TLS-terminating proxy that sets X-Forwarded-Proto: the request is https when the
+# proxy says so, and cookies are sent over https only. Off, cookies work over the plain http served.
+BEHIND_TLS_PROXY = envbool("BEHIND_TLS_PROXY", False)
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if BEHIND_TLS_PROXY else None
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = BEHIND_TLS_PROXY
 # Scripts, styles, images, fonts, fetches and sockets from this site only; no inline script or
 # style, no plugins, no framing, forms post here. 'self' covers ws:/wss: on this host (CSP 3).
-CONTENT_SECURITY_POLICY = env(
-    "CONTENT_SECURITY_POLICY",
+CONTENT_SECURITY_POLICY = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
-    "frame-ancestors 'none'; form-action 'self'",
+    "frame-ancestors 'none'; form-action 'self'"
 )
+# HSTS makes the site https-only: browsers are told so for this long (with the subdomains, and
+# asking for preloading), and plain http is redirected, except /healthz, which a balancer probes
+# over plain http.
 SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 0)
-SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("SECURE_HSTS_INCLUDE_SUBDOMAINS", SECURE_HSTS_SECONDS > 0)
-SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", SECURE_HSTS_SECONDS > 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE_HSTS_PRELOAD = SECURE_SSL_REDIRECT = SECURE_HSTS_SECONDS > 0
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
 
 LOGGING = {
     "version": 1,
@@ -242,136 +313,154 @@ LOGGING = {
 }
 
 # -- the chat itself -----------------------------------------------------------
-CHAT_MODEL_PATH = (
-    env("CHAT_MODEL_PATH", "") or None
-)  # a local HF model folder; empty: bundled SmolLM2
-CHAT_MODEL_DTYPE = env("CHAT_MODEL_DTYPE", "auto")
-CHAT_MODEL_DEVICE = env("CHAT_MODEL_DEVICE", "auto")
-CHAT_TORCH_THREADS = envint("CHAT_TORCH_THREADS", 0)
-# Threads of a decode step; 0 is one fewer than a prefill's (chat/engine/local/threads.py).
-CHAT_DECODE_THREADS = envint("CHAT_DECODE_THREADS", 0)
-# Decode-step matmuls as W @ x.T (chat/engine/weights/weight_major.py): auto times both orders per weight
-# shape at load and keeps the faster; on and off force it.
-CHAT_WEIGHT_MAJOR = env("CHAT_WEIGHT_MAJOR", "auto")
-# Weight-only quantized linears (chat/engine/weights/quantized.py, docs/engine.md): auto times the modes
-# whose quality matched fp32 against the float model at load and keeps a faster one; gguf (the
-# GGUF file's own blocks through the project's AVX2 kernels; gguf-q8 with llama.cpp's int8
-# activations), int8, int4 and none force one.
-CHAT_MODEL_QUANT = env("CHAT_MODEL_QUANT", "auto")
-# While answers decode, a newcomer's prompt is prefilled this many tokens per decode step, so a
-# long prompt never freezes the others for its whole prefill; 0 prefills every prompt at once.
-CHAT_PREFILL_CHUNK = envint("CHAT_PREFILL_CHUNK", 128)
-if CHAT_PREFILL_CHUNK < 0:
-    raise ImproperlyConfigured("CHAT_PREFILL_CHUNK must be 0 (off) or a number of tokens")
-# KV of recent rows kept so a prompt that starts like one of them (the conversation so far, a
-# policy's system prompt) prefills only what is new (docs/engine.md); 0 turns it off. The default
-# keeps the serving process within 1.5 GB (docs/configuration.md).
-CHAT_PREFIX_CACHE_MB = envint("CHAT_PREFIX_CACHE_MB", 128)
-if CHAT_PREFIX_CACHE_MB < 0:
-    raise ImproperlyConfigured("CHAT_PREFIX_CACHE_MB must be 0 (off) or a number of megabytes")
-if CHAT_WEIGHT_MAJOR not in {"auto", "on", "off"}:
-    raise ImproperlyConfigured(f"CHAT_WEIGHT_MAJOR={CHAT_WEIGHT_MAJOR!r}: use auto, on or off")
-if CHAT_MODEL_QUANT not in {"auto", "none", "int8", "int4", "gguf", "gguf-q8"}:
-    raise ImproperlyConfigured(
-        f"CHAT_MODEL_QUANT={CHAT_MODEL_QUANT!r}: use auto, none, gguf, gguf-q8, int8 or int4"
-    )
-CHAT_MAX_NEW_TOKENS = envint("CHAT_MAX_NEW_TOKENS", 768)  # default per answer (docs/decoding.md)
-CHAT_MAX_NEW_TOKENS_CAP = envint("CHAT_MAX_NEW_TOKENS_CAP", 1024)  # no request may ask for more
-CHAT_MAX_PROMPT_CHARS = envint("CHAT_MAX_PROMPT_CHARS", 4000)
-CHAT_MAX_PROMPT_TOKENS = envint(
-    "CHAT_MAX_PROMPT_TOKENS", 1024
-)  # the new prompt alone, in the model's tokens; 0 = no limit
-CHAT_MAX_QUEUE = envint("CHAT_MAX_QUEUE", 64)
+# local: the model in this process; openai: an OpenAI-compatible inference server (CHAT_REMOTE);
+# none: pages and admin without a model.
+CHAT_BACKEND = env("CHAT_BACKEND", "local")
+if CHAT_BACKEND not in {"local", "openai", "none"}:
+    raise ImproperlyConfigured(f"CHAT_BACKEND={CHAT_BACKEND!r}: use local, openai or none")
+CHAT_LOAD_MODEL = CHAT_BACKEND != "none"
+CHAT_MODEL_PATH = env("CHAT_MODEL_PATH", "") or None  # a local HF model folder; empty: SmolLM2
+
+# What the engine measures or picks at start, with the overrides an operator may need: the
+# device and dtype (auto: fp32 on the CPU, bf16 on CUDA), the weight mode (auto times the modes
+# that passed the quality gates at load: docs/engine.md), torch's threads (0: torch's default;
+# a decode step gets one fewer), answers decoding together, and the KV memory the running batch
+# may reserve (the prefix store gets a quarter of it again).
+ENGINE_DEFAULTS = {
+    "device": "auto",
+    "dtype": "auto",
+    "quant": "auto",
+    "threads": "0",
+    "batch": "8",
+    "kv_mb": "512",
+}
+_engine = envspec("CHAT_ENGINE", ENGINE_DEFAULTS)
+CHAT_MODEL_DEVICE = _engine["device"]
+CHAT_MODEL_DTYPE = _engine["dtype"]
+CHAT_MODEL_QUANT = _engine["quant"]
+CHAT_TORCH_THREADS = number("CHAT_ENGINE threads", _engine["threads"], int)
+CHAT_MAX_BATCH = number("CHAT_ENGINE batch", _engine["batch"], int, minimum=1)
+CHAT_KV_CACHE_MB = number("CHAT_ENGINE kv_mb", _engine["kv_mb"], int, minimum=1)
+for _key, _allowed in (
+    ("device", {"auto", "cpu", "cuda", "mps"}),
+    ("dtype", {"auto", "bfloat16", "float16", "float32"}),
+    ("quant", {"auto", "none", "int8", "int4", "gguf", "gguf-q8"}),
+):
+    if _engine[_key] not in _allowed:
+        raise ImproperlyConfigured(
+            f"CHAT_ENGINE {_key}={_engine[_key]!r}: use {', '.join(sorted(_allowed))}"
+        )
+# Measured choices with no override (docs/engine.md says how each was measured): a decode step
+# on one thread fewer than a prefill, weight-major matmuls where a 4-row step timed faster at
+# load, chunked prefill of 128 tokens, and a prefix store of a quarter of the KV budget (128 MB
+# by default, which keeps the serving process within 1.5 GB).
+CHAT_DECODE_THREADS = 0
+CHAT_WEIGHT_MAJOR = "auto"
+CHAT_PREFILL_CHUNK = 128
+CHAT_PREFIX_CACHE_MB = CHAT_KV_CACHE_MB // 4
+
+# Per-request limits and the queue: max_new_tokens when no policy is stored and the cap no
+# request may pass, the new prompt's length in characters and in the model's tokens (0: no
+# token limit), earlier messages sent back to the model, and waiting requests before queue_full.
+LIMIT_DEFAULTS = {
+    "new_tokens": "768",
+    "new_tokens_cap": "1024",
+    "prompt_chars": "4000",
+    "prompt_tokens": "1024",
+    "history": "20",
+    "queue": "64",
+}
+_limits = {
+    key: number(f"CHAT_LIMITS {key}", value, int)
+    for key, value in envspec("CHAT_LIMITS", LIMIT_DEFAULTS).items()
+}
+CHAT_MAX_NEW_TOKENS = _limits["new_tokens"]
+CHAT_MAX_NEW_TOKENS_CAP = _limits["new_tokens_cap"]
+CHAT_MAX_PROMPT_CHARS = _limits["prompt_chars"]
+CHAT_MAX_PROMPT_TOKENS = _limits["prompt_tokens"]
+CHAT_HISTORY_TURNS = _limits["history"]
+CHAT_MAX_QUEUE = _limits["queue"]
+CHAT_SYSTEM_PROMPT = ""  # a policy's own (admin); none when no policy is stored
+
 # On SIGTERM, how long running answers may go on before they are cancelled (project/shutdown.py).
 CHAT_DRAIN_SECONDS = envfloat("CHAT_DRAIN_SECONDS", 10.0)
-CHAT_RATE_LIMIT_PER_MINUTE = envint(
-    "CHAT_RATE_LIMIT_PER_MINUTE", 30
-)  # prompts per user; 0 = no limit
-# Visitors without an account also count per client address (a new cookie is free); 0 = no limit.
-CHAT_RATE_LIMIT_PER_ADDRESS = envint("CHAT_RATE_LIMIT_PER_ADDRESS", CHAT_RATE_LIMIT_PER_MINUTE)
 # Proxies in front that append to X-Forwarded-For; 0 ignores the header (anyone can send it).
 CHAT_TRUSTED_PROXIES = envint("CHAT_TRUSTED_PROXIES", 0)
-CHAT_MAX_BATCH = envint(
-    "CHAT_MAX_BATCH", 8
-)  # answers decoding together in the running batch; 1 = plain queue
-CHAT_KV_CACHE_MB = envint(
-    "CHAT_KV_CACHE_MB", 512
-)  # KV cache the running batch may reserve (padded, worst case); more waits in the queue
-CHAT_HISTORY_TURNS = envint("CHAT_HISTORY_TURNS", 20)  # earlier messages sent back to the model
-CHAT_SYSTEM_PROMPT = env("CHAT_SYSTEM_PROMPT", "")
 # The model name the OpenAI-compatible API offers the default policy as (`<name>:<slug>` for the others).
 CHAT_API_MODEL_NAME = env("CHAT_API_MODEL_NAME", "smollm2")
-CHAT_LOAD_MODEL = envbool("CHAT_LOAD_MODEL", True)  # off: serve pages/admin without a model
 # /metrics answers only requests carrying `Authorization: Bearer <this>`; empty: /metrics is off
 # (404), with DEBUG too: its counts say whether someone else's prompt began like a probe's.
 CHAT_METRICS_TOKEN = env("CHAT_METRICS_TOKEN", "")
+# Where `make run` (project/serve.py) serves.
+SERVE_HOST = env("HOST", "127.0.0.1")
+SERVE_PORT = envint("PORT", 8000)
 # Names this server process, stable across its restarts (host and port by default). Each answer
 # records it, and a migrate under the same name closes what that process left streaming when it
 # stopped, never what another live process is still generating.
-CHAT_INSTANCE = env("CHAT_INSTANCE", "") or f"{socket.gethostname()}:{env('PORT', '8000')}"
+CHAT_INSTANCE = env("CHAT_INSTANCE", "") or f"{socket.gethostname()}:{SERVE_PORT}"
+
+# A process that holds something in Redis for others (a generation they wait on, places in the
+# remote tier's global queue) and goes unheard this long counts as dead: its claims expire.
+CHAT_LEASE_SECONDS = envfloat("CHAT_LEASE_SECONDS", 10.0, minimum=1)
+# Identical prompts in flight share one generation across the processes on CHAT_CACHE_REDIS_URL
+# (within a process they always do).
+CHAT_COALESCE_ACROSS_PROCESSES = True
+CHAT_COALESCE_LEASE_SECONDS = CHAT_REMOTE_LEASE_SECONDS = CHAT_LEASE_SECONDS
+
 
 # -- the model on an inference server (CHAT_BACKEND=openai) ----------------------
-# Any OpenAI-compatible streaming chat API: vLLM, text-generation-inference, ...
-CHAT_BACKEND = env(
-    "CHAT_BACKEND", "local"
-)  # local: the model in this process; openai: a remote server
-CHAT_REMOTE_URL = env("CHAT_REMOTE_URL", "").rstrip("/")  # API root, e.g. http://10.0.0.5:8000/v1
-CHAT_REMOTE_MODEL = env("CHAT_REMOTE_MODEL", "")  # the served model's name
-CHAT_REMOTE_API_KEY = env("CHAT_REMOTE_API_KEY", "")  # sent as a Bearer token; empty sends none
-CHAT_REMOTE_MAX_CONCURRENCY = envint("CHAT_REMOTE_MAX_CONCURRENCY", 8)  # open streams per process
-CHAT_REMOTE_TIMEOUT = envfloat(
-    "CHAT_REMOTE_TIMEOUT", 60.0
-)  # connect, and longest wait for the next token
-CHAT_REMOTE_CONTEXT_LENGTH = envint(
-    "CHAT_REMOTE_CONTEXT_LENGTH", 0
-)  # 0: from the tokenizer folder, else unknown
-# Many processes, one server: a global FIFO in Redis (REDIS_URL) with this many slots; 0: per-process limit only.
-CHAT_REMOTE_GLOBAL_CONCURRENCY = envint("CHAT_REMOTE_GLOBAL_CONCURRENCY", 0)
-CHAT_REMOTE_LEASE_SECONDS = envfloat(
-    "CHAT_REMOTE_LEASE_SECONDS", 10.0
-)  # a dead process's tickets expire after this
-# A local tokenizer folder for token counts; empty: CHAT_MODEL_PATH or the bundled model if present; "none": none.
-CHAT_REMOTE_TOKENIZER = env("CHAT_REMOTE_TOKENIZER", "")
+def remote_settings(url: str) -> dict[str, object]:
+    """The inference server from one URL: its API root, with the key as the password and the
+    knobs as the query, e.g. `http://:KEY@10.0.0.5:8000/v1?model=qwen&concurrency=8`."""
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    known = {"model", "concurrency", "global", "timeout", "context", "tokenizer"}
+    if unknown := set(query) - known:
+        raise ImproperlyConfigured(
+            f"CHAT_REMOTE: unknown option(s) {', '.join(sorted(unknown))}; "
+            f"use {', '.join(sorted(known))}"
+        )
+    netloc = parts.netloc.rpartition("@")[2]
+    return {
+        "url": urlunsplit((parts.scheme, netloc, parts.path, "", "")).rstrip("/"),
+        "api_key": unquote(parts.password or ""),
+        "model": query.get("model", ""),
+        # Open upstream streams per process, and (above 0) in all, through one FIFO in Redis.
+        "concurrency": number("CHAT_REMOTE concurrency", query.get("concurrency", "8"), int, 1),
+        "global": number("CHAT_REMOTE global", query.get("global", "0"), int),
+        # Connect, and longest wait for the next token.
+        "timeout": number("CHAT_REMOTE timeout", query.get("timeout", "60"), float, 0.001),
+        # The served model's context; 0: from the tokenizer folder's config, else unknown.
+        "context": number("CHAT_REMOTE context", query.get("context", "0"), int),
+        # A local tokenizer folder for token counts; empty: the local model's; "none": none.
+        "tokenizer": query.get("tokenizer", ""),
+    }
 
-# Identical prompts in flight share one generation across the processes on CHAT_CACHE_REDIS_URL
-# (in-process sharing is always on); a process gone for this long counts as dead.
-CHAT_COALESCE_ACROSS_PROCESSES = envbool("CHAT_COALESCE_ACROSS_PROCESSES", True)
-CHAT_COALESCE_LEASE_SECONDS = envfloat("CHAT_COALESCE_LEASE_SECONDS", 10.0)
-if CHAT_COALESCE_LEASE_SECONDS <= 0:
-    raise ImproperlyConfigured("CHAT_COALESCE_LEASE_SECONDS must be a positive number of seconds")
 
-if CHAT_KV_CACHE_MB < 1 or CHAT_MAX_BATCH < 1:
-    raise ImproperlyConfigured("CHAT_KV_CACHE_MB and CHAT_MAX_BATCH must be at least 1")
-if CHAT_BACKEND not in {"local", "openai"}:
-    raise ImproperlyConfigured(f"CHAT_BACKEND={CHAT_BACKEND!r}: use 'local' or 'openai'")
+_remote = remote_settings(env("CHAT_REMOTE", ""))
+CHAT_REMOTE_URL = str(_remote["url"])
+CHAT_REMOTE_MODEL = str(_remote["model"])
+CHAT_REMOTE_API_KEY = str(_remote["api_key"])
+CHAT_REMOTE_MAX_CONCURRENCY = int(str(_remote["concurrency"]))
+CHAT_REMOTE_GLOBAL_CONCURRENCY = int(str(_remote["global"]))
+CHAT_REMOTE_TIMEOUT = float(str(_remote["timeout"]))
+CHAT_REMOTE_CONTEXT_LENGTH = int(str(_remote["context"]))
+CHAT_REMOTE_TOKENIZER = str(_remote["tokenizer"])
 if CHAT_BACKEND == "openai":
     if not CHAT_REMOTE_URL.startswith(("http://", "https://")):
         raise ImproperlyConfigured(
-            f"CHAT_BACKEND=openai needs CHAT_REMOTE_URL, the server's API root such as http://host:8000/v1 "
-            f"(got {CHAT_REMOTE_URL!r})"
+            "CHAT_BACKEND=openai needs CHAT_REMOTE, the server's API root such as "
+            f"http://host:8000/v1?model=NAME (got {CHAT_REMOTE_URL!r})"
         )
     if not CHAT_REMOTE_MODEL:
         raise ImproperlyConfigured(
-            "CHAT_BACKEND=openai needs CHAT_REMOTE_MODEL, the served model's name"
-        )
-    if CHAT_REMOTE_MAX_CONCURRENCY < 1:
-        raise ImproperlyConfigured("CHAT_REMOTE_MAX_CONCURRENCY must be at least 1")
-    if CHAT_REMOTE_GLOBAL_CONCURRENCY < 0:
-        raise ImproperlyConfigured(
-            "CHAT_REMOTE_GLOBAL_CONCURRENCY must be 0 (off) or a number of streams"
-        )
-    if CHAT_REMOTE_LEASE_SECONDS < 1:
-        raise ImproperlyConfigured("CHAT_REMOTE_LEASE_SECONDS must be at least 1")
-    if CHAT_REMOTE_TIMEOUT <= 0:
-        raise ImproperlyConfigured("CHAT_REMOTE_TIMEOUT must be a positive number of seconds")
-    if CHAT_REMOTE_CONTEXT_LENGTH < 0:
-        raise ImproperlyConfigured(
-            "CHAT_REMOTE_CONTEXT_LENGTH must be 0 (unknown) or a number of tokens"
+            "CHAT_BACKEND=openai needs the served model's name: CHAT_REMOTE=...?model=NAME"
         )
     if (
         CHAT_REMOTE_TOKENIZER not in {"", "none"}
         and not (Path(CHAT_REMOTE_TOKENIZER) / "tokenizer_config.json").is_file()
     ):
         raise ImproperlyConfigured(
-            f"CHAT_REMOTE_TOKENIZER={CHAT_REMOTE_TOKENIZER}: no tokenizer_config.json there (use 'none' to count nothing)"
+            f"CHAT_REMOTE tokenizer={CHAT_REMOTE_TOKENIZER}: no tokenizer_config.json there "
+            "(use 'none' to count nothing)"
         )

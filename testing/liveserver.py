@@ -52,7 +52,7 @@ class LiveServer:
 
     def start(self, timeout: float = 180, *, wait_for_model: bool = True) -> LiveServer:
         """Migrate, start daphne, and return once /healthz says ready (or answers at all, without
-        `wait_for_model`: a server with CHAT_LOAD_MODEL=0 never reports ready)."""
+        `wait_for_model`: a server with CHAT_BACKEND=none never reports ready)."""
         subprocess.run(
             [sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=self.env, check=True
         )
@@ -139,3 +139,16 @@ class LiveServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+def process_status_mb(pid: int | None, key: str) -> float | None:
+    """A size from another process's /proc status ("VmRSS", "VmHWM", ...) in MB, or None if it is gone."""
+    if pid is None:
+        return None
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(f"{key}:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

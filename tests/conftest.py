@@ -173,10 +173,10 @@ def fast_password_hashing(settings):
 @pytest.fixture(autouse=True)
 def fresh_rate_limits():
     """Every test starts with empty rate-limit windows: all test clients share one address."""
-    from chat.infra.ratelimit import address_limiter, prompt_limiter
+    from chat.infra import ratelimit
 
-    prompt_limiter.clear()
-    address_limiter.clear()
+    for limiter in ratelimit.ALL:
+        limiter.clear()
 
 
 @pytest.fixture(scope="session")
@@ -184,7 +184,7 @@ def runtime():
     """The process's real model and scheduler, loaded once for the whole session."""
     from chat.infra.runtime import runtime as chat_runtime
 
-    # The weights production runs (CHAT_MODEL_QUANT=auto: the GGUF blocks where the kernels
+    # The weights production runs (CHAT_ENGINE quant=auto: the GGUF blocks where the kernels
     # build, about twice as fast a step as fp32); tests that need the float weights ask for
     # `float_backend`.
     chat_runtime.start()
@@ -199,7 +199,7 @@ def backend(runtime):
 
 @pytest.fixture(scope="session")
 def float_backend(runtime):
-    """A second copy of the model with its float weights (CHAT_MODEL_QUANT=none), for tests
+    """A second copy of the model with its float weights (CHAT_ENGINE quant=none), for tests
     that compare quantized layers with them or swap layers in and out; loaded on first use."""
     from dataclasses import replace
 
@@ -306,7 +306,7 @@ def daphne_server(tmp_path_factory):
         tmp_path_factory.mktemp("live"),
         CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL,
         # Every browser test signs up from 127.0.0.1; the sign-up throttle has tests/test_accounts.py.
-        CHAT_SIGNUPS_PER_ADDRESS="0",
+        CHAT_RATE_LIMITS="signup_address=0",
     ).start()
     yield server
     server.stop()

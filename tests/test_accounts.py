@@ -9,6 +9,7 @@ from django.contrib.auth.models import User
 from django.core import mail
 from django.test import Client
 
+from chat.infra.ratelimit import signin_address_limiter, signup_limiter
 from chat.models import Conversation, Message
 from tests.conftest import TEST_CACHE_URL
 
@@ -18,12 +19,7 @@ pytestmark = [pytest.mark.unit, pytest.mark.django_db]
 @pytest.fixture(autouse=True)
 def fresh_counts(settings, empty_cache):
     """Throttle counts in the test Redis database, which `empty_cache` empties before each test."""
-    settings.CACHES = {
-        "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": TEST_CACHE_URL,
-        }
-    }
+    settings.REDIS_URL = TEST_CACHE_URL
 
 
 PASSWORD = "a-long-pass-phrase-42"
@@ -143,11 +139,11 @@ def test_thirty_wrong_passwords_then_the_right_one_is_refused_while_throttled(lo
 
 
 @pytest.mark.parametrize("login_path", ["/accounts/login/", "/admin/login/"])
-def test_one_address_guessing_many_accounts_is_throttled(login_path, settings):
+def test_one_address_guessing_many_accounts_is_throttled(login_path):
     """Per address: spreading guesses over many user names does not get round the limit."""
     User.objects.create_user("victim", password=PASSWORD, is_staff=True)
     client = browser()
-    for n in range(settings.CHAT_SIGNIN_FAILURES_PER_ADDRESS):
+    for n in range(signin_address_limiter.limit):
         client.post(login_path, {"username": f"guess{n}", "password": "wrong"})
     response = client.post(login_path, {"username": "victim", "password": PASSWORD})
     assert "Too many failed sign-in attempts" in response.content.decode()
@@ -183,7 +179,7 @@ def sign_up(client: Client, username: str, **extra):
 def test_one_address_makes_five_accounts_an_hour_then_is_refused(settings):
     """The probe made 5 accounts in 2.4 s from one address, each with its own prompt limit; now
     the sixth is refused (429, the form with how long to wait) and the count is per address."""
-    assert (settings.CHAT_SIGNUPS_PER_ADDRESS, settings.CHAT_SIGNUP_WINDOW_MINUTES) == (5, 60)
+    assert settings.CHAT_RATE_LIMITS["signup_address"] == (5, 3600)
     address = browser().defaults["REMOTE_ADDR"]
     for n in range(5):
         assert sign_up(Client(REMOTE_ADDR=address), f"mass{n}").status_code == 302
@@ -196,8 +192,8 @@ def test_one_address_makes_five_accounts_an_hour_then_is_refused(settings):
     assert sign_up(browser(), "elsewhere").status_code == 302  # another address is not counted
 
 
-def test_a_form_with_errors_does_not_count_against_the_address(settings):
-    settings.CHAT_SIGNUPS_PER_ADDRESS = 1
+def test_a_form_with_errors_does_not_count_against_the_address(monkeypatch):
+    monkeypatch.setattr(signup_limiter, "limit", 1)
     client = browser()
     bad = client.post("/accounts/signup/", {"username": "x", "password1": "a", "password2": "b"})
     assert bad.status_code == 200

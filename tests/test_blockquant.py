@@ -3,13 +3,11 @@
 The kernels are compiled C++ (chat/engine/weights/kernels/blockquant.cpp): every test here compares them
 with the float matmul of the weight the blocks stand for, on random blocks and on the bundled
 model, so a wrong shift, sign or stride fails loudly. They run the instruction set this CPU
-compiles (AVX-512 or AVX2; `isa()` says which); CHAT_KERNEL_ISA=avx2 runs the AVX2 kernels on an
-AVX-512 CPU.
+compiles (AVX-512 or AVX2; `isa()` says which); `blockquant.build("avx2")` builds the AVX2
+kernels on an AVX-512 CPU.
 """
 
 from __future__ import annotations
-
-import os
 
 import pytest
 import torch
@@ -72,27 +70,21 @@ def test_the_kernels_are_built_for_the_instruction_set_the_cpu_has(kernels):
     expected = "avx2"
     if all(flag in flags for flag in ("avx512f", "avx512bw", "avx512vl", "avx512dq")):
         expected = "avx512-vnni" if "avx512_vnni" in flags else "avx512"
-    forced = os.environ.get("CHAT_KERNEL_ISA")  # may lower the level, never raise it
-    if forced and blockquant.ISA_LEVELS.index(forced) < blockquant.ISA_LEVELS.index(expected):
-        expected = forced
     assert kernels.isa() == expected == blockquant.isa_level()
     assert blockquant.build_directory().name.endswith(expected)
 
 
-def test_isa_level_reads_the_flags_and_never_rises_above_them(monkeypatch):
+def test_isa_level_reads_the_flags_and_never_rises_above_them():
     avx2 = ["fma", "avx2", "f16c"]
     avx512 = [*avx2, "avx512f", "avx512bw", "avx512vl", "avx512dq"]
-    monkeypatch.delenv("CHAT_KERNEL_ISA", raising=False)
     assert blockquant.isa_level(avx2) == "avx2"
     assert blockquant.isa_level([*avx512[:-1]]) == "avx2"  # no avx512dq: not the AVX-512 build
     assert blockquant.isa_level(avx512) == "avx512"
     assert blockquant.isa_level([*avx512, "avx512_vnni"]) == "avx512-vnni"
     assert "-mavx512vnni" in blockquant.compiler_flags("avx512-vnni")
     assert not any("512" in flag for flag in blockquant.compiler_flags("avx2"))
-    monkeypatch.setenv("CHAT_KERNEL_ISA", "avx2")
-    assert blockquant.isa_level([*avx512, "avx512_vnni"]) == "avx2"
-    monkeypatch.setenv("CHAT_KERNEL_ISA", "avx512")
-    assert blockquant.isa_level(avx2) == "avx2"
+    assert blockquant.isa_level([*avx512, "avx512_vnni"], wanted="avx2") == "avx2"
+    assert blockquant.isa_level(avx2, wanted="avx512") == "avx2"
 
 
 @pytest.mark.parametrize(("rows", "in_features"), [(1, 32), (3, 96), (7, 1536)])
@@ -137,7 +129,7 @@ def test_an_unsupported_cpu_gives_a_reason_and_forcing_gguf_says_it(monkeypatch)
     monkeypatch.setattr(blockquant, "_failure", None)
     monkeypatch.setattr(blockquant, "cpu_supported", lambda: (False, "this CPU lacks avx2"))
     model = _Tiny()
-    with pytest.raises(ValueError, match="CHAT_MODEL_QUANT=gguf: this CPU lacks avx2"):
+    with pytest.raises(ValueError, match="CHAT_ENGINE quant=gguf: this CPU lacks avx2"):
         quant_choice.choose(model, "gguf", lambda: 1.0)
     assert type(model.up) is nn.Linear
 

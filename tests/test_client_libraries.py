@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 from pydantic import BaseModel, Field
 
-from bench import client_modes as cm
+from testing import client_modes as cm
 from tests.conftest import LIVE_CACHE_URL
 
 pytestmark = pytest.mark.integration
@@ -51,7 +51,7 @@ def live_v1(tmp_path_factory):
     server = LiveServer(
         tmp_path_factory.mktemp("clients"),
         CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL,
-        CHAT_RATE_LIMIT_PER_MINUTE="0",
+        CHAT_RATE_LIMITS="prompt=0",
     ).start()
     try:
         server.manage(

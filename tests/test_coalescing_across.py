@@ -27,8 +27,8 @@ def servers(database_url, tmp_path_factory):  # noqa: F811 (the imported fixture
     owner is noticed within seconds."""
     env = {
         "CHAT_CACHE_REDIS_URL": LIVE_CACHE_URL,
-        "CHAT_TORCH_THREADS": "1",
-        "CHAT_COALESCE_LEASE_SECONDS": "2",
+        "CHAT_ENGINE": "threads=1",
+        "CHAT_LEASE_SECONDS": "2",
         "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
     }
     workdir = tmp_path_factory.mktemp("coalescing")
@@ -51,8 +51,7 @@ def remote_servers(database_url, backend, tmp_path_factory):  # noqa: F811 (the 
     env = {
         "CHAT_CACHE_REDIS_URL": LIVE_CACHE_URL,
         "CHAT_BACKEND": "openai",
-        "CHAT_REMOTE_URL": fake.url,
-        "CHAT_REMOTE_MODEL": fake.model,
+        "CHAT_REMOTE": f"{fake.url}?model={fake.model}",
         "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
     }
     workdir = tmp_path_factory.mktemp("coalescing-remote")

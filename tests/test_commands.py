@@ -61,10 +61,9 @@ PRODUCTION_ENV = {
     "DEBUG": "0",
     "SECRET_KEY": "x" * 30 + "-production-secret-for-the-check-only-" + "y" * 20,
     "ALLOWED_HOSTS": "chat.example.com",
-    "SECURE_SSL_REDIRECT": "1",
     "SECURE_HSTS_SECONDS": "31536000",
     "BEHIND_TLS_PROXY": "1",
-    "CHAT_LOAD_MODEL": "0",
+    "CHAT_BACKEND": "none",
 }
 
 
@@ -132,7 +131,7 @@ def test_answerquality_runs_prompts_through_the_default_policy_and_counts_ending
 
 @pytest.mark.unit
 def test_repeated_ngram_rate_measures_loops_not_length():
-    from bench.management.commands.answerquality import repeated_ngram_rate
+    from testing.quality import repeated_ngram_rate
 
     assert repeated_ngram_rate("one two three four five six seven") == 0.0
     assert repeated_ngram_rate("a b c d " * 10) > 0.8

@@ -70,7 +70,7 @@ def checkout(tmp_path):
     env = {
         "DATA_DIR": str(data),
         "CHAT_MODEL_PATH": str(ROOT / "var" / "models" / "SmolLM2-135M-Instruct"),
-        "CHAT_TORCH_THREADS": "1",
+        "CHAT_ENGINE": "threads=1",
     }
     started: list[LiveServer] = []
 

@@ -508,14 +508,13 @@ async def test_an_accounts_keys_are_revoked_first_even_if_the_rest_fails(
 
 @pytest.mark.integration
 @ws_db
-async def test_the_password_check_is_throttled_like_a_sign_in(scripted_ready, settings):
-    settings.CACHES = {
-        "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": TEST_CACHE_URL,
-        }
-    }
-    settings.CHAT_SIGNIN_FAILURES_PER_ACCOUNT = 2
+async def test_the_password_check_is_throttled_like_a_sign_in(
+    scripted_ready, settings, monkeypatch
+):
+    from chat.infra.ratelimit import signin_account_limiter
+
+    settings.REDIS_URL = TEST_CACHE_URL
+    monkeypatch.setattr(signin_account_limiter, "limit", 2)
     http, user = await signed_in("eve")
     for _ in range(3):  # one more than the limit: the last one is refused unchecked
         await http.post("/account/delete/", {"password": "guess"})

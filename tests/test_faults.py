@@ -49,7 +49,9 @@ def locked_db_server(tmp_path_factory):
     """
     workdir = tmp_path_factory.mktemp("locked")
     server = LiveServer(
-        workdir, SQLITE_BUSY_TIMEOUT="0.2", CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL
+        workdir,
+        database_url=f"sqlite:///{workdir / 'live.sqlite3'}?timeout=0.2",
+        CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL,
     ).start()
     yield server, workdir / "live.sqlite3"
     server.stop()

@@ -1,6 +1,6 @@
 """Hostile input (docs/security.md) against a live daphne, as an attacker reproduced it: real sockets, real HTTP.
 
-The servers run without a model (CHAT_LOAD_MODEL=0): every case here is refused before generation,
+The servers run without a model (CHAT_BACKEND=none): every case here is refused before generation,
 and a prompt that passes the rate limit is answered `model_loading`, cheaply.
 """
 
@@ -25,7 +25,7 @@ TOKEN = "t" * 32  # any well-formed CSRF secret
 def dev_server(tmp_path_factory):
     """The dev settings (`make run`), a rate limit of 3 prompts a minute."""
     server = LiveServer(
-        tmp_path_factory.mktemp("hostile"), CHAT_LOAD_MODEL="0", CHAT_RATE_LIMIT_PER_MINUTE="3"
+        tmp_path_factory.mktemp("hostile"), CHAT_BACKEND="none", CHAT_RATE_LIMITS="prompt=3/1m"
     ).start(wait_for_model=False)
     yield server
     server.stop()
@@ -42,8 +42,7 @@ def production_server(tmp_path_factory):
         ALLOWED_HOSTS="127.0.0.1,localhost",
         CSRF_TRUSTED_ORIGINS="https://chat.example.com",
         BEHIND_TLS_PROXY="1",
-        STATIC_ROOT=str(workdir / "staticfiles"),
-        CHAT_LOAD_MODEL="0",
+        CHAT_BACKEND="none",
     ).start(wait_for_model=False)
     yield server
     server.stop()
@@ -215,9 +214,9 @@ def make_run_server(tmp_path_factory):
         serve=True,
         DATA_DIR=str(workdir / "data"),
         CHAT_MODEL_PATH=str(ROOT / "var" / "models" / "SmolLM2-135M-Instruct"),
-        CHAT_LOAD_MODEL="0",
+        CHAT_BACKEND="none",
     )
-    for name in ("DEBUG", "SECRET_KEY", "STATIC_ROOT"):
+    for name in ("DEBUG", "SECRET_KEY"):
         server.env.pop(name, None)
     server.start(wait_for_model=False)
     yield server, workdir / "data"

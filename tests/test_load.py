@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench import loadtest
+from testing import loadtest
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 
 from chat.engine.sampling_params import SamplingParams
 from chat.stores.policy_store import PolicyOverride, ResolvedPolicy
-from chat.transports.openai_protocol import (
+from chat.transports.openai import (
     ChatRequest,
     OpenAIError,
     answer_of,

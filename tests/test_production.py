@@ -20,7 +20,6 @@ def production_server(tmp_path):
         "DEBUG": "0",
         "SECRET_KEY": "p" * 50,
         "ALLOWED_HOSTS": "127.0.0.1,localhost",
-        "STATIC_ROOT": str(tmp_path / "staticfiles"),
     }
     server = LiveServer(tmp_path, **env)
     server.manage("collectstatic", "--noinput", "-v0")  # what `make run` does when DEBUG is off

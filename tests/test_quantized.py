@@ -138,7 +138,7 @@ def test_int4_logits_match_its_weights_in_float_and_stay_close_to_fp32(float_bac
 def test_int8_logits_stay_close_to_fp32_and_the_head_stays_int8(float_backend, wrapped):
     model = float_backend.model
     already = weight_major.unwrap_all(model)
-    if wrapped:  # as CHAT_WEIGHT_MAJOR=auto may have left it before CHAT_MODEL_QUANT=auto
+    if wrapped:  # as CHAT_WEIGHT_MAJOR=auto may have left it before CHAT_ENGINE quant=auto
         weight_major.wrap(model)
     fp32 = _step_logits(model)
     undo, _ = quantized.quantize(model, "int8")
@@ -294,7 +294,7 @@ def test_auto_tries_only_the_modes_that_passed_the_quality_gates():
 @pytest.mark.unit
 def test_none_keeps_todays_layers_and_forced_modes_apply():
     model = Tiny()
-    assert "CHAT_MODEL_QUANT=none" in quant_choice.choose(model, "none", lambda: 1.0)
+    assert "CHAT_ENGINE quant=none" in quant_choice.choose(model, "none", lambda: 1.0)
     assert _layers(model) == ["Linear"] * 3
     quant_choice.choose(model, "int4", lambda: 1.0)
     assert [model.up.kind, model.down.kind, model.head.kind] == ["int4", "int4", "int8"]
@@ -304,9 +304,9 @@ def test_none_keeps_todays_layers_and_forced_modes_apply():
 
 @pytest.mark.unit
 def test_a_bad_chat_model_quant_stops_the_server_at_start_up():
-    env = {**os.environ, "CHAT_MODEL_QUANT": "fp4", "CHAT_LOAD_MODEL": "0"}
+    env = {**os.environ, "CHAT_ENGINE": "quant=fp4", "CHAT_BACKEND": "none"}
     done = subprocess.run(
         [sys.executable, "manage.py", "check"], env=env, capture_output=True, text=True
     )
     assert done.returncode != 0
-    assert "CHAT_MODEL_QUANT='fp4': use auto, none, gguf, gguf-q8, int8 or int4" in done.stderr
+    assert "CHAT_ENGINE quant='fp4': use auto, gguf, gguf-q8, int4, int8, none" in done.stderr

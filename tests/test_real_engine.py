@@ -43,10 +43,8 @@ def web(peer, tmp_path_factory):
         tmp_path_factory.mktemp("real-engine"),
         CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL,
         CHAT_BACKEND="openai",
-        CHAT_REMOTE_URL=peer.base_url,
-        CHAT_REMOTE_MODEL=peer.model,
-        CHAT_REMOTE_MAX_CONCURRENCY="1",
-        CHAT_MAX_NEW_TOKENS_CAP="2048",
+        CHAT_REMOTE=f"{peer.base_url}?model={peer.model}&concurrency=1",
+        CHAT_LIMITS="new_tokens_cap=2048",
     ).start()
     server.manage("shell", "-c", POLICIES)
     yield server

@@ -245,12 +245,15 @@ def test_a_misconfigured_remote_backend_fails_at_start_up_with_a_clear_message()
         assert done.returncode != 0
         return done.stderr
 
-    assert "needs CHAT_REMOTE_URL" in start(CHAT_BACKEND="openai", CHAT_REMOTE_MODEL="m")
-    assert "needs CHAT_REMOTE_MODEL" in start(
-        CHAT_BACKEND="openai", CHAT_REMOTE_URL="http://127.0.0.1:1/v1"
+    assert "needs CHAT_REMOTE" in start(CHAT_BACKEND="openai", CHAT_REMOTE="?model=m")
+    assert "needs the served model's name" in start(
+        CHAT_BACKEND="openai", CHAT_REMOTE="http://127.0.0.1:1/v1"
     )
-    assert "CHAT_REMOTE_TIMEOUT='soon' is not a number" in start(
-        CHAT_BACKEND="openai", CHAT_REMOTE_TIMEOUT="soon"
+    assert "CHAT_REMOTE timeout='soon' is not a number" in start(
+        CHAT_BACKEND="openai", CHAT_REMOTE="http://127.0.0.1:1/v1?model=m&timeout=soon"
+    )
+    assert "unknown option(s) modle" in start(
+        CHAT_BACKEND="openai", CHAT_REMOTE="http://127.0.0.1:1/v1?modle=m"
     )
     assert "CHAT_BACKEND='vllm'" in start(CHAT_BACKEND="vllm")
 

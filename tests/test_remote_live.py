@@ -30,10 +30,7 @@ def remote_daphne(fake, tmp_path_factory):
         tmp_path_factory.mktemp("remote-live"),
         CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL,
         CHAT_BACKEND="openai",
-        CHAT_REMOTE_URL=fake.url,
-        CHAT_REMOTE_MODEL=fake.model,
-        CHAT_REMOTE_API_KEY="live-key",
-        CHAT_REMOTE_MAX_CONCURRENCY="2",
+        CHAT_REMOTE=f"{fake.url.replace('://', '://:live-key@')}?model={fake.model}&concurrency=2",
     ).start()
     yield server
     server.stop()

@@ -39,7 +39,7 @@ def servers(database_url, tmp_path_factory):
     """Processes A and B: one database, one Redis for the channel layer, one for the cache."""
     env = {
         "CHAT_CACHE_REDIS_URL": LIVE_CACHE_URL,
-        "CHAT_TORCH_THREADS": "1",
+        "CHAT_ENGINE": "threads=1",
         "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
     }
     workdir = tmp_path_factory.mktemp("scaleout")

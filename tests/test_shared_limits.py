@@ -51,9 +51,8 @@ def two_servers(tmp_path_factory):
             servers.append(
                 LiveServer(
                     tmp_path_factory.mktemp(f"limits-{name}"),
-                    CHAT_LOAD_MODEL="0",
-                    CHAT_RATE_LIMIT_PER_ADDRESS="3",
-                    CHAT_RATE_LIMIT_PER_MINUTE="100",
+                    CHAT_BACKEND="none",
+                    CHAT_RATE_LIMITS="prompt=100/1m,prompt_address=3/1m",
                 ).start(wait_for_model=False)
             )
         yield servers

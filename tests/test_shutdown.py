@@ -163,8 +163,8 @@ async def test_an_answer_that_ends_within_the_drain_finishes_and_is_stored(long_
 
 @pytest.mark.integration
 def test_idle_sigterm_exits_cleanly(tmp_path):
-    """Nothing running: SIGTERM ends the process with status 0 (the time is printed by
-    bench/scripts/shutdown_timing.py, not asserted here)."""
+    """Nothing running: SIGTERM ends the process with status 0 (how long it takes is measured
+    in docs/operations.md, not asserted here)."""
     server = start_server(tmp_path, 10)
     server.process.terminate()
     assert wait_exit(server) == 0

@@ -1,5 +1,5 @@
 """A web process on CHAT_BACKEND=openai never imports torch or transformers, start-up checks and
-a served turn included (its RSS and start-up time: bench/scripts/web_process.py)."""
+a served turn included (its RSS and start-up time: docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -61,8 +61,7 @@ def test_a_web_process_on_the_openai_backend_serves_a_turn_without_torch(fake, t
         "DATABASE_URL": f"sqlite:///{tmp_path / 'web.sqlite3'}",
         "CHAT_CACHE_REDIS_URL": LIVE_CACHE_URL,
         "CHAT_BACKEND": "openai",
-        "CHAT_REMOTE_URL": fake.url,
-        "CHAT_REMOTE_MODEL": fake.model,
+        "CHAT_REMOTE": f"{fake.url}?model={fake.model}",
     }
     child = subprocess.run(
         [sys.executable, "-c", CHILD], cwd=ROOT, env=env, capture_output=True, text=True
@@ -83,7 +82,7 @@ def test_make_run_in_front_of_a_server_prepares_the_tokenizer_folder_in_a_child_
         "import sys, types\n"
         "from project.serve import prepare_bundled_model\n"
         "prepare_bundled_model(types.SimpleNamespace("
-        "CHAT_BACKEND='openai', CHAT_REMOTE_TOKENIZER='', DATA_DIR='var'))\n"
+        "CHAT_BACKEND='openai', CHAT_REMOTE_TOKENIZER='', DATA_DIR='var', CHAT_MODEL_QUANT='auto'))\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers'}))\n"
     )
     child = subprocess.run(

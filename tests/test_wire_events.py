@@ -10,7 +10,7 @@ import pytest
 from chat.protocol import FINISH_REASONS, event_json, server_restarting_error
 from chat.protocol import events as e
 from chat.protocol.errors import ERROR_CODES, error_code
-from chat.transports.openai_protocol import turn_error
+from chat.transports.openai import turn_error
 
 pytestmark = pytest.mark.unit
 

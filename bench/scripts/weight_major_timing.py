@@ -2,7 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python bench/scripts/weight_major_timing.py [--steps 16] [--rows 1,2,4,8]
 
-CHAT_WEIGHT_MAJOR=auto makes the same comparison at load with one 4-row step, timed by the same
+The engine makes the same comparison at load with one 4-row step, timed by the same
 `LocalBackend.time_decode_step` (chat/engine/weights/weight_major.py); this prints it per batch size, best
 of --steps each.
 """

@@ -96,7 +96,7 @@ class _EngineCollector:
         yield prefill
         yield GaugeMetricFamily(
             f"{PREFIX}_prefix_cache_bytes",
-            "KV bytes the prefix store holds (CHAT_PREFIX_CACHE_MB bounds it).",
+            "KV bytes the prefix store holds (a quarter of CHAT_ENGINE kv_mb bounds it).",
             value=store.nbytes,
         )
 

@@ -1,8 +1,11 @@
-"""Prompt rate limits: a sliding window of recent prompt times per owner and per address.
+"""Every throttle, one mechanism: a sliding window of recent hits per key, counted in Redis.
 
-Counted in Redis, so every server process shares one window per key (N processes behind a
-balancer do not allow N times the limit); while Redis is unreachable each process counts on
-its own, says so in /healthz, and goes back to the shared count when Redis answers again.
+Prompts (per owner and per visitor address), sign-ups per address and failed sign-ins per account
+and per address are all a SharedRateLimiter, sized by CHAT_RATE_LIMITS. Counted in Redis, so
+every server process shares one window per key (N processes behind a balancer do not allow N
+times the limit); while Redis is unreachable each process counts on its own, says so in /healthz,
+and goes back to the shared count when Redis answers again: an outage neither locks everyone
+out nor lets everyone through.
 """
 
 from __future__ import annotations
@@ -84,6 +87,10 @@ class RateLimiter:
             del self._hits[key]
         self._pruned_at = now
 
+    def reset(self, key: str) -> None:
+        with self._lock:
+            self._hits.pop(key, None)
+
     def clear(self) -> None:
         """Forget every window (tests start from none)."""
         with self._lock:
@@ -132,7 +139,7 @@ class SharedRateLimiter:
         self._guard = RedisGuard(
             f"shared rate limit {name!r}",
             url=lambda: settings.REDIS_URL,
-            fallback="each process counts its own prompts",
+            fallback="each process counts on its own",
         )
         self._script = None
 
@@ -156,7 +163,7 @@ class SharedRateLimiter:
             ),
         )
         if not ok:
-            self.local.limit = self.limit
+            self.local.limit, self.local.window = self.limit, self.window
             return self.local.check(key) if count else self.local.wait(key)
         return float(cast(float, wait))  # the script's answer when `ok`
 
@@ -164,6 +171,16 @@ class SharedRateLimiter:
         if self._script is None or self._script.registered_client is not client:
             self._script = client.register_script(_SLIDING_WINDOW)
         return self._script
+
+    def reset(self, key: str) -> None:
+        """Forget `key`'s hits (a right password clears its account's failures)."""
+        self.local.reset(key)
+        self._guard.call("reset", lambda client: client.delete(f"chat:rate:{self.name}:{key}"))
+
+    @property
+    def per(self) -> str:
+        """The window in words: "a minute", "an hour", "15 minutes"."""
+        return span(self.window)
 
     def status(self) -> str:
         return self._guard.status("counted per process")
@@ -177,7 +194,33 @@ class SharedRateLimiter:
         )
 
 
+def span(seconds: float) -> str:
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0:
+            n = int(seconds // size)
+            return f"{'an' if unit == 'hour' else 'a'} {unit}" if n == 1 else f"{n} {unit}s"
+    return f"{seconds:g} seconds"
+
+
+def limiter(name: str, rate: str) -> SharedRateLimiter:
+    """The limiter `name` sized by CHAT_RATE_LIMITS' `rate` (count, window seconds)."""
+    limit, window = settings.CHAT_RATE_LIMITS[rate]
+    return SharedRateLimiter(name, limit, window)
+
+
 # One limit for every transport: WebSocket prompts and the HTTP API count together.
-prompt_limiter = SharedRateLimiter("prompt", settings.CHAT_RATE_LIMIT_PER_MINUTE)
+prompt_limiter = limiter("prompt", "prompt")
 # Visitors without an account also count per address: dropping the session cookie gains nothing.
-address_limiter = SharedRateLimiter("address", settings.CHAT_RATE_LIMIT_PER_ADDRESS)
+address_limiter = limiter("address", "prompt_address")
+# Accounts made per address: each account has its own prompt limit (signup_throttle.py).
+signup_limiter = limiter("signup", "signup_address")
+# Failed sign-ins per account and per address (signin_throttle.py).
+signin_account_limiter = limiter("signin-account", "signin_account")
+signin_address_limiter = limiter("signin-address", "signin_address")
+ALL = (
+    prompt_limiter,
+    address_limiter,
+    signup_limiter,
+    signin_account_limiter,
+    signin_address_limiter,
+)

@@ -16,7 +16,7 @@ from django.template import loader
 
 from ..protocol import error_fields
 from ..protocol.errors import error_code
-from .openai_protocol import error_body
+from .openai import error_body
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,8 @@ LangChain's ChatOpenAI, Open WebUI):
 Callers authenticate with a per-user key (`Authorization: Bearer sk-...`, chat/stores/apikeys.py), so
 CSRF does not apply. Each request is one chat turn through chat/turns/, like the page's:
 the same queue, cache, policy gate, storage, metrics and rate limit (the key's user's). Closing
-the connection cancels the turn within one decode step. Wire shapes: chat/transports/openai_protocol.py.
+the connection cancels the turn within one decode step. Wire shapes, requests and replies:
+chat/transports/openai/.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ from ..protocol import Prompt, events, inputs
 from ..stores import apikeys
 from ..stores.selectors import owner_of_api_key
 from .feed import KEEPALIVE, TurnFeed
-from .openai_protocol import (
+from .openai import (
     MAX_BODY_BYTES,
     ChatRequest,
+    Delta,
+    ModelObject,
     OpenAIError,
     answer_of,
     chunk,
@@ -79,7 +82,7 @@ async def _authenticate(request) -> ApiKey:
     return row
 
 
-def _models() -> list[dict]:
+def _models() -> list[ModelObject]:
     name = settings.CHAT_API_MODEL_NAME
     policies = list(OutputPolicy.objects.order_by("-is_default", "slug"))
     default = next((p for p in policies if p.is_default), None)
@@ -111,7 +114,7 @@ async def models(request):
         await _authenticate(request)
     except OpenAIError as exc:
         return _error_response(exc)
-    return JsonResponse(model_list(await sync_to_async(_models)()))
+    return JsonResponse(model_list(await sync_to_async(_models)()).wire())
 
 
 class _Reply:
@@ -144,23 +147,19 @@ class _Reply:
 
     def chunk(self, **fields) -> str:
         body = chunk(completion_id=self.id, created=self.created, model=self.chat.model, **fields)
-        return _sse(body)
+        return _sse(body.wire())
 
     def ending(self) -> list[str]:
         """The last server-sent events of a stream, after every delta."""
         if self.done is None:
             return [_sse(self.failure().body())]
         answer = answer_of(self.done, shown=self.shown, tools=self.chat.tools)
-        delta = {}
-        if answer.delta:
-            delta["content"] = answer.delta
-        if answer.refusal:
-            delta["refusal"] = answer.refusal
-        events = [self.chunk(delta=delta)] if delta else []
+        rest = Delta(content=answer.delta or None, refusal=answer.refusal or None)
+        events = [self.chunk(delta=rest)] if answer.delta or answer.refusal else []
         events += [self.chunk(delta=d) for d in tool_call_deltas(answer.tool_calls or [])]
         events.append(
             self.chunk(
-                delta={},
+                delta=Delta(),
                 finish_reason=answer.finish_reason,
                 native_finish_reason=answer.native_finish_reason,
             )
@@ -170,6 +169,7 @@ class _Reply:
         return events
 
     def completion(self) -> dict:
+        assert self.done is not None  # the view answers a failure before asking
         answer = answer_of(self.done, shown=self.shown, tools=self.chat.tools)
         return completion(
             completion_id=self.id,
@@ -178,7 +178,7 @@ class _Reply:
             answer=answer,
             usage=usage_of(self.done),
             done=self.done,
-        )
+        ).wire()
 
 
 def _sse(body: dict) -> str:
@@ -240,12 +240,12 @@ async def chat_completions(request):
 
     async def stream():
         try:
-            yield reply.chunk(delta={"role": "assistant", "content": ""})
+            yield reply.chunk(delta=Delta(role="assistant", content=""))
             async for event in feed.until_end():
                 if event is KEEPALIVE:
                     yield event
                 elif text := reply.take(event):
-                    yield reply.chunk(delta={"content": text})
+                    yield reply.chunk(delta=Delta(content=text))
             for event in reply.ending():
                 yield event
             yield "data: [DONE]\n\n"

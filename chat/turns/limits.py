@@ -10,7 +10,7 @@ from .refusals import TurnError
 
 
 def turn_rate_check(*, owner: Owner, address: str | None = None) -> None:
-    """Count one prompt against the owner's per-minute limit, and a visitor's address's;
+    """Count one prompt against the owner's limit, and a visitor's address's;
     TurnError `rate_limited` when over either (then neither is counted), and
     `server_restarting` while the process drains (then nothing is counted)."""
     if runtime.draining:
@@ -24,7 +24,7 @@ def turn_rate_check(*, owner: Owner, address: str | None = None) -> None:
             raise TurnError(
                 "rate_limited",
                 f"too many prompts{' from this address' if limiter is address_limiter else ''}: "
-                f"at most {limiter.limit} a minute; try again in {wait:.0f} s",
+                f"at most {limiter.limit} {limiter.per}; try again in {wait:.0f} s",
             )
     for limiter, key in limits:
         limiter.check(key)

@@ -28,18 +28,10 @@ from chat.management.commands._engine import load
 from chat.policy import Cut, Retract, gate_for
 from chat.stores import policy_store
 from chat.turns.prompting import fit_prompt, request_for
+from testing.quality import repeated_ngram_rate
 
 PROMPTS = Path(__file__).resolve().parents[2] / "prompts" / "everyday.json"
 ENDINGS = ("eos", "stop_string", "length", "cut", "withdrawn", "invalid")
-
-
-def repeated_ngram_rate(text: str, n: int = 4) -> float:
-    """Share of the answer's word n-grams that already occurred earlier in it (0 for no loops)."""
-    words = text.split()
-    grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
-    if not grams:
-        return 0.0
-    return 1 - len(set(grams)) / len(grams)
 
 
 class Command(BaseCommand):

@@ -2,7 +2,7 @@
 
 In one process: bare model.generate (the floor), the engine streaming the same answer, a real
 WebSocket client against a real daphne on 127.0.0.1 (first chunk, done, cache hits), concurrent
-clients against a queueing (CHAT_MAX_BATCH=1) and a batching daphne, memory and start-up time.
+clients against a queueing (CHAT_ENGINE=batch=1) and a batching daphne, memory and start-up time.
 It always exits 0 when it could measure; a target not met is a finding, not a failure.
 """
 
@@ -73,13 +73,13 @@ class Command(BaseCommand):
         parser.add_argument(
             "--batch",
             default=None,
-            help="CHAT_MAX_BATCH of the batching server (default: $CHAT_MAX_BATCH, else the server's default)",
+            help="CHAT_ENGINE batch= of the batching server (default: the server's default)",
         )
         parser.add_argument(
             "--batch-compare",
             action=argparse.BooleanOptionalAction,
             default=None,
-            help="also run the concurrent rounds against CHAT_MAX_BATCH=1 (default on; off with --quick)",
+            help="also run the concurrent rounds against CHAT_ENGINE=batch=1 (default on; off with --quick)",
         )
         parser.add_argument(
             "--newcomer-tokens",
@@ -91,7 +91,7 @@ class Command(BaseCommand):
             "--weights-compare",
             action=argparse.BooleanOptionalAction,
             default=None,
-            help="also run the concurrent rounds with fp32 weights (CHAT_MODEL_QUANT=none), the "
+            help="also run the concurrent rounds with fp32 weights (CHAT_ENGINE=quant=none), the "
             "baseline of the 8-user target (default on; off with --quick)",
         )
         parser.add_argument("--prompt", default=PROMPT, help="the prompt of the long answer")
@@ -132,9 +132,9 @@ class Command(BaseCommand):
         self.prompt = opts["prompt"]
         compare = opts["batch_compare"] if opts["batch_compare"] is not None else not quick
         weights = opts["weights_compare"] if opts["weights_compare"] is not None else not quick
-        batch = opts["batch"] or os.environ.get("CHAT_MAX_BATCH")
-        self.batch_label = f"CHAT_MAX_BATCH={batch}" if batch else "CHAT_MAX_BATCH default"
-        self.batch_env = {"CHAT_MAX_BATCH": str(batch)} if batch else {}
+        batch = opts["batch"]
+        self.batch_label = f"batch={batch}" if batch else "batch default"
+        self.batch_env = {"CHAT_ENGINE": f"batch={batch}"} if batch else {}
         self.failures: list[str] = []
         self.servers: list[bm.ServerRun] = []
         self.results: dict = {}
@@ -168,11 +168,10 @@ class Command(BaseCommand):
             reuse = self.ctokens == self.tokens
             self.section("WebSocket stream and cache", self.live_single, backend, reuse)
             self.floors_for_live(backend)
-            modes = [("queue", "CHAT_MAX_BATCH=1", {"CHAT_MAX_BATCH": "1"})] if compare else []
+            modes = [("queue", "batch=1", {"CHAT_ENGINE": "batch=1"})] if compare else []
             if weights:
-                modes.append(
-                    ("fp32", "fp32 weights", {**self.batch_env, "CHAT_MODEL_QUANT": "none"})
-                )
+                fp32 = ",".join(filter(None, [self.batch_env.get("CHAT_ENGINE"), "quant=none"]))
+                modes.append(("fp32", "fp32 weights", {"CHAT_ENGINE": fp32}))
             if not reuse:
                 modes.append(("batch", self.batch_label, self.batch_env))
             for key, label, env in modes:
@@ -311,11 +310,8 @@ class Command(BaseCommand):
 
     def live_single(self, backend, reuse):
         bm.flush_cache_db()
-        env = {
-            "CHAT_MAX_NEW_TOKENS": str(self.tokens),
-            "CHAT_MAX_NEW_TOKENS_CAP": str(self.tokens),
-            **self.batch_env,
-        }
+        env = {"CHAT_LIMITS": f"new_tokens={self.tokens},new_tokens_cap={self.tokens}"}
+        env.update(self.batch_env)
         self.note(f"  starting daphne ({self.batch_label}, {self.tokens} tokens)")
         with self.start(self.batch_label, env) as run:
             self.servers.append(run)
@@ -377,11 +373,7 @@ class Command(BaseCommand):
 
     def live_concurrency(self, key, label, env):
         bm.flush_cache_db()
-        env = {
-            "CHAT_MAX_NEW_TOKENS": str(self.ctokens),
-            "CHAT_MAX_NEW_TOKENS_CAP": str(self.ctokens),
-            **env,
-        }
+        env = {"CHAT_LIMITS": f"new_tokens={self.ctokens},new_tokens_cap={self.ctokens}", **env}
         self.note(f"  starting daphne ({label}, {self.ctokens} tokens)")
         with self.start(label, env) as run:
             self.servers.append(run)
@@ -420,7 +412,7 @@ class Command(BaseCommand):
         from bench import openai_client as oc
 
         bm.flush_cache_db()
-        env = {"CHAT_MAX_NEW_TOKENS_CAP": str(max(self.tokens, self.newcomer_tokens)), **env}
+        env = {"CHAT_LIMITS": f"new_tokens_cap={max(self.tokens, self.newcomer_tokens)}", **env}
         self.note(f"  starting daphne ({label})")
         with self.start(label, env) as run:
             self.servers.append(run)
@@ -491,9 +483,8 @@ class Command(BaseCommand):
             self.measure_peer(peer, "peer: transformers serve", "peer")
             remote = {
                 "CHAT_BACKEND": "openai",
-                "CHAT_REMOTE_URL": peer.base_url,
-                "CHAT_REMOTE_MODEL": peer.model,
-                "CHAT_REMOTE_MAX_CONCURRENCY": str(max(8, max(self.levels) + 1)),
+                "CHAT_REMOTE": f"{peer.base_url}?model={peer.model}"
+                f"&concurrency={max(8, max(self.levels) + 1)}",
             }
             self.api_product("product -> peer (openai)", "remote", remote)
 
@@ -924,7 +915,7 @@ class Command(BaseCommand):
             )
         )
         scale = r.get("scale", {})
-        for key, name in (("batch", self.batch_label), ("queue", "CHAT_MAX_BATCH=1")):
+        for key, name in (("batch", self.batch_label), ("queue", "batch=1")):
             if (key, 4) in scale or key == "batch":
                 x = scale.get((key, 4))
                 lines.append(

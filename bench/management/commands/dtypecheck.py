@@ -2,10 +2,10 @@
 
 For each dtype: decode tok/s of one stream and of a batch of 8 (forced length, greedy), and
 how many of 20 short prompts end on the model's end-of-turn token within 160 new tokens
-(greedy, batched as the server batches). CHAT_MODEL_DTYPE=auto picks by the rule in
+(greedy, batched as the server batches). CHAT_ENGINE dtype=auto picks by the rule in
 chat/engine/local/backend.py `pick_dtype`; this command is how its figures were measured.
 
---quants none,int8,int4 repeats it per weight mode (CHAT_MODEL_QUANT); with --simulate the
+--quants none,int8,int4 repeats it per weight mode (CHAT_ENGINE quant=); with --simulate the
 int8/int4 weights run in float matmuls (bench/quant_modes.py), so only the eos count means
 anything for them and the speed columns are left out.
 """

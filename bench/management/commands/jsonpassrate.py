@@ -51,7 +51,7 @@ class Command(BaseCommand):
         parser.add_argument("--max-new-tokens", type=int, default=96)
         parser.add_argument("--temperature", type=float, default=0.0)
         parser.add_argument(
-            "--quant", default="", help="none, int8 or int4 (default: as CHAT_MODEL_QUANT loads)"
+            "--quant", default="", help="none, int8 or int4 (default: as CHAT_ENGINE quant= loads)"
         )
         parser.add_argument("--simulate", action="store_true", help="int8/int4 in float matmuls")
 

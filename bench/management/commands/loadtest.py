@@ -9,7 +9,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from bench import loadtest
+from testing import loadtest
 
 MAX_SOCKETS = 1000
 MAX_SECONDS = 600
@@ -47,7 +47,7 @@ class Command(BaseCommand):
             "--batch",
             type=int,
             default=None,
-            help="CHAT_MAX_BATCH of the server (default: its own)",
+            help="CHAT_ENGINE batch= of the server (default: its own)",
         )
         parser.add_argument("--seed", type=int, default=1)
         parser.add_argument(
@@ -66,7 +66,7 @@ class Command(BaseCommand):
             raise CommandError(
                 f"--sockets must be 1..{MAX_SOCKETS}, --seconds 0..{MAX_SECONDS} and --rounds 1..5"
             )
-        env = {"CHAT_MAX_BATCH": str(options["batch"])} if options["batch"] else {}
+        env = {"CHAT_ENGINE": f"batch={options['batch']}"} if options["batch"] else {}
         with tempfile.TemporaryDirectory(prefix="loadtest-") as scratch:
             workdir = Path(options["workdir"] or scratch)
             workdir.mkdir(parents=True, exist_ok=True)

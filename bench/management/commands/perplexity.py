@@ -7,8 +7,8 @@ The text is bench/data/public_domain.txt (2,860 tokens with SmolLM2's tokenizer)
 States Declaration of Independence (1776), Lincoln's Gettysburg Address (1863) and his Second
 Inaugural Address (1865), transcribed; all three are in the public domain. It is fed in chunks
 of --chunk tokens on one KV cache, so every token but the first is predicted from all before it.
-A mode whose perplexity is more than 5% above float's is not a candidate for CHAT_MODEL_QUANT=auto
-(chat/engine/weights/quantized.py AUTO_CANDIDATES). --simulate computes int8/int4 with the same weights in
+A mode whose perplexity is more than 5% above float's is not a candidate for CHAT_ENGINE quant=auto
+(chat/engine/weights/quant_choice.py AUTO_CANDIDATES). --simulate computes int8/int4 with the same weights in
 float matmuls (bench/quant_modes.py), for a CPU whose kernels for them are slow.
 """
 

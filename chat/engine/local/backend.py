@@ -199,7 +199,7 @@ class LocalBackend(SteppedBackend[Row]):
         return best
 
     def time_quant_steps(self) -> float:
-        """Seconds of a 1-row and a 4-row decode step together: what CHAT_MODEL_QUANT=auto
+        """Seconds of a 1-row and a 4-row decode step together: what CHAT_ENGINE quant=auto
         compares (one stream and a small batch weigh alike)."""
         return self.time_decode_step(1, 3) + self.time_decode_step(4, 3)
 

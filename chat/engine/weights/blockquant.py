@@ -71,19 +71,18 @@ def cpu_supported() -> tuple[bool, str]:
     return True, ""
 
 
-def isa_level(flags: list[str] | None = None) -> str:
+def isa_level(flags: list[str] | None = None, wanted: str = "") -> str:
     """The kernels' instruction set for this CPU: "avx512-vnni", "avx512" or "avx2".
 
-    CHAT_KERNEL_ISA=avx2 builds the AVX2 kernels on an AVX-512 CPU (to test or time them); it
-    cannot raise the level above what the CPU has.
+    `wanted="avx2"` names the AVX2 kernels on an AVX-512 CPU (to test or time them, with
+    `build`); it cannot raise the level above what the CPU has.
     """
     flags = cpu_flags() if flags is None else flags
     level = "avx2"
     if all(flag in flags for flag in AVX512_FLAGS):
         level = "avx512-vnni" if "avx512_vnni" in flags else "avx512"
-    wanted = os.environ.get("CHAT_KERNEL_ISA", "").strip()
     if wanted and wanted not in ISA_LEVELS:
-        raise ValueError(f"CHAT_KERNEL_ISA={wanted!r}: expected one of {', '.join(ISA_LEVELS)}")
+        raise ValueError(f"isa {wanted!r}: expected one of {', '.join(ISA_LEVELS)}")
     if wanted and ISA_LEVELS.index(wanted) < ISA_LEVELS.index(level):
         return wanted
     return level
@@ -101,7 +100,7 @@ def compiler_flags(level: str) -> list[str]:
 def build_directory(level: str | None = None) -> Path:
     """Where the compiled kernels are kept: one build per instruction set and torch version, so
     two CPUs sharing a home directory never load each other's build."""
-    base = os.environ.get("CHAT_KERNEL_CACHE") or Path.home() / ".cache" / "chat-kernels"
+    base = Path.home() / ".cache" / "chat-kernels"  # one build per machine, whatever the checkout
     tag = f"torch-{torch.__version__.split('+')[0]}"
     path = Path(base) / tag / f"{EXTENSION}-{level or isa_level()}"
     path.mkdir(parents=True, exist_ok=True)

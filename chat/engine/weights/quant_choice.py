@@ -1,4 +1,4 @@
-"""CHAT_MODEL_QUANT: a weight mode applied to the loaded model, and `auto`'s choice at start-up.
+"""CHAT_ENGINE quant=: a weight mode applied to the loaded model, and `auto`'s choice at start-up.
 
 "gguf" and "gguf-q8" compute the GGUF file's own blocks (gguf_blocks.py, blockquant.py); "int8"
 and "int4" torch's weight-only kernels (quantized.py); "none" leaves the float weights. `auto`
@@ -114,23 +114,23 @@ def choose(
     threads, weights) and the candidates, so a later start on the same key skips the timing.
     """
     if mode not in MODES:
-        raise ValueError(f"CHAT_MODEL_QUANT={mode!r}: use one of {', '.join(MODES)}")
+        raise ValueError(f"CHAT_ENGINE quant={mode!r}: use one of {', '.join(MODES)}")
     if mode == "none":
-        return "weights not quantized (CHAT_MODEL_QUANT=none)"
+        return "weights not quantized (CHAT_ENGINE quant=none)"
     if model.device.type != "cpu":
         if mode == "auto":
             return f"weights not quantized: no weight-only kernel for {model.device.type} here"
-        raise ValueError(f"CHAT_MODEL_QUANT={mode}: there is no such kernel for {model.device}")
+        raise ValueError(f"CHAT_ENGINE quant={mode}: there is no such kernel for {model.device}")
     if mode != "auto":
         unavailable = _unavailable(mode, progress)
         if unavailable:
-            raise ValueError(f"CHAT_MODEL_QUANT={mode}: {unavailable}")
+            raise ValueError(f"CHAT_ENGINE quant={mode}: {unavailable}")
         _, from_gguf = _apply(model, mode, gguf_path)
-        return f"weights {mode} (CHAT_MODEL_QUANT={mode}){_source(mode, from_gguf)}"
+        return f"weights {mode} (CHAT_ENGINE quant={mode}){_source(mode, from_gguf)}"
     if not AUTO_CANDIDATES:
         return (
             "weights not quantized (auto): no mode has yet matched fp32's quality "
-            "(CHAT_MODEL_QUANT=gguf, int4 or int8 forces one)"
+            "(CHAT_ENGINE quant=gguf, int4 or int8 forces one)"
         )
     key = {**(machine or {}), "candidates": list(AUTO_CANDIDATES), "margin": MARGIN}
     key["kernels"] = hashlib.sha256(blockquant.SOURCE.read_bytes()).hexdigest()[:16]

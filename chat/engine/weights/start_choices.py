@@ -1,6 +1,6 @@
 """Start-up choices measured once per machine and remembered, so later starts skip the timing.
 
-`CHAT_MODEL_QUANT=auto` times decode steps of each candidate at load (about 2-3 s on 2 cores).
+`CHAT_ENGINE quant=auto` times decode steps of each candidate at load (about 2-3 s on 2 cores).
 The answer depends only on the machine, the weights and the software, so it is kept in a small
 JSON file keyed by all of those; a start with the same key reuses it, anything else (another
 CPU, another torch, other weights, another thread count) measures again. A close call is not

@@ -25,9 +25,7 @@ from pathlib import Path
 import websockets
 
 from chat.infra.stats import percentile
-from testing.liveserver import LiveServer
-
-from .benchmarking import process_status_mb
+from testing.liveserver import LiveServer, process_status_mb
 
 POLICY_SLUG = "loadtest"
 PROMPTS = (
@@ -142,7 +140,10 @@ def load_server(workdir: Path, *, sockets: int, **env: str) -> LiveServer:
     each socket here is a new visitor, but 200 prompts at once exceed the default queue of 64.
     """
     return LiveServer(
-        workdir, CHAT_MAX_QUEUE=str(max(64, 2 * sockets)), CHAT_RATE_LIMIT_PER_MINUTE="0", **env
+        workdir,
+        CHAT_LIMITS=f"queue={max(64, 2 * sockets)}",
+        CHAT_RATE_LIMITS="prompt=0",
+        **env,
     )
 
 
@@ -430,8 +431,8 @@ def run_load(
         rounds=rounds,
         max_new_tokens=max_new_tokens,
         server_env={
-            "CHAT_MAX_QUEUE": server.env["CHAT_MAX_QUEUE"],
-            "CHAT_RATE_LIMIT_PER_MINUTE": "0",
+            "CHAT_LIMITS": server.env["CHAT_LIMITS"],
+            "CHAT_RATE_LIMITS": "prompt=0",
             **server_env,
         },
     )

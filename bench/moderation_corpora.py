@@ -1,7 +1,7 @@
 """Writes bench/data/moderation/{benign,hostile}.jsonl from the hand-written templates below
 (seeded, so the files only change when this script does). Run from the repository root:
 
-    .venv/bin/python bench/scripts/make_moderation_corpora.py
+    .venv/bin/python bench/moderation_corpora.py
 
 Each line: {"text": ..., "kind": ...}. Benign texts are everyday answers, many with things that
 look like personal data or rude words and are not (dates, versions, prices, "kill the process").
