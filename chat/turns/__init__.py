@@ -6,7 +6,8 @@ handed; none touches the model or the database itself. The modules, in a turn's 
 - admit.py: the check-and-start sequence (rate checks, readiness, prepare, cache or queue).
 - prepare.py, continuation.py: a new prompt's or a Continue's stored messages and model input.
 - run.py: the engine's events through the policy gate; re-asks; the answer stored and cached.
-- handle.py: the `Turn` a transport holds (cancel, detach).
+- handle.py: the `Turn` a transport holds (cancel, detach, attach); its listeners and grace period.
+- journal.py, resume.py: a running answer's numbered events; a client coming back for them.
 - running.py, cancel_bus.py: the turns running here; drain at shutdown; cancel from any process.
 - prompting.py, limits.py: the chat fitted to the model's context; the per-minute rate checks.
 - errors.py: TurnError. The events a turn emits and the table of error codes are the wire
@@ -18,6 +19,7 @@ from .errors import TurnError
 from .handle import Turn
 from .limits import turn_rate_check
 from .prepare import Given
+from .resume import turn_resume
 from .running import cancel_bus, running_turns, turn_cancel, turns_drain
 
 __all__ = [
@@ -29,5 +31,6 @@ __all__ = [
     "running_turns",
     "turn_cancel",
     "turn_rate_check",
+    "turn_resume",
     "turns_drain",
 ]

@@ -11,6 +11,7 @@ from dataclasses import replace
 from enum import StrEnum
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 
 from ..engine.coalescing import coalescer
 from ..engine.types import (
@@ -32,8 +33,10 @@ from ..protocol import Prompt, events, metrics
 from ..protocol.events import Finish
 from ..stores import review, storage
 from ..stores.cache import CACHEABLE_FINISH
+from ..stores.partial import PartialSaver
 from ..stores.selectors import Owner
 from .handle import Send, Turn
+from .journal import Journal
 from .prepare import Prepared
 from .running import running_turns
 
@@ -73,8 +76,14 @@ class TurnRun:
             message_id=prepared.assistant.pk,
             owner=owner,
             send=send,
+            policy=prepared.policy.slug,
+            grace_s=settings.CHAT_RESUME_GRACE_S,
+            text_before=prepared.answer_so_far,
+            journal=Journal(prepared.assistant.pk),
             _run=self,
         )
+        # The text shown so far, saved as it grows: what a crash must not take away.
+        self._saver = PartialSaver(prepared.assistant.pk, saved=prepared.answer_so_far)
         self.prompt_text = prepared.asked
         self.answer_so_far = prepared.answer_so_far
         self.policy = prepared.policy
@@ -119,6 +128,7 @@ class TurnRun:
         try:
             await self._run()
         finally:
+            await self._saver.close()
             self.turn.finished = True
             running_turns.remove(self.turn.message_id)
 
@@ -264,6 +274,7 @@ class TurnRun:
                 if self.first_token_at is None:
                     self.first_token_at = time.perf_counter()
                 await self._apply(await self._judging(gate.feed, event.text))
+                self._saver.note("" if self.retracted is not None else gate.shown)
             elif isinstance(event, Queued):
                 await self.turn.emit(
                     events.Queued(self.turn.request_id, queue_position=event.position)
@@ -394,6 +405,7 @@ class TurnRun:
     ) -> None:
         """The answer stored as the turn's message; the client told when that failed."""
         turn = self.turn
+        await self._saver.close()  # no save of the text so far after the final one
         status = (
             Message.Status.CANCELLED if finish_reason is Finish.CANCELLED else Message.Status.DONE
         )
@@ -466,6 +478,7 @@ class TurnRun:
     async def _fail(self, event: Failed, partial_text: str) -> None:
         turn = self.turn
         failed_metrics = self._metrics(event.at, None)
+        await self._saver.close()
         try:
             await storage.answer_store(
                 message_id=turn.message_id,
