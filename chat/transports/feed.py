@@ -55,10 +55,21 @@ class TurnFeed:
             collected.append(event)
         return collected
 
-    def abandon(self) -> None:
-        """The client went away: stop the generation; the partial answer is still stored."""
+    def abandon(self, *, resumable: bool = False) -> None:
+        """The client went away: stop the generation (the partial answer is still stored), or,
+        when it may come back for the rest (`resumable`: SSE's Last-Event-ID), stop once the
+        turn's grace period passed without a listener."""
         if self.turn is not None:
-            self.turn.detach()
-            if not self.turn.finished:
+            self.turn.detach(self.send)
+            if not resumable and not self.turn.finished:
                 log.info("HTTP client of %s went away; cancelling", self.turn.request_id)
                 self.turn.cancel()
+
+    def follow_resumed(self, turn: Turn | None) -> None:
+        """Like `follow`, for a turn this feed attached to (chat/turns/resume.py); None: the
+        answer had ended and its last event is already queued."""
+        self.turn = turn
+        if turn is None or turn.task is None or turn.task.done():
+            self.events.put_nowait(self.END)
+        else:
+            turn.task.add_done_callback(lambda _: self.events.put_nowait(self.END))
