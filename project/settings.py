@@ -286,7 +286,7 @@ CHAT_MAX_QUEUE = envint("CHAT_MAX_QUEUE", 64)
 CHAT_DRAIN_SECONDS = envfloat("CHAT_DRAIN_SECONDS", 10.0)
 # When the last client of a running answer goes away (a reload, a dropped network), generation
 # goes on this long for it to come back and resume; then it stops (docs/configuration.md).
-CHAT_RESUME_GRACE_S = envfloat("CHAT_RESUME_GRACE_S", 5.0)
+CHAT_RESUME_GRACE_S = envfloat("CHAT_RESUME_GRACE_S", 10.0)
 if CHAT_RESUME_GRACE_S < 0:
     raise ImproperlyConfigured("CHAT_RESUME_GRACE_S must be 0 or more seconds")
 CHAT_RATE_LIMIT_PER_MINUTE = envint(

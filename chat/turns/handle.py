@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -54,6 +55,7 @@ class Turn:
     _run: Stoppable | None = field(default=None, repr=False)
     listeners: list[Send] = field(default_factory=list, repr=False)
     _grace: asyncio.TimerHandle | None = field(default=None, repr=False)
+    _left_at: float | None = field(default=None, repr=False)  # when the last listener went
 
     def __post_init__(self) -> None:
         if self.send is not None:
@@ -100,6 +102,13 @@ class Turn:
         if self._grace is not None:
             self._grace.cancel()
             self._grace = None
+        if self._left_at is not None:  # what a reload costs, for choosing the grace period
+            log.info(
+                "%s resumed after %.0f ms without a listener",
+                self.request_id,
+                (time.monotonic() - self._left_at) * 1000,
+            )
+            self._left_at = None
         prometheus.ANSWERS_RESUMED.labels(self.policy).inc()
 
     async def emit(self, event: Event) -> None:
@@ -116,6 +125,7 @@ class Turn:
     def _grace_start(self) -> None:
         if self._grace is not None:
             return
+        self._left_at = time.monotonic()
         if self.grace_s <= 0:
             self._orphaned()
             return
