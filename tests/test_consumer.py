@@ -180,8 +180,10 @@ async def test_cancel_mid_stream_stops_and_stores_the_partial_answer(client):
     )
 
 
-async def test_closed_socket_cancels_the_generation(make_client):
-    """A closed tab stops its answer at once; the message is stored as cancelled."""
+async def test_closed_socket_cancels_the_generation(make_client, settings):
+    """Without a grace period a closed tab stops its answer at once; the message is stored as
+    cancelled (tests/test_resume.py has the grace period)."""
+    settings.CHAT_RESUME_GRACE_S = 0
     client = await make_client()
     request_id = await client.prompt(LONG)
     events = await client.receive_until("chunk", request_id)
