@@ -37,7 +37,7 @@ def seqs(events: list[dict]) -> list[int]:
 
 async def chunks(client, request_id: str, n: int) -> list[dict]:
     """Events up to the n-th chunk of `request_id`."""
-    events = []
+    events: list[dict] = []
     while sum(e["type"] == "chunk" for e in events) < n:
         events.append(await client.receive())
     return events
@@ -158,6 +158,37 @@ async def test_an_interrupted_answer_keeps_its_text_and_continue_finishes_it(
     assert final["finish_reason"] in ("eos", "length")
     assert final["text"] == done["text"] + chunks_text(events)
     assert len(final["text"]) > len(done["text"])
+
+
+async def test_an_answer_generated_in_another_process_is_followed_through_redis(
+    make_client, make_policy, settings
+):
+    """A resume that reaches a process where the answer does not run follows it through its
+    stream in Redis, and counts as a listener there: the process generating it, whose own
+    client left, does not stop it after the grace period; the follower gets every event once."""
+    from chat.turns import running_turns
+
+    settings.CHAT_RESUME_GRACE_S = 0.5
+    await sync_to_async(make_policy)(slug="follow96", mode="stream", max_new_tokens=96)
+    key = await new_session_key()
+    first = await make_client(session_key=key)
+    request_id = await first.prompt(LONG, policy="follow96")
+    before = await chunks(first, request_id, 3)
+    message_id = before[0]["message"]
+    turn = running_turns.get(message_id)
+    running_turns.remove(message_id)  # as seen from another process: it does not run here
+    follower = await make_client(session_key=key)
+    await follower.send({"type": "resume", "message": message_id, "after": before[-1]["seq"]})
+    await asyncio.sleep(0.5)  # the follower is listening before the owner's client goes
+    await first.close()
+    after = await follower.receive_until("done", request_id)
+    numbers = seqs(before) + seqs(after)
+    assert numbers[: len(seqs(before))] == list(range(1, len(seqs(before)) + 1))
+    assert seqs(after) == list(range(seqs(before)[-1] + 1, seqs(before)[-1] + 1 + len(after)))
+    done = after[-1]
+    assert done["finish_reason"] in ("eos", "length"), done  # not stopped for want of a listener
+    assert chunks_text(before) + chunks_text(after) == done["text"]
+    assert turn is not None and turn.finished
 
 
 def _visitor(server):

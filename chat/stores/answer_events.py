@@ -21,6 +21,10 @@ from ..infra.redis_guard import RedisGuard
 log = logging.getLogger(__name__)
 
 KEY_PREFIX = "chat:answer-events:"
+# Set (with a short expiry, renewed) while another process follows an answer's stream for a
+# client that resumed there: the owning process then does not stop it for want of a listener.
+LISTENING_PREFIX = "chat:answer-listening:"
+LISTENING_MS = 3000
 # How long an answer's stream is kept after its last event: long enough for a phone that
 # wakes a tab, short enough that finished answers do not pile up.
 STREAM_TTL_SECONDS = 15 * 60
@@ -48,6 +52,26 @@ def stream_last(message_id: int) -> dict | None:
     """The last event kept for `message_id`, or None."""
     entries: Any = _guard.call("last", lambda r: r.xrevrange(_key(message_id), count=1))[1]
     return json.loads(entries[0][1][b"event"]) if entries else None
+
+
+def stream_follow(message_id: int, after: int, block_ms: int = 300) -> list[dict] | None:
+    """The events after `after`, waiting up to `block_ms` for one (under the client's 0.5 s
+    timeout); says meanwhile that this process listens. None when Redis cannot be asked."""
+
+    def follow(r):
+        r.set(f"{LISTENING_PREFIX}{message_id}", 1, px=LISTENING_MS)
+        return r.xread({_key(message_id): f"0-{after}"}, block=block_ms)
+
+    answered, found = _guard.call("follow", follow)
+    if not answered:
+        return None
+    entries: Any = found[0][1] if found else ()
+    return [json.loads(fields[b"event"]) for _id, fields in entries]
+
+
+def listening_elsewhere(message_id: int) -> bool:
+    """Whether a process follows the answer's stream for a client (False without Redis)."""
+    return bool(_guard.call("listening", lambda r: r.exists(f"{LISTENING_PREFIX}{message_id}"))[1])
 
 
 def stream_delete(message_id: int) -> None:

@@ -60,6 +60,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.turns: dict[str, turns.Turn] = {}
+        self.following: set[asyncio.Task] = set()  # answers of other processes, resumed here
 
     async def __call__(self, scope, receive, send):
         """However the socket ends (a close, a crash in a handler, daphne cancelling it), its answer stops.
@@ -103,6 +104,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
         stopping, self.turns = self.turns, {}
         for turn in stopping.values():
             turn.detach(self.send_event)
+        for task in list(self.following):
+            task.cancel()
 
     async def receive(self, text_data=None, bytes_data=None):
         """Dispatch on the frame's type; every bad frame gets an `error`, never a close."""
@@ -150,7 +153,10 @@ class ChatConsumer(AsyncWebsocketConsumer):
         except turns.TurnError as exc:
             await self.send_event(Error(None, exc.code, exc.message))
             return
-        if turn is not None:  # this socket now holds it: Stop by request_id, and one at a time
+        if isinstance(turn, turns.Following):  # generated elsewhere: followed until it ends
+            self.following.add(turn.task)
+            turn.task.add_done_callback(self.following.discard)
+        elif turn is not None:  # this socket now holds it: Stop by request_id, and one at a time
             previous = self.turns.get(turn.request_id)
             if previous is not None and previous is not turn:
                 previous.detach(self.send_event)

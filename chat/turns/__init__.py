@@ -19,10 +19,11 @@ from .errors import TurnError
 from .handle import Turn
 from .limits import turn_rate_check
 from .prepare import Given
-from .resume import turn_resume
+from .resume import Following, turn_resume
 from .running import cancel_bus, running_turns, turn_cancel, turns_drain
 
 __all__ = [
+    "Following",
     "Given",
     "Turn",
     "TurnError",

@@ -14,6 +14,7 @@ from ..engine.types import GenerationRequest
 from ..infra import metrics as prometheus
 from ..protocol import NO_LISTENER
 from ..protocol.events import Event
+from ..stores.answer_events import listening_elsewhere
 from ..stores.selectors import Owner
 from .journal import Journal
 
@@ -56,6 +57,7 @@ class Turn:
     listeners: list[Send] = field(default_factory=list, repr=False)
     _grace: asyncio.TimerHandle | None = field(default=None, repr=False)
     _left_at: float | None = field(default=None, repr=False)  # when the last listener went
+    _checking: asyncio.Task | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.send is not None:
@@ -132,9 +134,21 @@ class Turn:
         self._grace = asyncio.get_running_loop().call_later(self.grace_s, self._orphaned)
 
     def _orphaned(self) -> None:
-        """Nobody came back within the grace period: stop generating for nobody."""
+        """Nobody came back here within the grace period: unless a client follows it from
+        another process (chat/turns/resume.py), stop generating for nobody."""
         self._grace = None
-        if self.listeners or self.finished or self.cancel_requested:
+        if not self._unheard():
+            return
+        self._checking = asyncio.get_running_loop().create_task(self._orphaned_unless_followed())
+
+    def _unheard(self) -> bool:
+        return not (self.listeners or self.finished or self.cancel_requested)
+
+    async def _orphaned_unless_followed(self) -> None:
+        if await asyncio.to_thread(listening_elsewhere, self.message_id):
+            self._grace_start()  # look again after another grace period
+            return
+        if not self._unheard():
             return
         log.info("nobody listens to %s any more; cancelling", self.request_id)
         prometheus.ANSWERS_ORPHANED.labels(self.policy).inc()

@@ -136,7 +136,10 @@ export function stopRunning() {
   const answer = state.running;
   if (!answer || !isOpen()) return;
   answer.stopping = true;
-  send({ type: FRAME.cancel, request_id: answer.requestId });
+  // By its message once the server named it: a resumed answer may run in another process.
+  const frame = { type: FRAME.cancel, request_id: answer.requestId };
+  if (answer.messageId != null) frame.message = answer.messageId;
+  send(frame);
   updateControls();
 }
 
