@@ -65,9 +65,18 @@ async def turn_resume(*, owner: Owner, resume: Resume, send: Send) -> Turn | Fol
             ),
         )
     last = await sync_to_async(stream_last, thread_sensitive=False)(resume.message)
-    seq = last.get("seq") if last else None
-    await send(final_event(message, seq if isinstance(seq, int) else None))
+    await send(final_event(message, _final_seq(last)))
     return None
+
+
+def _final_seq(last: dict | None) -> int | None:
+    """The number of an ended answer's final event: its own when the stream kept it, else the
+    one after the last kept (a killed server sent no `done`), so a client that saw every
+    event before still applies it. None when nothing was kept (Redis away, or expired)."""
+    seq = last.get("seq") if last else None
+    if not isinstance(seq, int):
+        return None
+    return seq if last and last.get("type") in ("done", "error") else seq + 1
 
 
 # How long a followed stream may stay silent before the database is asked whether its answer
@@ -95,7 +104,7 @@ async def _follow(owner: Owner, message_id: int, after: int, send: Send) -> None
             message = await sync_to_async(_answer)(owner, message_id)
             if message is None or message.status != Message.Status.STREAMING:
                 if message is not None:
-                    await send(final_event(message, after or None))
+                    await send(final_event(message, after + 1 if after else None))
                 return
             heard = loop.time()
 

@@ -134,7 +134,10 @@ const HANDLERS = {
 function seen(msg) {
   const answer = msg.request_id != null ? state.answers.get(msg.request_id) : null;
   if (!answer || typeof msg.seq !== 'number') return false;
-  if (msg.seq <= (answer.seq || 0)) return true;
+  // An answer's end is never dropped while it runs here: one rebuilt from what was stored (a
+  // killed server sent none) may carry a number the page already had.
+  const ending = msg.type === EVENT.done || msg.type === EVENT.error;
+  if (msg.seq <= (answer.seq || 0) && !(ending && answer.live)) return true;
   answer.seq = msg.seq;
   return false;
 }
