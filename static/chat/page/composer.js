@@ -199,5 +199,6 @@ export function resumeRunning() {
   const answer = state.running;
   if (!answer?.needsResume || answer.messageId == null || !isOpen()) return;
   answer.needsResume = false;
+  answer.resumePending = true; // until the server answers for it (events.js)
   send({ type: FRAME.resume, message: answer.messageId, after: answer.seq || 0 });
 }

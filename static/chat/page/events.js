@@ -110,6 +110,13 @@ function onDone(answer, msg) {
 function onError(msg) {
   const answer = msg.request_id != null ? state.answers.get(msg.request_id) : null;
   if (!answer) {
+    // A resume refused (the answer or its conversation is gone): it is not coming back.
+    const waiting = state.running;
+    if (waiting?.resumePending && msg.code === 'unknown_request') {
+      waiting.resumePending = false;
+      setStatus(waiting, 'Connection lost', 'lost');
+      finish(waiting, 'lost');
+    }
     showBanner(msg.message || 'Something went wrong.', msg.code);
     return;
   }
@@ -150,5 +157,6 @@ export function handleEvent(raw) {
   if (msg.type === EVENT.error) { onError(msg); return; }
   const handler = lookup(HANDLERS, msg.type);
   const answer = state.answers.get(msg.request_id);
+  if (answer) answer.resumePending = false;
   if (handler && answer) handler(answer, msg);
 }
