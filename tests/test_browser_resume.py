@@ -2,16 +2,15 @@
 after the grace period) and a killed server, in Chromium against a live daphne, with the real
 model and Redis."""
 
-import asyncio
 import json
 import re
 import time
 import urllib.request
 
 import pytest
-import websockets
 from django.conf import settings
 from playwright.sync_api import expect
+from websockets.sync.client import connect
 
 from testing.liveserver import LiveServer
 from tests.a11y import axe_context, serious_violations
@@ -41,15 +40,12 @@ def reference(daphne_server):
     """What a client that never left gets for PROMPT under the policy: asked over a socket."""
     daphne_server.policy("resume", **POLICY)
 
-    async def ask() -> dict:
-        async with websockets.connect(daphne_server.ws_url, origin=daphne_server.url) as ws:
-            frame = {"type": "prompt", "request_id": "ref", "text": PROMPT, "policy": "resume"}
-            await ws.send(json.dumps(frame))
-            while (event := json.loads(await asyncio.wait_for(ws.recv(), 120)))["type"] != "done":
-                pass
-            return event
-
-    done = asyncio.run(ask())
+    # The sync client: Playwright's sync API keeps an event loop running in this thread.
+    with connect(daphne_server.ws_url, origin=daphne_server.url) as ws:
+        frame = {"type": "prompt", "request_id": "ref", "text": PROMPT, "policy": "resume"}
+        ws.send(json.dumps(frame))
+        while (done := json.loads(ws.recv(timeout=120)))["type"] != "done":
+            pass
     assert done["finish_reason"] in ("eos", "length") and done["text"]
     return done
 
