@@ -83,6 +83,7 @@ def test_the_served_type_names_are_what_the_protocol_builds_and_parses():
         "continue": {"request_id": "r", "message": 2},
         "cancel": {"request_id": "r"},
         "ping": {},
+        "resume": {"message": 2, "after": 0},
     }
     assert list(frames) == list(protocol.FRAME_TYPES)
     for kind, fields in frames.items():
