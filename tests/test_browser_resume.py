@@ -8,10 +8,10 @@ import time
 import urllib.request
 
 import pytest
-from django.conf import settings
 from playwright.sync_api import expect
 from websockets.sync.client import connect
 
+from project import settings as project_settings
 from testing.liveserver import LiveServer
 from tests.a11y import axe_context, serious_violations
 from tests.conftest import LIVE_CACHE_URL
@@ -109,8 +109,11 @@ def test_a_closed_tab_stops_its_answer_after_the_grace_period(browser, daphne_se
     """Close the tab while a long answer streams: the answer goes on through the grace period
     (CHAT_RESUME_GRACE_S, the same default as the server's), then stops within a decode step
     and is stored cancelled, reason no_listener."""
-    grace = settings.CHAT_RESUME_GRACE_S
-    daphne_server.policy("linger", name="Linger", mode="stream", cache_enabled=False)
+    grace = project_settings.CHAT_RESUME_GRACE_S  # the server's; the tests' own settings set 0
+    # Long enough to outlast the grace period on a quiet machine (eos aside, about 400 tokens).
+    daphne_server.policy(
+        "linger", name="Linger", mode="stream", max_new_tokens=1024, cache_enabled=False
+    )
     context = browser.new_context()
     page = context.new_page()
     ask(page, daphne_server, LONG, "linger")
