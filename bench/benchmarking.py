@@ -442,3 +442,49 @@ def daphne(workdir: Path, label: str, *, premigrate: bool, timeout: float = 120,
             with contextlib.suppress(OSError):
                 run.log_tail = server.log()
         server.stop()
+
+
+def _running(server) -> float | None:
+    """The server's `chat_requests_running` gauge (/metrics): rows the model is generating."""
+    import re
+    import urllib.request
+
+    with urllib.request.urlopen(server.url + "/metrics", timeout=5) as response:
+        found = re.search(r"^chat_requests_running (\S+)$", response.read().decode(), re.M)
+    return float(found.group(1)) if found else None
+
+
+@dataclass
+class ClosedTab:
+    stopped_ms: float | None  # socket closed -> the model's last row of it gone; None: not seen
+    ended_first: bool  # the answer ended on its own before the grace period was up
+
+
+async def closed_tab_stop(server, prompt: str, timeout: float = 60) -> ClosedTab:
+    """Close a socket at its answer's first chunk, as a closed tab does, and time until the
+    model stops generating it (its running gauge back at 0): the grace period plus a step."""
+    async with _connect(server) as ws:
+        frame = {"type": "prompt", "request_id": "closed-tab", "text": f"{prompt} (a closed tab)"}
+        await ws.send(json.dumps(frame))
+        while json.loads(await asyncio.wait_for(ws.recv(), timeout))["type"] != "chunk":
+            pass
+    closed = time.perf_counter()
+    while time.perf_counter() - closed < timeout:
+        if await asyncio.to_thread(_running, server) == 0:
+            stopped = (time.perf_counter() - closed) * 1000
+            orphaned = await asyncio.to_thread(_orphaned, server)
+            return ClosedTab(stopped, ended_first=not orphaned)
+        await asyncio.sleep(0.02)
+    return ClosedTab(None, ended_first=False)
+
+
+def _orphaned(server) -> bool:
+    """Whether the server counted an answer stopped for want of a listener."""
+    import re
+    import urllib.request
+
+    with urllib.request.urlopen(server.url + "/metrics", timeout=5) as response:
+        counts = re.findall(
+            r"^chat_answers_orphaned_total\{[^}]*\} (\S+)$", response.read().decode(), re.M
+        )
+    return sum(float(c) for c in counts) > 0

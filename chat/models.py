@@ -48,6 +48,9 @@ class Message(models.Model):
         DONE = "done"
         CANCELLED = "cancelled"
         FAILED = "failed"
+        # The server stopped (a crash, a kill) while it was streaming: the text saved as it grew
+        # is kept, and Continue may finish it (chat/stores/recovery.py).
+        INTERRUPTED = "interrupted"
 
     conversation = models.ForeignKey(
         Conversation, related_name="messages", on_delete=models.CASCADE

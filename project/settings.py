@@ -384,6 +384,9 @@ CHAT_SYSTEM_PROMPT = ""  # a policy's own (admin); none when no policy is stored
 
 # On SIGTERM, how long running answers may go on before they are cancelled (project/shutdown.py).
 CHAT_DRAIN_SECONDS = envfloat("CHAT_DRAIN_SECONDS", 10.0)
+# When the last client of a running answer goes away (a reload, a dropped network), generation
+# goes on this long for it to come back and resume; then it stops (docs/configuration.md).
+CHAT_RESUME_GRACE_S = envfloat("CHAT_RESUME_GRACE_S", 10.0)
 # Proxies in front that append to X-Forwarded-For; 0 ignores the header (anyone can send it).
 CHAT_TRUSTED_PROXIES = envint("CHAT_TRUSTED_PROXIES", 0)
 # The model name the OpenAI-compatible API offers the default policy as (`<name>:<slug>` for the others).

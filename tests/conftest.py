@@ -160,6 +160,14 @@ def scrape_metrics(settings):
 
 
 @pytest.fixture(autouse=True)
+def no_resume_grace(settings):
+    """In process, a closed socket's answer stops at once, as before the grace period: an answer
+    a test leaves running must not run on into the next test. Tests of the grace period (and
+    every live daphne, which has its own settings) set it."""
+    settings.CHAT_RESUME_GRACE_S = 0
+
+
+@pytest.fixture(autouse=True)
 def fast_password_hashing(settings):
     """A cheap hasher in this process: tests that sign in 30 times measure throttling, not PBKDF2
     (live daphne processes keep the real one). PBKDF2 stays second, so a password hashed before

@@ -234,8 +234,10 @@ async def test_over_the_rate_limit_the_api_answers_429(visitor, monkeypatch):
 
 
 @pytest.mark.integration
-async def test_closing_the_sse_stream_cancels_the_generation(visitor):
-    """A client that drops the SSE connection stops its turn, like a closed tab; the partial answer is stored."""
+async def test_closing_the_sse_stream_cancels_the_generation(visitor, settings):
+    """A client that drops the SSE connection stops its turn, like a closed tab, once the grace
+    period (here none) passed; the partial answer is stored."""
+    settings.CHAT_RESUME_GRACE_S = 0
     reader = await visitor.open("/api/chat/stream", {"text": LONG})
     events = reader.events()
     accepted = await events.__anext__()

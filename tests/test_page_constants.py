@@ -47,7 +47,8 @@ def test_every_finish_reason_and_stored_status_has_a_display():
     assert set(constants["finish"]) == set(protocol.FINISH_REASONS)
     assert set(constants["status"]) == set(Message.Status.values) - {Message.Status.DONE}
     assert constants["continuable"] in protocol.FINISH_REASONS
-    assert set(constants["reasonBadges"]) == {protocol.SERVER_RESTARTING}
+    assert set(constants["reasonBadges"]) == {protocol.SERVER_RESTARTING, protocol.NO_LISTENER}
+    assert set(constants["continuableReasons"]) >= {protocol.CONTINUABLE, protocol.INTERRUPTED}
 
 
 def test_the_served_type_names_are_what_the_protocol_builds_and_parses():
@@ -82,6 +83,7 @@ def test_the_served_type_names_are_what_the_protocol_builds_and_parses():
         "continue": {"request_id": "r", "message": 2},
         "cancel": {"request_id": "r"},
         "ping": {},
+        "resume": {"message": 2, "after": 0},
     }
     assert list(frames) == list(protocol.FRAME_TYPES)
     for kind, fields in frames.items():

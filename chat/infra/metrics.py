@@ -51,6 +51,16 @@ CACHE_MISSES = Counter(f"{PREFIX}_cache_misses", "Cacheable prompts not found in
 CACHE_ERRORS = Counter(
     f"{PREFIX}_cache_errors", "Completion cache calls that failed (Redis down).", ["operation"]
 )
+ANSWERS_RESUMED = Counter(
+    f"{PREFIX}_answers_resumed",
+    "Running answers a client attached to again (a reload, a reconnect), by output policy.",
+    ["policy"],
+)
+ANSWERS_ORPHANED = Counter(
+    f"{PREFIX}_answers_orphaned",
+    "Answers stopped because their last client left and none resumed within the grace period.",
+    ["policy"],
+)
 RUNNING = Gauge(f"{PREFIX}_requests_running", "Requests being generated now.")
 WAITING = Gauge(f"{PREFIX}_requests_waiting", "Requests waiting in the queue.")
 

@@ -57,6 +57,15 @@ class Ping:
     pass
 
 
+@dataclass(frozen=True)
+class Resume:
+    """Send again the owner's answer `message` from the event after number `after` (0: all of
+    it), then its live events: a page that reloaded or reconnected picks up where it was."""
+
+    message: int
+    after: int = 0
+
+
 def _request_id(frame: dict[str, Any]) -> str:
     value = frame.get("request_id")
     if not isinstance(value, str) or not value or len(value) > MAX_REQUEST_ID:
@@ -102,7 +111,7 @@ def _protocol_error(exc: inputs.InputError) -> ProtocolError:
     return ProtocolError(_TEXT_CODES.get(field, "bad_frame"), exc.message, request_id)
 
 
-def parse_frame(text: str | None, *, max_prompt_chars: int) -> Prompt | Cancel | Ping:
+def parse_frame(text: str | None, *, max_prompt_chars: int) -> Prompt | Cancel | Ping | Resume:
     """Turn one text frame into a command, or raise ProtocolError saying what is wrong."""
     if text is None:
         raise ProtocolError(
@@ -116,12 +125,14 @@ def parse_frame(text: str | None, *, max_prompt_chars: int) -> Prompt | Cancel |
         return _cancel(frame)
     if kind == "continue":
         return parse_continue(frame, request_id=_request_id(frame))
+    if kind == "resume":
+        return parse_resume(frame)
     if kind != "prompt":
         # ascii(): a lone surrogate would make the error itself unsendable; a long type is cut.
         shown = ascii(kind[:40]) if isinstance(kind, str) else f"of JSON type {type(kind).__name__}"
         raise ProtocolError(
             "unknown_type",
-            f"unknown frame type {shown}; expected prompt, continue, cancel or ping",
+            f"unknown frame type {shown}; expected prompt, continue, cancel, resume or ping",
         )
     return parse_prompt(frame, request_id=_request_id(frame), max_prompt_chars=max_prompt_chars)
 
@@ -143,6 +154,32 @@ def message_id(value: Any, request_id: str | None = None) -> int:
             request_id,
         )
     return value
+
+
+def parse_resume(frame: dict[str, Any]) -> Resume:
+    """A `resume` frame: {"type": "resume", "message": <answer id>, "after": <event number>}."""
+    answer = message_id(frame.get("message"))
+    after = frame.get("after", 0)
+    if after is None:
+        after = 0
+    if not isinstance(after, int) or isinstance(after, bool) or not 0 <= after < 2**31:
+        raise ProtocolError("bad_frame", "after must be the number of an event (seq), or 0")
+    return Resume(answer, after)
+
+
+# SSE's `id:` of a running answer's event: "<message>:<seq>", sent back as Last-Event-ID.
+def event_id(message: int, seq: int) -> str:
+    return f"{message}:{seq}"
+
+
+def parse_last_event_id(value: str) -> Resume:
+    """A `Last-Event-ID` header (an `id:` this server sent) as the resume it asks for."""
+    head, _, tail = value.strip().partition(":")
+    message = inputs.id_parse(head)
+    after = inputs.id_parse(tail) if tail != "0" else 0
+    if message is None or after is None:
+        raise ProtocolError("bad_message", "Last-Event-ID must be an id this server sent")
+    return Resume(message, after)
 
 
 def parse_prompt(frame: dict[str, Any], *, request_id: str, max_prompt_chars: int) -> Prompt:
@@ -215,7 +252,7 @@ def parse_http_cancel(body: bytes) -> int:
 # The `type` of every client frame and of every server event (one dataclass each in
 # chat/protocol/events.py). The page reads these names from the server
 # (chat/transports/page_constants.py) instead of copying them.
-FRAME_TYPES = ("prompt", "continue", "cancel", "ping")
+FRAME_TYPES = ("prompt", "continue", "cancel", "ping", "resume")
 EVENT_TYPES = (
     "accepted",
     "queued",
@@ -233,9 +270,13 @@ EVENT_TYPES = (
 MODERATED = Finish.MODERATED
 INVALID = Finish.INVALID
 CUT = Finish.CUT
+INTERRUPTED = Finish.INTERRUPTED
 FINISH_REASONS = tuple(reason.value for reason in Finish)
 # The finish_reason of an answer a `continue` frame may go on with: cut off at the token limit.
 CONTINUABLE = Finish.LENGTH.value
+# Every finish_reason or stored status of an answer Continue takes: cut off at the token limit,
+# interrupted by a server that stopped mid-answer, or failed mid-answer (the text kept goes on).
+CONTINUABLE_REASONS = (Finish.LENGTH.value, Finish.INTERRUPTED.value, "failed")
 
 METRIC_KEYS = (
     "queue_ms",
@@ -290,6 +331,9 @@ def event_json(event: Event) -> str:
 
 # A prompt sent while the server drains before a restart (SIGTERM); the page sends it again later.
 SERVER_RESTARTING = "server_restarting"
+# The `reason` of a `done` (cancelled) when nobody listened any more: its last client went away
+# and none resumed it within CHAT_RESUME_GRACE_S.
+NO_LISTENER = "no_listener"
 # The `reason` of a `done` (cancelled) whose conversation was deleted while it was generated.
 CONVERSATION_DELETED = "conversation_deleted"
 # The `reason` of a `done` (cancelled) whose API key was revoked while it was generated.

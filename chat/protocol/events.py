@@ -24,6 +24,9 @@ class Finish(StrEnum):
     MODERATED = "moderated"  # a moderation hook vetoed the answer; anything shown was retracted
     INVALID = "invalid"  # a structured answer failed its schema after every re-ask
     CUT = "cut"  # a hook cut the answer short at a loop or an invented turn; its good part stands
+    # The server stopped (a crash, a kill) before the answer ended: what was saved as it grew is
+    # kept, and Continue may finish it. Only a resume or the history ever says it.
+    INTERRUPTED = "interrupted"
 
 
 assert {f.value for f in Finish} >= set(ENGINE_FINISH_REASONS), "an engine reason is missing"
@@ -42,6 +45,9 @@ class Accepted(Event):
     conversation: int
     message: int
     queue_position: int
+    seq: int | None = None  # its number in the answer's journal (chat/turns/journal.py)
+    # A Continue's answer as it was before: what the chunks that follow are appended to.
+    text_before: str | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,7 @@ class Queued(Event):
     type: ClassVar[str] = "queued"
     request_id: str
     queue_position: int
+    seq: int | None = None  # its number in the answer's journal (chat/turns/journal.py)
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,7 @@ class Chunk(Event):
     type: ClassVar[str] = "chunk"
     request_id: str
     text: str
+    seq: int | None = None  # its number in the answer's journal (chat/turns/journal.py)
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,7 @@ class Buffering(Event):
     type: ClassVar[str] = "buffering"
     request_id: str
     reason: str
+    seq: int | None = None  # its number in the answer's journal (chat/turns/journal.py)
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,7 @@ class Retract(Event):
     type: ClassVar[str] = "retract"
     request_id: str
     reason: str
+    seq: int | None = None  # its number in the answer's journal (chat/turns/journal.py)
 
 
 @dataclass(frozen=True)
@@ -82,6 +92,7 @@ class Cut(Event):
     request_id: str
     text: str
     reason: str
+    seq: int | None = None  # its number in the answer's journal (chat/turns/journal.py)
 
 
 @dataclass(frozen=True)
@@ -98,6 +109,7 @@ class Done(Event):
     metrics: dict[str, Any]
     reason: str | None
     policy: str
+    seq: int | None = None  # its number in the answer's journal (chat/turns/journal.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "finish_reason", Finish(self.finish_reason))
@@ -109,6 +121,7 @@ class Error(Event):
     request_id: str | None
     code: str
     message: str
+    seq: int | None = None  # its number in the answer's journal (chat/turns/journal.py)
 
 
 @dataclass(frozen=True)
@@ -126,6 +139,10 @@ class Pong(Event):
     type: ClassVar[str] = "pong"
 
 
+# Fields added to the contract that are left out where they have no value: `seq` outside a
+# running answer's journal, `text_before` outside a Continue.
+_OMITTED_WHEN_NONE = frozenset({"seq", "text_before"})
+
 # Field names that differ on the wire (a field cannot be called `json` beside the module).
 _WIRE_NAMES = {"json_value": "json"}
 
@@ -135,5 +152,22 @@ def event_fields(event: Event) -> dict[str, Any]:
     body = {"type": event.type}
     for f in fields(cast(Any, event)):  # every Event subclass is a dataclass
         value = getattr(event, f.name)
+        if f.name in _OMITTED_WHEN_NONE and value is None:
+            continue  # added fields, sent only where they mean something
         body[_WIRE_NAMES.get(f.name, f.name)] = value.value if isinstance(value, StrEnum) else value
     return body
+
+
+_BY_TYPE: dict[str, type[Event]] = {
+    cls.type: cls
+    for cls in (Accepted, Queued, Chunk, Buffering, Retract, Cut, Done, Error, CancelAck, Pong)
+}
+
+
+def event_from_fields(body: dict[str, Any]) -> Event:
+    """The event `event_fields` gave `body` (an answer's events kept in Redis, read back)."""
+    cls = _BY_TYPE[body["type"]]
+    wire = {wire: name for name, wire in _WIRE_NAMES.items()}
+    kwargs = {wire.get(key, key): value for key, value in body.items() if key != "type"}
+    event: Event = cast(Any, cls)(**kwargs)
+    return event

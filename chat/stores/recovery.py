@@ -1,4 +1,5 @@
-"""Answers a stopped server left unfinished are marked failed, so history never shows one as forever streaming.
+"""Answers a stopped server left unfinished are marked interrupted, so history never shows one as
+forever streaming; the text saved while they streamed (chat/stores/partial.py) is kept.
 
 A turn lives in the process that accepted it; if that process dies (crash, restart, kill)
 mid-answer, its message stays `streaming`. Every start-up path migrates first
@@ -14,13 +15,16 @@ import logging
 from django.conf import settings
 from django.utils import timezone
 
+from ..protocol.events import Finish
+
 log = logging.getLogger(__name__)
 
 INTERRUPTED = "interrupted: the server stopped before this answer was finished"
 
 
 def interrupted_answers_close(*, instance: str | None = None, using: str = "default") -> int:
-    """Mark this instance's assistant messages still `streaming` as failed (interrupted); returns how many.
+    """Mark this instance's assistant messages still `streaming` as interrupted (their text, saved
+    as it grew, is kept, and Continue may finish them); returns how many.
 
     Rows without an instance predate the field and are closed by any instance.
     """
@@ -34,7 +38,12 @@ def interrupted_answers_close(*, instance: str | None = None, using: str = "defa
             status=Message.Status.STREAMING,
             instance__in=[instance, ""],
         )
-        .update(status=Message.Status.FAILED, error=INTERRUPTED, updated_at=timezone.now())
+        .update(
+            status=Message.Status.INTERRUPTED,
+            finish_reason=Finish.INTERRUPTED,
+            error=INTERRUPTED,
+            updated_at=timezone.now(),
+        )
     )
     if count:
         log.warning(

@@ -67,6 +67,13 @@ def answer_history(conversation: Conversation | None, *, before: int | None = No
     return [{"role": m.role, "content": m.text} for m in reversed(rows)]
 
 
+def answers_for(owner: Owner):
+    """The owner's answers (assistant messages), in every conversation of theirs."""
+    return Message.objects.filter(
+        role=Message.Role.ASSISTANT, conversation__in=conversations_for(owner)
+    )
+
+
 def answer_status(owner: Owner, message_id: int) -> str | None:
     """The status of `owner`'s answer `message_id`; None if it is not theirs or does not exist."""
     return (
@@ -137,5 +144,11 @@ def conversation_detail(owner: Owner, conversation_id: int) -> dict | None:
     return {
         "id": conversation.pk,
         "title": conversation.title or f"Conversation {conversation.pk}",
-        "messages": [message_as_dict(m) for m in conversation.messages.all()],
+        "messages": [
+            # A running answer's request_id: the events a page resumes it with name it.
+            {**message_as_dict(m), "request_id": m.request_id}
+            if m.status == Message.Status.STREAMING
+            else message_as_dict(m)
+            for m in conversation.messages.all()
+        ],
     }

@@ -1,7 +1,9 @@
 """The chat over plain HTTP, for clients without WebSockets (docs/protocol.md).
 
 - `POST /api/chat/stream` answers `text/event-stream`: one `data: <json>` line per
-  protocol event (accepted, queued, chunk, buffering, retract, done, error).
+  protocol event (accepted, queued, chunk, buffering, retract, done, error), each with an
+  `id: <message>:<seq>` line. Sent again with that id as `Last-Event-ID`, it resumes the
+  answer after that event instead of starting a prompt (SSE's own reconnection).
 - `POST /api/chat` answers the final `done` event as JSON (or the `error` event
   with a fitting HTTP status).
 - `POST /api/chat/cancel` with `{"message": <id>}` stops one of the caller's answers,
@@ -13,7 +15,8 @@ model still loading) is an HTTP error whose JSON body is the `error` event, for
 both. The caller is the session (or signed-in user), as on the socket, and CSRF
 protection is on: `GET /api/csrf` sets the session and `csrftoken` cookies and
 returns the token, which goes back in the `X-CSRFToken` header with the cookies.
-Closing the connection cancels the turn, like closing the tab.
+Closing the stream leaves the answer `CHAT_RESUME_GRACE_S` to be resumed, like closing the tab;
+`POST /api/chat` stops it at once.
 """
 
 from __future__ import annotations
@@ -33,11 +36,13 @@ from ..protocol import (
     MAX_FRAME_BYTES,
     ProtocolError,
     error_fields,
+    event_id,
     event_json,
     events,
     inputs,
     parse_http_cancel,
     parse_http_prompt,
+    parse_last_event_id,
 )
 from ..protocol.errors import error_code
 from ..stores.selectors import owner_of_request
@@ -87,21 +92,49 @@ async def _start(request, feed: TurnFeed) -> JsonResponse | None:
     return None
 
 
+async def _resume(request, feed: TurnFeed, last_event_id: str) -> JsonResponse | None:
+    """Attach `feed` to the answer a `Last-Event-ID` names; an error response if it cannot."""
+    try:
+        resume = parse_last_event_id(last_event_id)
+        owner = await sync_to_async(owner_of_request)(request)
+        turn = await turns.turn_resume(owner=owner, resume=resume, send=feed.send)
+    except (ProtocolError, turns.TurnError) as exc:
+        return _error_response(exc.code, exc.message)
+    feed.follow_resumed(turn)
+    return None
+
+
+def _sse(event, message: int | None) -> str:
+    """One event as SSE; a numbered one with its `id:`, which Last-Event-ID sends back."""
+    if event is KEEPALIVE:
+        return event
+    seq = getattr(event, "seq", None)
+    head = f"id: {event_id(message, seq)}\n" if message is not None and seq is not None else ""
+    return f"{head}data: {event_json(event)}\n\n"
+
+
 @require_POST
 async def chat_stream(request):
-    """The turn's events as server-sent events, as they happen."""
+    """The turn's events as server-sent events, as they happen; with `Last-Event-ID`, the rest
+    of the answer it names (the body is then not read as a prompt)."""
     feed = TurnFeed()
-    refused = await _start(request, feed)
+    last_event_id = request.headers.get("Last-Event-ID")
+    if last_event_id:
+        refused = await _resume(request, feed, last_event_id)
+        message = parse_last_event_id(last_event_id).message if refused is None else None
+    else:
+        refused = await _start(request, feed)
+        message = feed.turn.message_id if feed.turn is not None else None
     if refused is not None:
         return refused
 
     async def stream():
         try:
             async for event in feed.until_end():
-                yield event if event is KEEPALIVE else f"data: {event_json(event)}\n\n"
+                yield _sse(event, message)
         finally:
             # Django cancels this generator when the client disconnects; a finished turn ignores it.
-            feed.abandon()
+            feed.abandon(resumable=True)
 
     response = StreamingHttpResponse(stream(), content_type="text/event-stream; charset=utf-8")
     response["Cache-Control"] = "no-cache"

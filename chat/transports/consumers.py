@@ -20,6 +20,7 @@ from ..protocol import (
     Ping,
     Prompt,
     ProtocolError,
+    Resume,
     event_json,
     parse_frame,
 )
@@ -59,6 +60,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.turns: dict[str, turns.Turn] = {}
+        self.following: set[asyncio.Task] = set()  # answers of other processes, resumed here
 
     async def __call__(self, scope, receive, send):
         """However the socket ends (a close, a crash in a handler, daphne cancelling it), its answer stops.
@@ -92,17 +94,18 @@ class ChatConsumer(AsyncWebsocketConsumer):
         open_sockets.add(self)
 
     async def disconnect(self, code):
-        """A closed tab stops its generation; the partial answer is still stored."""
+        """A closed tab stops its generation once nobody resumed it within the grace period
+        (chat/turns/handle.py); the partial answer is still stored."""
         open_sockets.discard(self)
         self._stop_turns()
 
     def _stop_turns(self) -> None:
-        """Detach from and cancel this socket's unfinished answers, once."""
+        """Detach from this socket's unfinished answers, once; each stops unless resumed in time."""
         stopping, self.turns = self.turns, {}
         for turn in stopping.values():
-            turn.detach()
-            if not turn.finished:
-                turn.cancel()
+            turn.detach(self.send_event)
+        for task in list(self.following):
+            task.cancel()
 
     async def receive(self, text_data=None, bytes_data=None):
         """Dispatch on the frame's type; every bad frame gets an `error`, never a close."""
@@ -117,6 +120,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
             await self.cancel(command)
         elif isinstance(command, Prompt):
             await self.prompt(command)
+        elif isinstance(command, Resume):
+            await self.resume(command)
 
     async def prompt(self, prompt: Prompt):
         if prompt.request_id in self.turns:
@@ -140,6 +145,22 @@ class ChatConsumer(AsyncWebsocketConsumer):
             await self.send_event(Error(prompt.request_id, exc.code, exc.message))
             return
         self.turns[prompt.request_id] = turn
+
+    async def resume(self, command: Resume):
+        """The events of one of the owner's answers after `command.after`, then the live ones."""
+        try:
+            turn = await turns.turn_resume(owner=self.owner, resume=command, send=self.send_event)
+        except turns.TurnError as exc:
+            await self.send_event(Error(None, exc.code, exc.message))
+            return
+        if isinstance(turn, turns.Following):  # generated elsewhere: followed until it ends
+            self.following.add(turn.task)
+            turn.task.add_done_callback(self.following.discard)
+        elif turn is not None:  # this socket now holds it: Stop by request_id, and one at a time
+            previous = self.turns.get(turn.request_id)
+            if previous is not None and previous is not turn:
+                previous.detach(self.send_event)
+            self.turns[turn.request_id] = turn
 
     async def cancel(self, command: Cancel):
         """Stop this connection's request, or (with `message`) any of the owner's answers anywhere."""

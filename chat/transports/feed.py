@@ -6,7 +6,7 @@ import asyncio
 import logging
 
 from ..protocol.events import Event
-from ..turns import Turn
+from ..turns import Following, Turn
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +23,7 @@ class TurnFeed:
     def __init__(self):
         self.events: asyncio.Queue = asyncio.Queue()
         self.turn: Turn | None = None
+        self.following: asyncio.Task | None = None
 
     async def send(self, event: Event) -> None:
         await self.events.put(event)
@@ -55,10 +56,28 @@ class TurnFeed:
             collected.append(event)
         return collected
 
-    def abandon(self) -> None:
-        """The client went away: stop the generation; the partial answer is still stored."""
+    def abandon(self, *, resumable: bool = False) -> None:
+        """The client went away: stop the generation (the partial answer is still stored), or,
+        when it may come back for the rest (`resumable`: SSE's Last-Event-ID), stop once the
+        turn's grace period passed without a listener."""
+        if self.following is not None:
+            self.following.cancel()
         if self.turn is not None:
-            self.turn.detach()
-            if not self.turn.finished:
+            self.turn.detach(self.send)
+            if not resumable and not self.turn.finished:
                 log.info("HTTP client of %s went away; cancelling", self.turn.request_id)
                 self.turn.cancel()
+
+    def follow_resumed(self, resumed: Turn | Following | None) -> None:
+        """Like `follow`, for what chat/turns/resume.py gave this feed: a turn it attached to,
+        an answer of another process it follows, or None (the answer's last event is queued)."""
+        if isinstance(resumed, Following):
+            self.following = resumed.task
+            task: asyncio.Task | None = resumed.task
+        else:
+            self.turn = resumed
+            task = resumed.task if resumed is not None else None
+        if task is None or task.done():
+            self.events.put_nowait(self.END)
+        else:
+            task.add_done_callback(lambda _: self.events.put_nowait(self.END))

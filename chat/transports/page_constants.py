@@ -25,17 +25,23 @@ FINISH_DISPLAY = {
     protocol.MODERATED: {"state": "retracted", "badge": "Withdrawn"},
     # At a loop or an invented turn: the answer's `reason` says which.
     protocol.CUT: {"state": "done", "badge": "Cut short", "reasonInTitle": True},
+    # The server stopped mid-answer (a crash): the text saved as it grew stands; Continue offered.
+    protocol.INTERRUPTED: {"state": "interrupted", "badge": "Interrupted"},
 }
 
 # A stored answer that did not end as `done` is shown by its status, whatever its finish_reason.
 STATUS_DISPLAY = {
     str(Message.Status.CANCELLED): {"state": "cancelled", "badge": "Stopped"},
     str(Message.Status.FAILED): {"state": "error", "badge": "Failed"},
+    str(Message.Status.INTERRUPTED): {"state": "interrupted", "badge": "Interrupted"},
     str(Message.Status.STREAMING): {"state": "streaming", "badge": ""},
 }
 
 # A `done` whose `reason` is one of these gets this badge instead of its finish_reason's.
-REASON_BADGES = {protocol.SERVER_RESTARTING: "Stopped: the server restarted"}
+REASON_BADGES = {
+    protocol.SERVER_RESTARTING: "Stopped: the server restarted",
+    protocol.NO_LISTENER: "Stopped: the page was closed",
+}
 
 
 def page_constants() -> dict:
@@ -45,6 +51,8 @@ def page_constants() -> dict:
         "status": STATUS_DISPLAY,
         "reasonBadges": REASON_BADGES,
         "continuable": protocol.CONTINUABLE,
+        # What Continue takes: a finish_reason or, for an answer that did not end `done`, its status.
+        "continuableReasons": list(protocol.CONTINUABLE_REASONS),
         # The page reconnects after any close; this one it names as a restart.
         "closeCodes": {"serverRestarting": protocol.CLOSE_SERVER_RESTARTING},
         "frameTypes": list(protocol.FRAME_TYPES),

@@ -6,13 +6,14 @@ handed; none touches the model or the database itself. The modules, in a turn's 
 - admit.py: the check-and-start sequence (rate checks, readiness, prepare, cache or queue).
 - prepare.py, continuation.py: a new prompt's or a Continue's stored messages and model input.
 - run.py: the engine's events through the policy gate; re-asks; the answer stored and cached.
-- handle.py: the `Turn` a transport holds (cancel, detach).
+- handle.py: the `Turn` a transport holds (cancel, detach, attach); its listeners and grace period.
+- journal.py, resume.py: a running answer's numbered events; a client coming back for them.
 - running.py, cancel_bus.py: the turns running here; drain at shutdown; cancel from any process,
   one answer or every answer of a revoked API key.
 - forgetting.py: what a deleted conversation left in the engine (prefix KV, shared generations'
   events), filed under its tag and forgotten in every process.
 - prompting.py, limits.py: the chat fitted to the model's context; the per-minute rate checks.
-- errors.py: TurnError. The events a turn emits and the table of error codes are the wire
+- refusals.py: TurnError. The events a turn emits and the table of error codes are the wire
   contract, in chat/protocol/ (events.py, errors.py).
 """
 
@@ -22,6 +23,7 @@ from .handle import Turn
 from .limits import turn_rate_check
 from .prepare import Given
 from .refusals import TurnError
+from .resume import Following, turn_resume
 from .running import (
     api_keys_stop,
     cancel_bus,
@@ -33,6 +35,7 @@ from .running import (
 
 __all__ = [
     "CancelAnswer",
+    "Following",
     "Given",
     "Turn",
     "TurnError",
@@ -43,5 +46,6 @@ __all__ = [
     "running_turns",
     "turn_cancel",
     "turn_rate_check",
+    "turn_resume",
     "turns_drain",
 ]

@@ -141,6 +141,7 @@ async def _start(
             conversation=turn.conversation_id,
             message=turn.message_id,
             queue_position=position,
+            text_before=turn.text_before if prompt.continues is not None else None,
         )
     )
     # A fresh context: the turn outlives the request that started it (an HTTP view's

@@ -15,9 +15,20 @@ from .prepare import Prepared
 from .prompting import fit_prompt, request_for
 from .refusals import TurnError
 
+# Answers that ended before their end through no choice of the user's: the text kept goes on.
+UNFINISHED = (Message.Status.INTERRUPTED, Message.Status.FAILED)
+
+
+def continuable(answer: Message) -> bool:
+    """Cut off at the token limit, or interrupted (the server stopped) or failed mid-answer."""
+    if answer.status == Message.Status.DONE:
+        return answer.finish_reason == CONTINUABLE
+    return answer.status in UNFINISHED
+
 
 def prepare_continue(owner: Owner, prompt: Prompt, backend: Backend) -> Prepared:
-    """The rest of an answer cut off at the token limit, written into the same message.
+    """The rest of an answer cut off at the token limit, or interrupted, written into the same
+    message.
 
     It keeps the identity the answer was given when it was first prepared (identity.py), never
     one worked out again from what the database holds now: when it ends well, the whole answer
@@ -39,15 +50,12 @@ def prepare_continue(owner: Owner, prompt: Prompt, backend: Backend) -> Prepared
             raise TurnError("unknown_request", f"you have no answer {prompt.continues}")
         conversation = answer.conversation
         last = conversation.messages.filter(superseded=False).last()
-        if (
-            last.pk != answer.pk
-            or answer.status != Message.Status.DONE
-            or answer.finish_reason != CONTINUABLE
-        ):
+        if last.pk != answer.pk or not continuable(answer):
             raise TurnError(
                 "bad_message",
                 "only the conversation's last answer can be continued, and only when it was "
-                "cut off at the token limit",
+                "cut off at the token limit or stopped before its end by a server that stopped "
+                "or failed",
             )
         asked = conversation.messages.filter(
             role=Message.Role.USER, superseded=False, pk__lt=answer.pk
@@ -67,11 +75,14 @@ def prepare_continue(owner: Owner, prompt: Prompt, backend: Backend) -> Prepared
         except EngineError as exc:
             raise TurnError(exc.code, str(exc)) from None
         answer.status = Message.Status.STREAMING
+        answer.error = ""
         answer.request_id = prompt.request_id
         answer.instance = settings.CHAT_INSTANCE
         if (answer.policy_id, answer.policy_version) != (policy.id, policy.version or None):
             answer.identity = ""  # the policy changed since: the whole is no longer what it named
-        answer.save(update_fields=["status", "request_id", "instance", "identity", "updated_at"])
+        answer.save(
+            update_fields=["status", "error", "request_id", "instance", "identity", "updated_at"]
+        )
     request = request_for(backend, policy, input_ids, prompt.request_id, messages)
     # The review record shows the prompt's model input, as if the answer was made at once.
     _messages, asked_rendered, _ids = fit_prompt(backend, policy, history, asked.text)

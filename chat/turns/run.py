@@ -11,6 +11,7 @@ from dataclasses import replace
 from enum import StrEnum
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 
 from ..engine.stack import SchedulerStack
 from ..engine.types import (
@@ -31,8 +32,10 @@ from ..protocol import Prompt, events, metrics
 from ..protocol.events import Finish
 from ..stores import review, storage
 from ..stores.cache import CACHEABLE_FINISH
+from ..stores.partial import PartialSaver
 from ..stores.selectors import Owner
 from .handle import Send, Turn
+from .journal import Journal
 from .prepare import Prepared
 from .running import running_turns
 
@@ -72,7 +75,18 @@ class TurnRun:
             message_id=prepared.assistant.pk,
             owner=owner,
             send=send,
+            policy=prepared.policy.slug,
+            grace_s=settings.CHAT_RESUME_GRACE_S,
+            text_before=prepared.answer_so_far,
+            # A staff trial (trial.py) has no stored message: nothing to number, keep or save.
+            journal=Journal(prepared.assistant.pk) if prepared.assistant.pk is not None else None,
             _run=self,
+        )
+        # The text shown so far, saved as it grows: what a crash must not take away.
+        self._saver = (
+            PartialSaver(prepared.assistant.pk, saved=prepared.answer_so_far)
+            if prepared.assistant.pk is not None
+            else None
         )
         self.prompt_text = prepared.asked
         self.answer_so_far = prepared.answer_so_far
@@ -118,8 +132,13 @@ class TurnRun:
         try:
             await self._run()
         finally:
+            await self._saver_close()
             self.turn.finished = True
             running_turns.remove(self.turn.message_id)
+
+    async def _saver_close(self) -> None:
+        if self._saver is not None:
+            await self._saver.close()
 
     async def serve_cached(self, entry: dict) -> None:
         """A hit: one `done` with cached=true, no queue, no generation; the message is stored as usual."""
@@ -263,6 +282,8 @@ class TurnRun:
                 if self.first_token_at is None:
                     self.first_token_at = time.perf_counter()
                 await self._apply(await self._judging(gate.feed, event.text))
+                if self._saver is not None:
+                    self._saver.note("" if self.retracted is not None else gate.shown)
             elif isinstance(event, Queued):
                 await self.turn.emit(
                     events.Queued(self.turn.request_id, queue_position=event.position)
@@ -393,6 +414,7 @@ class TurnRun:
     ) -> None:
         """The answer stored as the turn's message; the client told when that failed."""
         turn = self.turn
+        await self._saver_close()  # no save of the text so far after the final one
         status = (
             Message.Status.CANCELLED if finish_reason is Finish.CANCELLED else Message.Status.DONE
         )
@@ -465,6 +487,7 @@ class TurnRun:
     async def _fail(self, event: Failed, partial_text: str) -> None:
         turn = self.turn
         failed_metrics = self._metrics(event.at, None)
+        await self._saver_close()
         try:
             await storage.answer_store(
                 message_id=turn.message_id,

@@ -41,6 +41,10 @@ TARGETS = {
 }
 
 
+# The grace period of the server that times a closed tab (`closed tab to model stopped`).
+CLOSED_TAB_GRACE_S = 0.5
+
+
 def met(ok) -> str:
     return "not measured" if ok is None else ("met" if ok else "not met")
 
@@ -310,8 +314,13 @@ class Command(BaseCommand):
 
     def live_single(self, backend, reuse):
         bm.flush_cache_db()
-        env = {"CHAT_LIMITS": f"new_tokens={self.tokens},new_tokens_cap={self.tokens}"}
-        env.update(self.batch_env)
+        env = {
+            "CHAT_LIMITS": f"new_tokens={self.tokens},new_tokens_cap={self.tokens}",
+            # Short, so the closed tab's answer is still running when it is up (nothing else here
+            # closes a socket mid-answer); the report adds the default's difference.
+            "CHAT_RESUME_GRACE_S": str(CLOSED_TAB_GRACE_S),
+            **self.batch_env,
+        }
         self.note(f"  starting daphne ({self.batch_label}, {self.tokens} tokens)")
         with self.start(self.batch_label, env) as run:
             self.servers.append(run)
@@ -353,6 +362,9 @@ class Command(BaseCommand):
                 self.failures.append(
                     "cache: no answer ended with eos or a stop string, so nothing was cached"
                 )
+
+            self.note("  a closed tab: socket closed at the first chunk, until the model stops")
+            self.results["closed_tab"] = asyncio.run(bm.closed_tab_stop(run.server, self.prompt))
 
             if reuse:
                 self.results.setdefault("concurrency", {})["batch"] = (
@@ -580,6 +592,7 @@ class Command(BaseCommand):
                     f"     per token: WebSocket {live.done_ms / live.new_tokens:.1f} ms vs floor "
                     f"{floor_n.ms_per_token:.1f} ms ({live.done_ms / live.new_tokens / floor_n.ms_per_token:.3f}x)"
                 )
+            self.closed_tab_report(out, r.get("closed_tab"))
         if r.get("engine_forced"):
             out(f"  2a forces the token count like 1, via {r.get('engine_forced_how')};")
         out(
@@ -689,6 +702,26 @@ class Command(BaseCommand):
         self.targets(out, floors)
         out("")
         out(f"benchmark took {r['elapsed_s']:.0f} s")
+
+    def closed_tab_report(self, out, closed) -> None:
+        """The closed tab's line: measured with a short grace period, said for the default one."""
+        if closed is None:
+            return
+        if closed.stopped_ms is None:
+            out("     closed tab to model stopped: not seen within 60 s")
+            return
+        if closed.ended_first:
+            out(
+                f"     closed tab to model stopped: the answer ended on its own first, "
+                f"{closed.stopped_ms:.0f} ms after the close"
+            )
+            return
+        after_grace = closed.stopped_ms - CLOSED_TAB_GRACE_S * 1000
+        out(
+            f"     closed tab to model stopped: {closed.stopped_ms:.0f} ms with CHAT_RESUME_GRACE_S="
+            f"{CLOSED_TAB_GRACE_S:g}, so {settings.CHAT_RESUME_GRACE_S * 1000 + after_grace:.0f} ms "
+            f"with {settings.CHAT_RESUME_GRACE_S:g} s (the grace, then {after_grace:.0f} ms)"
+        )
 
     def api_report(self, out):
         all_rows = self.results.get("api") or []

@@ -88,6 +88,7 @@ export function continueAnswer(answer) {
   answer.t0 = performance.now();
   answer.tFirst = null;
   answer.started = false;
+  answer.seq = 0; // a new request: its events are numbered from 1 again
   send({ type: FRAME.continue, request_id: answer.requestId, message: answer.messageId });
   updateLastActions();
   updateControls();
@@ -101,7 +102,8 @@ export function updateLastActions() {
   const last = answers[answers.length - 1];
   if (!last || last.chatAnswer?.messageId == null) return;
   last.querySelector('.regenerate').hidden = false;
-  last.querySelector('.continue-answer').hidden = last.chatAnswer.finishReason !== constants.continuable;
+  last.querySelector('.continue-answer').hidden = !(constants.continuableReasons || [constants.continuable])
+    .includes(last.chatAnswer.finishReason);
   const asked = last.previousElementSibling;
   if (asked?.classList.contains('user')) asked.querySelector('.edit-prompt').hidden = false;
 }
@@ -134,7 +136,10 @@ export function stopRunning() {
   const answer = state.running;
   if (!answer || !isOpen()) return;
   answer.stopping = true;
-  send({ type: FRAME.cancel, request_id: answer.requestId });
+  // By its message once the server named it: a resumed answer may run in another process.
+  const frame = { type: FRAME.cancel, request_id: answer.requestId };
+  if (answer.messageId != null) frame.message = answer.messageId;
+  send(frame);
   updateControls();
 }
 
@@ -156,10 +161,44 @@ export function finish(answer, value) {
   updateControls();
 }
 
-// The server forgets a request when its socket goes; don't wait for it.
+// The socket went: the server keeps the answer going for a grace period, so the page asks for
+// the rest once it is back (resumeRunning). One it never heard accepted cannot be asked for.
 export function markRunningLost() {
   const answer = state.running;
   if (!answer) return;
-  setStatus(answer, 'Connection lost', 'lost');
-  finish(answer, 'lost');
+  if (answer.messageId == null) {
+    setStatus(answer, 'Connection lost', 'lost');
+    finish(answer, 'lost');
+    return;
+  }
+  answer.needsResume = true;
+  setStatus(answer, 'Reconnecting…', 'lost');
+}
+
+// An answer that was streaming when the page loaded (a reload, a tab woken up): it is the
+// running one, and the server is asked for its events from the first.
+export function adoptRunning(answer, requestId) {
+  if (state.running || !requestId) return false;
+  answer.requestId = requestId;
+  answer.root.dataset.requestId = requestId;
+  answer.live = true;
+  answer.seq = 0;
+  answer.fromStart = true; // its accepted resets the text the history showed
+  answer.needsResume = true;
+  answer.t0 = performance.now();
+  answer.root.setAttribute('aria-busy', 'true');
+  state.answers.set(requestId, answer);
+  state.running = answer;
+  setStatus(answer, 'Resuming…', 'lost');
+  updateControls();
+  return true;
+}
+
+// Ask the server for what the running answer missed, from the last event the page applied.
+export function resumeRunning() {
+  const answer = state.running;
+  if (!answer?.needsResume || answer.messageId == null || !isOpen()) return;
+  answer.needsResume = false;
+  answer.resumePending = true; // until the server answers for it (events.js)
+  send({ type: FRAME.resume, message: answer.messageId, after: answer.seq || 0 });
 }

@@ -3,7 +3,7 @@
 import { LIMITS, toId } from './config.js';
 import { el, els, showBanner } from './dom.js';
 import { renderHistoryMessage } from './render.js';
-import { stopEditing, updateLastActions } from './composer.js';
+import { adoptRunning, resumeRunning, stopEditing, updateLastActions } from './composer.js';
 import { setSidebar } from './sidebar.js';
 import { state } from './state.js';
 
@@ -46,9 +46,9 @@ function renderConversationList(list) {
   for (const c of list) {
     const label = c.updated_at ? dayLabel(c.updated_at) : '';
     if (label !== last) {
-      const heading = el('li', 'day-label', label);
-      heading.setAttribute('role', 'presentation');
-      items.push(heading);
+      // A list item of its own: a list may hold only items (role=presentation made it none, which
+      // axe-core counts as a serious violation), and a reader hears the day before its chats.
+      items.push(el('li', 'day-label', label));
       last = label;
     }
     items.push(conversationItem(c));
@@ -167,14 +167,20 @@ export async function loadConversation(id, mode = 'replace') {
   }
   const data = await res.json();
   if (mode === 'replace') stopEditing();
-  const nodes = (data.messages || []).map(renderHistoryMessage);
+  const messages = data.messages || [];
+  const nodes = messages.map(renderHistoryMessage);
   state.conversation = toId(data.id ?? id);
   state.title = data.title;
   if (mode === 'prepend') els.messages.prepend(...nodes);
   else els.messages.replaceChildren(...nodes);
   els.messages.scrollTop = els.messages.scrollHeight;
   markCurrent();
+  // A streaming answer goes on here: the server sends what it has, then the rest.
+  const running = messages.findLast((m) => m.status === 'streaming' && m.role === 'assistant');
+  const node = running && nodes[messages.indexOf(running)];
+  if (node?.chatAnswer) adoptRunning(node.chatAnswer, running.request_id);
   updateLastActions();
+  resumeRunning();
   return true;
 }
 

@@ -11,6 +11,11 @@ import { state } from './state.js';
 
 function onAccepted(answer, msg) {
   answer.messageId = msg.message;
+  if (answer.fromStart) {
+    // Resumed from the first event: the events rebuild the text the history showed.
+    answer.fromStart = false;
+    setText(answer, typeof msg.text_before === 'string' ? msg.text_before : '', { now: true });
+  }
   if (answer.replaces) {
     markSuperseded(answer.replaces);
     const asked = answer.replaces.previousElementSibling;
@@ -37,7 +42,7 @@ function onChunk(answer, msg) {
   const piece = typeof msg.text === 'string' ? msg.text : '';
   renderStats.chunks += 1;
   if (piece && answer.tFirst == null) answer.tFirst = performance.now();
-  if (!answer.started) {
+  if (!answer.started || answer.parts.status.dataset.kind === 'lost') {
     answer.started = true;
     answer.parts.queue.hidden = true;
     setStatus(answer, '');
@@ -70,6 +75,7 @@ function onCut(answer, msg) {
 
 function onDone(answer, msg) {
   const now = performance.now();
+  answer.fromStart = false;
   answer.finishReason = msg.finish_reason;
   const info = finishDisplay(msg.finish_reason);
   let value = info.state;
@@ -104,6 +110,13 @@ function onDone(answer, msg) {
 function onError(msg) {
   const answer = msg.request_id != null ? state.answers.get(msg.request_id) : null;
   if (!answer) {
+    // A resume refused (the answer or its conversation is gone): it is not coming back.
+    const waiting = state.running;
+    if (waiting?.resumePending && msg.code === 'unknown_request') {
+      waiting.resumePending = false;
+      setStatus(waiting, 'Connection lost', 'lost');
+      finish(waiting, 'lost');
+    }
     showBanner(msg.message || 'Something went wrong.', msg.code);
     return;
   }
@@ -111,6 +124,8 @@ function onError(msg) {
   // An error after the answer ended (e.g. a late cancel) must not rewrite its outcome.
   if (answer.live) {
     setStatus(answer, '');
+    // The model failed mid-answer: what it wrote is kept, and Continue may finish it.
+    if (msg.code === 'model_error') answer.finishReason = 'failed';
     finish(answer, 'error');
   }
 }
@@ -121,12 +136,27 @@ const HANDLERS = {
   [EVENT.buffering]: onBuffering, [EVENT.retract]: onRetract, [EVENT.cut]: onCut, [EVENT.done]: onDone,
 };
 
+// An answer's events are numbered (seq): one the page already applied (a resume overlapping
+// what arrived before the socket went) is dropped, so nothing shows twice.
+function seen(msg) {
+  const answer = msg.request_id != null ? state.answers.get(msg.request_id) : null;
+  if (!answer || typeof msg.seq !== 'number') return false;
+  // An answer's end is never dropped while it runs here: one rebuilt from what was stored (a
+  // killed server sent none) may carry a number the page already had.
+  const ending = msg.type === EVENT.done || msg.type === EVENT.error;
+  if (msg.seq <= (answer.seq || 0) && !(ending && answer.live)) return true;
+  answer.seq = msg.seq;
+  return false;
+}
+
 export function handleEvent(raw) {
   let msg;
   try { msg = JSON.parse(raw); } catch { return; }
   if (!msg || typeof msg !== 'object' || msg.type === EVENT.pong) return;
+  if (seen(msg)) return;
   if (msg.type === EVENT.error) { onError(msg); return; }
   const handler = lookup(HANDLERS, msg.type);
   const answer = state.answers.get(msg.request_id);
+  if (answer) answer.resumePending = false;
   if (handler && answer) handler(answer, msg);
 }

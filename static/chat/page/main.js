@@ -2,7 +2,7 @@
 // elements and starts the socket. Each module says what it owns; docs/development.md maps them.
 import { onMessagesClick } from './actions.js';
 import {
-  autosize, cancelEditing, markRunningLost, sendPrompt, stopRunning, updateControls,
+  autosize, cancelEditing, markRunningLost, resumeRunning, sendPrompt, stopRunning, updateControls,
 } from './composer.js';
 import {
   deleteConversation, endRename, loadConversation, markCurrent, onConversationClick, onPopState,
@@ -66,8 +66,9 @@ wireConversations();
 updateControls();
 pollHealth();
 connect({
-  // A restarted server may still be loading its model: ask before enabling Send again.
-  onOpen: pollHealth,
+  // A restarted server may still be loading its model: ask before enabling Send again. The
+  // answer that was running when the socket went is asked for again.
+  onOpen() { pollHealth(); resumeRunning(); },
   onMessage: handleEvent,
   onClose() {
     state.ready = false; // nothing can be sent until the socket is back and the server is ready

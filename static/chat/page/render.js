@@ -133,7 +133,7 @@ export function renderHistoryMessage(m) {
   const answer = buildAnswer();
   // An answer that did not end as `done` shows its status, whatever its finish_reason.
   const { state: value, badge } = lookup(constants.status, m.status) || finishDisplay(m.finish_reason);
-  if (value === 'streaming') setStatus(answer, 'Still being written…');
+  if (value === 'streaming') setStatus(answer, 'Resuming…', 'lost');
   setState(answer, value);
   answer.root.dataset.messageId = m.id;
   answer.messageId = m.id;

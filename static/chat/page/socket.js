@@ -1,5 +1,7 @@
 // The page's one WebSocket: connects, pings, and reconnects with backoff after any close. A
-// close with the server's restart code (chat/protocol.py, served) is shown as a restart.
+// close with the server's restart code (chat/protocol.py, served) is shown as a restart. Offline
+// (the browser says so) the socket is closed and the page waits for the network; back online,
+// or a hidden tab shown again (a phone waking it), it reconnects at once.
 import { constants, FRAME } from './config.js';
 import { els } from './dom.js';
 
@@ -16,7 +18,16 @@ export function isOpen() { return ws?.readyState === WebSocket.OPEN; }
 
 export function send(frame) { ws.send(JSON.stringify(frame)); }
 
+let reconnectTimer = null;
+
+function offline() { return navigator.onLine === false; }
+
 function setConnection(open, restarting = false) {
+  if (!open && offline()) {
+    els.connection.dataset.state = 'offline';
+    els.connectionLabel.textContent = 'offline: waiting for the network…';
+    return;
+  }
   els.connection.dataset.state = open ? 'open' : 'closed';
   els.connectionLabel.textContent = open
     ? 'connected'
@@ -26,10 +37,28 @@ function setConnection(open, restarting = false) {
 // handlers: onOpen(), onMessage(text), onClose() once the socket is gone (a reconnect follows).
 export function connect(given) {
   handlers = given;
+  window.addEventListener('offline', () => {
+    setConnection(false);
+    ws?.close(); // nothing gets through it now; the close handler waits for the network
+  });
+  window.addEventListener('online', reconnectNow);
+  document.addEventListener('visibilitychange', () => {
+    if (document.visibilityState === 'visible') reconnectNow();
+  });
+  open();
+}
+
+// Back online or shown again: reconnect now rather than after the backoff, if the socket is gone.
+function reconnectNow() {
+  if (ws && ws.readyState !== WebSocket.CLOSED && ws.readyState !== WebSocket.CLOSING) return;
+  backoff = BACKOFF_MIN_MS;
+  clearTimeout(reconnectTimer);
   open();
 }
 
 function open() {
+  reconnectTimer = null;
+  if (offline()) { setConnection(false); return; } // the 'online' event reconnects
   const scheme = location.protocol === 'https:' ? 'wss' : 'ws';
   let socket;
   try {
@@ -59,6 +88,7 @@ function open() {
 }
 
 function scheduleReconnect() {
-  setTimeout(open, backoff);
+  clearTimeout(reconnectTimer);
+  reconnectTimer = setTimeout(open, backoff);
   backoff = Math.min(backoff * 2, BACKOFF_MAX_MS);
 }

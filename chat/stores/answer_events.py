@@ -1,0 +1,123 @@
+"""A running answer's numbered events in a Redis stream of its own, kept a while after it ends.
+
+The turn keeps its events in memory too (chat/turns/journal.py), which is what a resume in the
+same process reads; the stream is what outlives that memory: the last number of an answer that
+ended, for the `done` a returning page gets. Writes leave the event loop through a worker
+thread, one batch (a pipeline) at a time per answer, so a slow Redis delays no chunk; while
+Redis is down nothing is written and the chat goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from django.conf import settings
+
+from ..infra.redis_guard import RedisGuard
+
+log = logging.getLogger(__name__)
+
+KEY_PREFIX = "chat:answer-events:"
+# Set (with a short expiry, renewed) while another process follows an answer's stream for a
+# client that resumed there: the owning process then does not stop it for want of a listener.
+LISTENING_PREFIX = "chat:answer-listening:"
+LISTENING_MS = 3000
+# How long an answer's stream is kept after its last event: long enough for a phone that
+# wakes a tab, short enough that finished answers do not pile up.
+STREAM_TTL_SECONDS = 15 * 60
+
+_guard = RedisGuard(
+    "answer event streams",
+    url=lambda: settings.CHAT_CACHE_REDIS_URL,
+    fallback="answers resume from this process's memory only",
+)
+
+
+def _key(message_id: int) -> str:
+    return f"{KEY_PREFIX}{message_id}"
+
+
+def stream_read(message_id: int, after: int = 0) -> list[dict]:
+    """The events kept for `message_id` numbered above `after`, oldest first ([] without Redis)."""
+    entries: Any = _guard.call(
+        "read", lambda r: r.xrange(_key(message_id), min=f"0-{after + 1}", max="+")
+    )[1]
+    return [json.loads(fields[b"event"]) for _id, fields in entries or ()]
+
+
+def stream_last(message_id: int) -> dict | None:
+    """The last event kept for `message_id`, or None."""
+    entries: Any = _guard.call("last", lambda r: r.xrevrange(_key(message_id), count=1))[1]
+    return json.loads(entries[0][1][b"event"]) if entries else None
+
+
+def stream_follow(message_id: int, after: int, block_ms: int = 300) -> list[dict] | None:
+    """The events after `after`, waiting up to `block_ms` for one (under the client's 0.5 s
+    timeout); says meanwhile that this process listens. None when Redis cannot be asked."""
+
+    def follow(r):
+        r.set(f"{LISTENING_PREFIX}{message_id}", 1, px=LISTENING_MS)
+        return r.xread({_key(message_id): f"0-{after}"}, block=block_ms)
+
+    answered, found = _guard.call("follow", follow)
+    if not answered:
+        return None
+    entries: Any = found[0][1] if found else ()
+    return [json.loads(fields[b"event"]) for _id, fields in entries]
+
+
+def listening_elsewhere(message_id: int) -> bool:
+    """Whether a process follows the answer's stream for a client (False without Redis)."""
+    return bool(_guard.call("listening", lambda r: r.exists(f"{LISTENING_PREFIX}{message_id}"))[1])
+
+
+def stream_delete(message_id: int) -> None:
+    _guard.call("delete", lambda r: r.delete(_key(message_id)))
+
+
+class StreamWriter:
+    """Appends one answer's events to its stream, in order, off the event loop.
+
+    The stream's entry ids are `0-<seq>`, so a read from any number is a range. A new turn on
+    the same message (a Continue) numbers from 1 again, so its first batch replaces the stream.
+    """
+
+    def __init__(self, message_id: int):
+        self.key = _key(message_id)
+        self._pending: list[tuple[int, str]] = []
+        self._flushing: asyncio.Task | None = None
+        self._fresh = True
+
+    def push(self, seq: int, payload: str) -> None:
+        self._pending.append((seq, payload))
+        if self._flushing is None or self._flushing.done():
+            self._flushing = asyncio.get_running_loop().create_task(self._flush())
+
+    async def drain(self) -> None:
+        """Wait until every pushed event was handed to Redis (or Redis failed)."""
+        while self._flushing is not None and not self._flushing.done():
+            await asyncio.shield(self._flushing)
+
+    async def _flush(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            fresh, self._fresh = self._fresh, False
+            try:
+                await asyncio.to_thread(self._write, batch, fresh)
+            except Exception:  # the stream is a convenience; the answer goes on
+                log.exception("could not write the events of %s", self.key)
+
+    def _write(self, batch: list[tuple[int, str]], fresh: bool) -> None:
+        def write(r):
+            pipe = r.pipeline(transaction=False)
+            if fresh:
+                pipe.delete(self.key)
+            for seq, payload in batch:
+                pipe.xadd(self.key, {"event": payload}, id=f"0-{seq}")
+            pipe.expire(self.key, STREAM_TTL_SECONDS)
+            return pipe.execute()
+
+        _guard.call("append", write)

@@ -1,0 +1,40 @@
+"""A running answer's events, numbered and kept, so a client that comes back gets what it missed.
+
+Every event a turn emits gets the next `seq` (1 for its `accepted`) and is kept in memory for as
+long as the turn runs, and in the answer's Redis stream (chat/stores/answer_events.py) for a
+while after. A listener that attaches with the last number it saw gets every later event, then
+the live ones, with none lost or sent twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, cast
+
+from ..protocol import event_json
+from ..protocol.events import Event
+from ..stores.answer_events import StreamWriter
+
+
+class Journal:
+    """One turn's numbered events (a Continue starts a new journal on the same message)."""
+
+    def __init__(self, message_id: int):
+        self.message_id = message_id
+        self.events: list[Event] = []
+        self.stream = StreamWriter(message_id)
+
+    @property
+    def last_seq(self) -> int:
+        return len(self.events)
+
+    def record(self, event: Event) -> Event:
+        """`event` with its number, kept and written to the answer's stream."""
+        numbered = replace(cast(Any, event), seq=len(self.events) + 1)
+        self.events.append(numbered)
+        self.stream.push(numbered.seq, event_json(numbered))
+        return numbered
+
+    def since(self, after: int) -> list[Event]:
+        """The events numbered above `after`, in order."""
+        return self.events[max(after, 0) :]
