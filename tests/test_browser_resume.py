@@ -5,7 +5,6 @@ model and Redis."""
 import json
 import re
 import time
-import urllib.request
 
 import pytest
 from playwright.sync_api import expect
@@ -31,7 +30,7 @@ def raw_text(answer) -> str:
 
 
 def metric(server, name: str) -> float:
-    body = urllib.request.urlopen(server.url + "/metrics", timeout=5).read().decode()
+    body = server.metrics()  # with the live server's bearer token, as Prometheus scrapes
     return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", body, re.M))
 
 
