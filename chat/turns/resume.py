@@ -22,8 +22,8 @@ from ..protocol import Resume
 from ..protocol.events import Done, Error, Event, Finish, event_from_fields
 from ..stores.answer_events import stream_follow, stream_last
 from ..stores.selectors import Owner, answers_for
-from .refusals import TurnError
 from .handle import Send, Turn
+from .refusals import TurnError
 from .running import running_turns
 
 log = logging.getLogger(__name__)
