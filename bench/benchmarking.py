@@ -447,10 +447,8 @@ def daphne(workdir: Path, label: str, *, premigrate: bool, timeout: float = 120,
 def _running(server) -> float | None:
     """The server's `chat_requests_running` gauge (/metrics): rows the model is generating."""
     import re
-    import urllib.request
 
-    with urllib.request.urlopen(server.url + "/metrics", timeout=5) as response:
-        found = re.search(r"^chat_requests_running (\S+)$", response.read().decode(), re.M)
+    found = re.search(r"^chat_requests_running (\S+)$", server.metrics(), re.M)
     return float(found.group(1)) if found else None
 
 
@@ -481,10 +479,6 @@ async def closed_tab_stop(server, prompt: str, timeout: float = 60) -> ClosedTab
 def _orphaned(server) -> bool:
     """Whether the server counted an answer stopped for want of a listener."""
     import re
-    import urllib.request
 
-    with urllib.request.urlopen(server.url + "/metrics", timeout=5) as response:
-        counts = re.findall(
-            r"^chat_answers_orphaned_total\{[^}]*\} (\S+)$", response.read().decode(), re.M
-        )
+    counts = re.findall(r"^chat_answers_orphaned_total\{[^}]*\} (\S+)$", server.metrics(), re.M)
     return sum(float(c) for c in counts) > 0

@@ -71,11 +71,6 @@ def apikey_revoke(*, key_id: int, user=None) -> bool:
     return apikeys_revoke(keys) == 1
 
 
-def apikey_active(key_id: int) -> bool:
-    """The key is not revoked (a turn admitted on it checks again once it can be stopped)."""
-    return ApiKey.objects.filter(pk=key_id, revoked_at__isnull=True).exists()
-
-
 def apikey_authenticate(key: str) -> ApiKey | None:
     """The active key of an active user matching `key`, noting its use; None otherwise."""
     if not key.startswith(KEY_MARKER) or len(key) > 200:

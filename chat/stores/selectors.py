@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db.models import Q
 
-from ..models import Conversation, Message
+from ..models import ApiKey, Conversation, Message
 from ..protocol import INVALID, MODERATED
 
 # Answers the model should not see again as context: withdrawn or invalid ones.
@@ -152,3 +152,10 @@ def conversation_detail(owner: Owner, conversation_id: int) -> dict | None:
             for m in conversation.messages.all()
         ],
     }
+
+
+def apikey_active(key_id: int) -> bool:
+    """The key is not revoked (a turn admitted on it checks again once it can be stopped). Here,
+    not in apikeys.py, which calls up into the turns to stop a revoked key's answers: admit reads
+    this, so the two modules would import each other."""
+    return ApiKey.objects.filter(pk=key_id, revoked_at__isnull=True).exists()

@@ -23,10 +23,9 @@ from ..infra.runtime import NotReady, runtime
 from ..models import Message
 from ..protocol import API_KEY_REVOKED, Prompt, events
 from ..stores import storage
-from ..stores.apikeys import apikey_active
 from ..stores.cache import completion_cache
 from ..stores.review import entry_servable
-from ..stores.selectors import Owner
+from ..stores.selectors import Owner, apikey_active
 from .continuation import prepare_continue
 from .forgetting import conversation_tag
 from .handle import Send, Turn
