@@ -20,7 +20,7 @@ ANSWER_SCHEMA = {
 
 def policy_form(policy: OutputPolicy):
     """The admin's policy form, bound to `policy`'s values as a browser would post them."""
-    from chat.admin import OutputPolicyForm
+    from chat.admin.policies import OutputPolicyForm
 
     data = {}
     for name, field in OutputPolicyForm.base_fields.items():

@@ -130,7 +130,7 @@ class SamplingParams:
         return values
 
 
-# The settings a stored policy keeps one column each for, under the same names (chat/models.py).
+# The settings a stored policy keeps one column each for, under the same names (chat/models/policies.py).
 POLICY_SETTINGS = (
     "max_new_tokens",
     "temperature",

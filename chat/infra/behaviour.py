@@ -1,7 +1,7 @@
 """How each output policy behaves in production: per policy and version, the share of finished
 answers delivered, re-asked, fallen back, refused, moderated, masked and cut, per time bucket.
 
-Read from what every stored answer already records (chat/turns/run.py): its status, finish
+Read from what every stored answer already records (chat/turns/finish.py): its status, finish
 reason, outcome, re-ask count, and the text the user got beside the model's raw text. The
 buckets are the latency page's (chat/infra/latency.py). Everything but `fetch_answers` and
 `behaviour_report` is pure, so the counting can be tested on plain tuples.

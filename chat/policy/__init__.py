@@ -10,22 +10,9 @@ remote_moderation, guard) are loaded by name (`HOOKS`), the profanity one readin
 alt-profanity-check's model only when a policy uses it.
 """
 
+from .actions import Action, Cut, Emit, Hold, Outcome, Retract
 from .extraction import ExtractionError, extract_json
-from .gate import (
-    MODES,
-    Action,
-    AutoGate,
-    BufferGate,
-    Cut,
-    Emit,
-    Gate,
-    Hold,
-    Outcome,
-    Retract,
-    StreamGate,
-    ToolCallGate,
-    gate_for,
-)
+from .gate import MODES, AutoGate, BufferGate, Gate, StreamGate, ToolCallGate, gate_for
 from .moderation import (
     ALLOWED,
     HOOKS,

@@ -1,11 +1,12 @@
-"""Per-answer gates: fed chunks, they decide what the user sees, and judge the whole at the end."""
+"""Per-answer gates: fed chunks, they decide what the user sees, and judge the whole at the end
+(their actions and outcome: actions.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
+from .actions import Action, Cut, Emit, Hold, Outcome, Retract
 from .extraction import ExtractionError, extract_json
 from .moderation import ModerationHook, Verdict, moderate
 from .structure import scan
@@ -13,12 +14,6 @@ from .tool_calls import ToolSpec, judge_calls
 from .validation import instance_errors
 
 __all__ = [
-    "Emit",
-    "Hold",
-    "Retract",
-    "Cut",
-    "Action",
-    "Outcome",
     "Gate",
     "StreamGate",
     "BufferGate",
@@ -30,51 +25,6 @@ __all__ = [
 
 # A re-ask prompt for a 135M model must stay short; the first few errors carry the signal.
 _MAX_REASONS = 5
-
-
-@dataclass(frozen=True)
-class Emit:
-    """Send this text to the user now."""
-
-    text: str
-
-
-@dataclass(frozen=True)
-class Hold:
-    """From here on text is held back; sent once so the UI can say why it waits."""
-
-    reason: str
-
-
-@dataclass(frozen=True)
-class Retract:
-    """Withdraw everything shown; the caller must stop generating."""
-
-    reason: str
-
-
-@dataclass(frozen=True)
-class Cut:
-    """Keep only `text` of what was shown (the rest was a loop or an invented turn); the caller
-    must stop generating. The answer stands, cut short."""
-
-    text: str
-    reason: str
-
-
-Action = Emit | Hold | Retract | Cut
-
-
-@dataclass
-class Outcome:
-    """The verdict on the whole answer; held_text is what to show now, on "ok" only."""
-
-    status: str  # "ok" | "invalid" | "moderated"
-    text: str
-    json: object | None = None
-    reason: str = ""
-    held_text: str = ""
-    categories: tuple[str, ...] = ()
 
 
 class Gate:

@@ -5,7 +5,8 @@ handed; none touches the model or the database itself. The modules, in a turn's 
 
 - admit.py: the check-and-start sequence (rate checks, readiness, prepare, cache or queue).
 - prepare.py, continuation.py: a new prompt's or a Continue's stored messages and model input.
-- run.py: the engine's events through the policy gate; re-asks; the answer stored and cached.
+- run.py: the engine's events through the policy gate; re-asks. finish.py: the answer stored,
+  `done` sent, counted and cached (or the failure stored).
 - handle.py: the `Turn` a transport holds (cancel, detach, attach); its listeners and grace period.
 - journal.py, resume.py: a running answer's numbered events; a client coming back for them.
 - running.py, cancel_bus.py: the turns running here; drain at shutdown; cancel from any process,

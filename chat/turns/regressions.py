@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass
 from ..models import RegressionCase, RegressionRun
 from ..protocol.events import Finish
 from ..stores.policy_store import ResolvedPolicy
+from .finish import Verdict
 from .refusals import TurnError
-from .run import Verdict
 from .trial import TrialResult, trial_run
 
 Expected = RegressionCase.Expected

@@ -21,11 +21,12 @@ from ..protocol import Prompt, events
 from ..protocol.events import Finish, event_fields
 from ..stores.policy_store import ResolvedPolicy
 from ..stores.selectors import Owner
+from .finish import Verdict
 from .limits import turn_rate_check
 from .prepare import Prepared, check_prompt_tokens
 from .prompting import fit_prompt, request_for
 from .refusals import TurnError
-from .run import TurnRun, Verdict
+from .run import TurnRun
 
 
 @dataclass

@@ -1,0 +1,19 @@
+"""The chat app's admin, one concept per module. Django's autodiscover imports `chat.admin`; this
+imports every module, so each registers its ModelAdmins.
+
+- chats.py: conversations and messages.
+- accounts.py: users (deleted as they delete themselves) and their API keys.
+- policies.py: output policies, their workbench (try a draft, run the regression set), revisions
+  and regression runs.
+- review.py: cached answers' review (approve, edit, reject, evict, reset).
+"""
+
+from django.contrib import admin
+
+from ..transports.accounts import AdminSignInForm
+from . import accounts, chats, policies, review
+
+# /admin/login/ counts failed attempts exactly like the page's sign-in.
+admin.site.login_form = AdminSignInForm
+
+__all__ = ["accounts", "chats", "policies", "review"]

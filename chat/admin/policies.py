@@ -1,0 +1,292 @@
+"""The admin of output policies: the change form's checks, its workbench (try a draft, run the
+regression set), the revision history, and the kept regression runs."""
+
+import copy
+
+from asgiref.sync import async_to_sync
+from django import forms
+from django.conf import settings
+from django.contrib import admin
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import PermissionDenied
+from django.db import models
+from django.forms.models import construct_instance
+from django.http import Http404, HttpResponseNotAllowed
+from django.template.response import TemplateResponse
+from django.urls import path
+
+from ..engine.sampling_params import POLICY_SETTINGS
+from ..infra.runtime import runtime
+from ..models import OutputPolicy, PolicyRevision, RegressionCase, RegressionRun
+from ..stores.policy_store import compile_policy, policy_errors
+from ..stores.selectors import Owner
+from ..transports.policy_fields import ExamplesField, HooksField
+from ..turns import regressions
+from ..turns.limits import turn_rate_check
+from ..turns.refusals import TurnError
+from ..turns.trial import trial_run
+
+
+class PolicyRevisionInline(admin.TabularInline):
+    model = PolicyRevision
+    extra = 0
+    fields = ("version", "changed_at", "changed_by", "changes")
+    readonly_fields = fields
+    can_delete = False
+    verbose_name_plural = "history (who changed what, when)"
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+# A refused trial's HTTP status: too many prompts, or no model to run it on yet.
+TRIAL_REFUSED_STATUS = {"rate_limited": 429, "model_loading": 503, "server_restarting": 503}
+
+
+class RegressionCaseInline(admin.TabularInline):
+    model = RegressionCase
+    extra = 1
+    fields = ("prompt", "expected")
+    verbose_name_plural = "regression set (run it from the workbench below before saving)"
+    formfield_overrides = {
+        # One line a prompt keeps a set of twenty readable.
+        models.TextField: {"widget": forms.Textarea(attrs={"rows": 1, "cols": 60})},
+    }
+
+
+@admin.register(RegressionRun)
+class RegressionRunAdmin(admin.ModelAdmin):
+    """The runs of every policy's regression set, kept to compare pass rates; made by running."""
+
+    list_display = ("policy", "policy_version", "draft", "passed", "total", "ran_by", "ran_at")
+    list_filter = ("policy", "draft")
+    readonly_fields = (
+        "policy",
+        "policy_version",
+        "draft",
+        "ran_by",
+        "ran_at",
+        "passed",
+        "total",
+        "results",
+    )
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+class OutputPolicyForm(forms.ModelForm):
+    """Refuses a policy that could not work, with the reason on the field staff must change."""
+
+    moderation_hooks = HooksField(
+        required=False, help_text=OutputPolicy._meta.get_field("moderation_hooks").help_text
+    )
+    examples = ExamplesField(
+        required=False, help_text=OutputPolicy._meta.get_field("examples").help_text
+    )
+
+    class Meta:
+        model = OutputPolicy
+        fields = "__all__"  # noqa: DJ007 (the admin's fieldsets choose and order them)
+
+    def clean(self):
+        cleaned = super().clean()
+        # The policy as it would be saved; the stored row is untouched until it passes.
+        candidate = construct_instance(self, copy.copy(self.instance))
+        for field, problems in policy_errors(candidate, tokenizer=runtime.tokenizer()).items():
+            for problem in problems:
+                self.add_error(field if field in self.fields else None, problem)
+        return cleaned
+
+
+@admin.register(OutputPolicy)
+class OutputPolicyAdmin(admin.ModelAdmin):
+    form = OutputPolicyForm
+    list_display = ("name", "slug", "mode", "is_default", "version", "cache_enabled", "updated_at")
+    list_filter = ("mode", "is_default", "cache_enabled")
+    search_fields = ("name", "slug")
+    prepopulated_fields = {"slug": ("name",)}
+    readonly_fields = ("version", "updated_at")
+    inlines = [RegressionCaseInline, PolicyRevisionInline]
+    change_form_template = "admin/chat/outputpolicy/change_form.html"
+    fieldsets = (
+        (None, {"fields": ("name", "slug", "is_default", "mode", "version", "updated_at")}),
+        (
+            "Checks before anyone sees the answer",
+            {
+                "fields": (
+                    "json_schema",
+                    "constrained",
+                    "moderation_hooks",
+                    "blocklist_terms",
+                    "holdback_chars",
+                    "failure_action",
+                    "fallback_text",
+                    "max_retries",
+                ),
+            },
+        ),
+        (
+            "Generation",
+            {
+                # Every decoding setting a policy stores, in SamplingParams' order.
+                "fields": ("system_prompt", "examples", *POLICY_SETTINGS, "extra_eos_tokens"),
+            },
+        ),
+        ("Cache", {"fields": ("cache_enabled", "cache_ttl_seconds", "require_review")}),
+    )
+
+    class Media:
+        js = ("chat/admin-trial.js",)
+        css = {"all": ("chat/admin-trial.css",)}
+
+    def get_urls(self):
+        trial = self.admin_site.admin_view(self.try_draft)
+        return [
+            path("try/", trial, name="chat_outputpolicy_try_new"),
+            path("<path:object_id>/try/", trial, name="chat_outputpolicy_try"),
+            path(
+                "<path:object_id>/regressions/",
+                self.admin_site.admin_view(self.run_regressions),
+                name="chat_outputpolicy_regressions",
+            ),
+            *super().get_urls(),
+        ]
+
+    def _draft_form(self, request, stored):
+        """The change form bound to what the page posted, for a policy staff may change."""
+        allowed = (
+            self.has_change_permission(request, stored)
+            if stored is not None
+            else self.has_add_permission(request)
+        )
+        if not allowed:
+            raise PermissionDenied
+        return self.get_form(request, stored, change=stored is not None)(
+            request.POST, instance=stored
+        )
+
+    def _posted_cases(self, request, stored) -> tuple[list[tuple[str, str]], object]:
+        """The regression set as typed on the page (unsaved rows included, deleted ones left
+        out), else the stored one; and the inline formset, whose errors refuse the run."""
+        formset_class = RegressionCaseInline(self.model, self.admin_site).get_formset(
+            request, stored
+        )
+        prefix = formset_class.get_default_prefix()
+        if f"{prefix}-TOTAL_FORMS" not in request.POST:
+            stored_cases = stored.regression_cases.values_list("prompt", "expected")
+            return [(p, e) for p, e in stored_cases], None
+        formset = formset_class(request.POST, instance=stored, prefix=prefix)
+        if not formset.is_valid():
+            return [], formset
+        cases = [
+            (form.cleaned_data["prompt"], form.cleaned_data["expected"])
+            for form in formset.forms
+            if form.cleaned_data
+            and not form.cleaned_data.get("DELETE")
+            and form.cleaned_data.get("prompt", "").strip()
+        ]
+        return cases, None
+
+    def run_regressions(self, request, object_id):
+        """POST the change form: the regression set (as typed) through the unsaved draft, all at
+        once on the live engine; the run is kept and shown beside the one before it."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        stored = self.get_object(request, unquote(object_id))
+        if stored is None:
+            raise Http404("no such policy")
+        form = self._draft_form(request, stored)
+        cases, bad_cases = self._posted_cases(request, stored)
+        context = {"form": form, "cases_formset": bad_cases, "run": None, "problem": ""}
+        status = 200
+        if not form.is_valid():
+            context["problem"], status = "The draft would not save; nothing was run.", 400
+        elif bad_cases is not None:
+            context["problem"], status = "The regression set has errors; nothing was run.", 400
+        elif not cases:
+            context["problem"], status = "Add a prompt to the regression set first.", 400
+        else:
+            draft = compile_policy(form.save(commit=False))
+            try:
+                turn_rate_check(owner=Owner(request.user.pk, ""))  # the run counts as one prompt
+                results = async_to_sync(regressions.regressions_run)(draft, cases)
+            except TurnError as exc:
+                context["problem"] = str(exc)
+                status = TRIAL_REFUSED_STATUS.get(exc.code, 400)
+            else:
+                run = regressions.run_record(
+                    policy_id=stored.pk,
+                    version=stored.version,
+                    draft=True,
+                    user_id=request.user.pk,
+                    results=results,
+                )
+                context["run"], context["previous"] = run, regressions.previous_run(run)
+        return TemplateResponse(
+            request, "admin/chat/outputpolicy/regressions_result.html", context, status=status
+        )
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        last = RegressionRun.objects.filter(policy_id=unquote(object_id)).first()
+        return super().change_view(
+            request, object_id, form_url, {**(extra_context or {}), "last_regression_run": last}
+        )
+
+    def try_draft(self, request, object_id=None):
+        """POST the change form's current values and `trial_prompt`: the unsaved draft answers it
+        on the live engine (chat/turns/trial.py); an HTML fragment for the page's panel."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        stored = None
+        if object_id is not None:
+            stored = self.get_object(request, unquote(object_id))
+            if stored is None:
+                raise Http404("no such policy")
+        form = self._draft_form(request, stored)
+        prompt = request.POST.get("trial_prompt", "").strip()
+        context = {"prompt": prompt, "form": form, "result": None, "problem": ""}
+        status = 200
+        if not prompt:
+            context["problem"], status = "Type a prompt to try the draft with.", 400
+        elif len(prompt) > settings.CHAT_MAX_PROMPT_CHARS:
+            context["problem"] = (
+                f"the prompt is {len(prompt)} characters; the limit is "
+                f"{settings.CHAT_MAX_PROMPT_CHARS}"
+            )
+            status = 400
+        elif not form.is_valid():  # the same checks as on save: nothing runs
+            context["problem"], status = "The draft would not save; nothing was run.", 400
+        else:
+            draft = form.save(commit=False)  # only in memory: the stored row is untouched
+            try:
+                context["result"] = async_to_sync(trial_run)(
+                    policy=compile_policy(draft), text=prompt, user_id=request.user.pk
+                )
+            except TurnError as exc:
+                context["problem"] = str(exc)
+                status = TRIAL_REFUSED_STATUS.get(exc.code, 400)
+        return TemplateResponse(
+            request, "admin/chat/outputpolicy/trial_result.html", context, status=status
+        )
+
+    def save_model(self, request, obj, form, change):
+        before = OutputPolicy.objects.get(pk=obj.pk).snapshot() if change else {}
+        super().save_model(request, obj, form, change)
+        after = obj.snapshot()
+        changes = {
+            name: [before.get(name), value]
+            for name, value in after.items()
+            if before.get(name) != value
+        }
+        if changes:
+            PolicyRevision.objects.create(
+                policy=obj,
+                version=obj.version,
+                changed_by=request.user,
+                changes=changes,
+                snapshot=after,
+            )

@@ -1,0 +1,100 @@
+"""Conversations and their messages; an assistant message keeps how its answer ended."""
+
+from django.conf import settings
+from django.db import models
+
+
+class Conversation(models.Model):
+    """A chat thread, private to a signed-in user or, for a visitor, to their session."""
+
+    # A new conversation is titled by its first prompt, cut to this many characters (the page
+    # shows the same title before the server's list arrives: chat/transports/page_constants.py).
+    TITLE_FROM_PROMPT = 80
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE
+    )
+    session_key = models.CharField(max_length=64, blank=True, db_index=True)
+    title = models.CharField(max_length=120, blank=True)
+    # Set for a conversation made through the OpenAI-compatible API (one per request). Keys
+    # are revoked, not deleted, so these never turn into page conversations. RESTRICT, not
+    # PROTECT: a key alone cannot be deleted, but deleting its user takes key and
+    # conversations together (account deletion).
+    api_key = models.ForeignKey(
+        "ApiKey", null=True, blank=True, on_delete=models.RESTRICT, related_name="conversations"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-updated_at"]
+        indexes = [models.Index(fields=["user", "-updated_at"])]
+
+    def __str__(self):
+        return self.title or f"Conversation {self.pk}"
+
+    @classmethod
+    def title_from_prompt(cls, text: str) -> str:
+        return " ".join(text.split())[: cls.TITLE_FROM_PROMPT]
+
+
+class Message(models.Model):
+    class Role(models.TextChoices):
+        USER = "user"
+        ASSISTANT = "assistant"
+
+    class Status(models.TextChoices):
+        STREAMING = "streaming"  # being generated; a crash leaves it here, visibly unfinished
+        DONE = "done"
+        CANCELLED = "cancelled"
+        FAILED = "failed"
+        # The server stopped (a crash, a kill) while it was streaming: the text saved as it grew
+        # is kept, and Continue may finish it (chat/stores/recovery.py).
+        INTERRUPTED = "interrupted"
+
+    conversation = models.ForeignKey(
+        Conversation, related_name="messages", on_delete=models.CASCADE
+    )
+    role = models.CharField(max_length=16, choices=Role.choices)
+    text = models.TextField(blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.DONE)
+    finish_reason = models.CharField(max_length=16, blank=True)
+    error = models.TextField(blank=True)
+    request_id = models.CharField(max_length=100, blank=True)
+    metrics = models.JSONField(null=True, blank=True)
+    # How the output policy treated the answer (assistant messages only).
+    policy = models.ForeignKey("OutputPolicy", null=True, blank=True, on_delete=models.SET_NULL)
+    policy_version = models.PositiveIntegerField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, blank=True, help_text="ok, invalid or moderated")
+    outcome_reason = models.TextField(blank=True)
+    json_value = models.JSONField(null=True, blank=True)
+    raw_text = models.TextField(blank=True, help_text="what the model generated, before the policy")
+    retries = models.PositiveSmallIntegerField(default=0)
+    held_ms = models.FloatField(
+        null=True, blank=True, help_text="how long the answer was held back"
+    )
+    instance = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="the server process (CHAT_INSTANCE) that generated the answer",
+    )
+    identity = models.CharField(
+        max_length=64,
+        blank=True,
+        db_index=True,
+        help_text="what made the answer, hashed (docs/policies.md, what makes two answers the same); "
+        "empty when it is never shared: sampled without a seed, or a context the server does not hold",
+    )
+    superseded = models.BooleanField(
+        default=False,
+        help_text="replaced by a regenerated answer or an edited prompt: kept and shown as an "
+        "earlier version, never sent to the model again",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self):
+        return f"{self.role}: {self.text[:60]}"
