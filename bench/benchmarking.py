@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from testing.liveserver import process_status_mb
+from harness.liveserver import process_status_mb
 
 LOOPBACK = "127.0.0.1"
 # The benchmark's servers use these Redis databases; the cache one is flushed between runs.
@@ -421,7 +421,7 @@ def daphne(workdir: Path, label: str, *, premigrate: bool, timeout: float = 120,
     With `premigrate`, the database is migrated first, untimed, so start() meets a migrated
     database as a restarted server would (its own no-op migrate is still inside the timing).
     """
-    from testing.liveserver import LiveServer
+    from harness.liveserver import LiveServer
 
     env.setdefault("REDIS_URL", loopback_url(os.environ.get("REDIS_URL"), CHANNEL_REDIS_URL))
     env.setdefault("CHAT_CACHE_REDIS_URL", CACHE_REDIS_URL)

@@ -297,7 +297,7 @@ def budget(backend, scheduler, rows: int = 8, tokens: int = 600) -> Budget:
     import os
 
     from bench.benchmarking import self_peak_rss_mb
-    from testing.liveserver import process_status_mb
+    from harness.liveserver import process_status_mb
 
     store = backend.prefix_store
     store.clear()

@@ -382,11 +382,18 @@ CHAT_HISTORY_TURNS = _limits["history"]
 CHAT_MAX_QUEUE = _limits["queue"]
 CHAT_SYSTEM_PROMPT = ""  # a policy's own (admin); none when no policy is stored
 
-# On SIGTERM, how long running answers may go on before they are cancelled (project/shutdown.py).
-CHAT_DRAIN_SECONDS = envfloat("CHAT_DRAIN_SECONDS", 10.0)
-# When the last client of a running answer goes away (a reload, a dropped network), generation
-# goes on this long for it to come back and resume; then it stops (docs/configuration.md).
-CHAT_RESUME_GRACE_S = envfloat("CHAT_RESUME_GRACE_S", 10.0)
+# Three waits, in seconds, in one variable (docs/configuration.md): `drain`, how long running
+# answers may go on after SIGTERM before they are cancelled (project/shutdown.py); `resume`, how
+# long an answer whose last client went away (a reload, a dropped network) goes on for it to come
+# back; `lease`, how long a process holding something in Redis for others may go unheard before
+# its claims expire.
+TIMEOUT_DEFAULTS = {"drain": "10", "resume": "10", "lease": "10"}
+_timeouts = {
+    key: number(f"CHAT_TIMEOUTS {key}", value, float, 1 if key == "lease" else 0)
+    for key, value in envspec("CHAT_TIMEOUTS", TIMEOUT_DEFAULTS).items()
+}
+CHAT_DRAIN_SECONDS = _timeouts["drain"]
+CHAT_RESUME_GRACE_S = _timeouts["resume"]
 # Proxies in front that append to X-Forwarded-For; 0 ignores the header (anyone can send it).
 CHAT_TRUSTED_PROXIES = envint("CHAT_TRUSTED_PROXIES", 0)
 # The model name the OpenAI-compatible API offers the default policy as (`<name>:<slug>` for the others).
@@ -404,7 +411,7 @@ CHAT_INSTANCE = env("CHAT_INSTANCE", "") or f"{socket.gethostname()}:{SERVE_PORT
 
 # A process that holds something in Redis for others (a generation they wait on, places in the
 # remote tier's global queue) and goes unheard this long counts as dead: its claims expire.
-CHAT_LEASE_SECONDS = envfloat("CHAT_LEASE_SECONDS", 10.0, minimum=1)
+CHAT_LEASE_SECONDS = _timeouts["lease"]
 # Identical prompts in flight share one generation across the processes on CHAT_CACHE_REDIS_URL
 # (within a process they always do).
 CHAT_COALESCE_ACROSS_PROCESSES = True

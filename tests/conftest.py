@@ -97,8 +97,8 @@ def model_guard():
         yield
         return
     from chat.engine.local import loader
-    from testing.liveserver import LiveServer
-    from testing.peer import ServerProcess
+    from harness.liveserver import LiveServer
+    from harness.peer import ServerProcess
 
     def refuse(*args, **kwargs):
         raise AssertionError("CHAT_TEST_NO_MODEL=1: this test needs the model; mark it integration")
@@ -308,7 +308,7 @@ def chunks_text(events: list[dict]) -> str:
 @pytest.fixture(scope="session")
 def daphne_server(tmp_path_factory):
     """One real daphne for the session (its own database, the already converted model)."""
-    from testing.liveserver import LiveServer
+    from harness.liveserver import LiveServer
 
     server = LiveServer(
         tmp_path_factory.mktemp("live"),
@@ -323,8 +323,8 @@ def daphne_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def peer(tmp_path_factory):
     """The real engine: `transformers serve --continuous-batching` on loopback with the bundled
-    model folder (testing/peer.py), started once for the session and always stopped."""
-    from testing.peer import TransformersServe
+    model folder (harness/peer.py), started once for the session and always stopped."""
+    from harness.peer import TransformersServe
 
     with TransformersServe(log_path=tmp_path_factory.mktemp("peer") / "peer.log") as server:
         yield server
@@ -401,11 +401,11 @@ def make_policy(db):
 
 @pytest.fixture
 def scripted(monkeypatch):
-    """A scripted backend (testing/scripted.py) behind the process's runtime, for unit tests of
+    """A scripted backend (harness/scripted.py) behind the process's runtime, for unit tests of
     what the turn (chat/turns/) does around generation; returns a function taking the answers to play."""
     from chat.engine.stack import StackConfig, build_stack
     from chat.infra.runtime import runtime
-    from testing.scripted import ScriptedBackend
+    from harness.scripted import ScriptedBackend
 
     made = []
 

@@ -13,8 +13,8 @@ from chat.engine.sampling_params import SamplingParams, SamplingType
 from chat.engine.types import GenerationRequest
 from chat.stores.policy_store import ResolvedPolicy
 from chat.turns.identity import answer_identity
-from testing.examples import fuzz_examples
-from testing.scripted import ScriptedBackend
+from harness.examples import fuzz_examples
+from harness.scripted import ScriptedBackend
 
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}}
 TOOLS = {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto"}

@@ -10,8 +10,8 @@ import pytest
 from playwright.sync_api import expect
 from websockets.sync.client import connect
 
+from harness.liveserver import LiveServer
 from project import settings as project_settings
-from testing.liveserver import LiveServer
 from tests.a11y import axe_context, serious_violations
 from tests.conftest import LIVE_CACHE_URL
 from tests.test_browser import open_chat
@@ -106,7 +106,7 @@ def test_five_seconds_offline_mid_answer_then_the_answer_resumes(page, daphne_se
 
 def test_a_closed_tab_stops_its_answer_after_the_grace_period(browser, daphne_server):
     """Close the tab while a long answer streams: the answer goes on through the grace period
-    (CHAT_RESUME_GRACE_S, the same default as the server's), then stops within a decode step
+    (CHAT_TIMEOUTS resume, the same default as the server's), then stops within a decode step
     and is stored cancelled, reason no_listener."""
     grace = project_settings.CHAT_RESUME_GRACE_S  # the server's; the tests' own settings set 0
     # Long enough to outlast the grace period on a quiet machine (eos aside, about 400 tokens).

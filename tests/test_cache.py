@@ -13,8 +13,8 @@ from django.test import AsyncClient
 
 from chat.models import CachedAnswer, Message
 from chat.stores.cache import completion_cache
-from testing.liveserver import free_port
-from testing.scripted import Answer
+from harness.liveserver import free_port
+from harness.scripted import Answer
 
 PROMPT = "Count from 1 to 10, separated by commas."
 

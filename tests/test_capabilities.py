@@ -10,7 +10,7 @@ import pytest
 from chat.engine.remote.capabilities import discover
 from chat.engine.remote.openai_backend import OpenAIBackend, RemoteConfig
 from chat.engine.types import EngineError
-from testing.openai_server import FakeOpenAIServer
+from harness.openai_server import FakeOpenAIServer
 
 pytestmark = pytest.mark.integration
 
@@ -118,7 +118,7 @@ def test_discovery_against_a_server_that_honours_stop(serve, backend):
 
 
 def test_an_unreachable_server_leaves_everything_unknown_and_does_not_fail(backend):
-    from testing.liveserver import free_port
+    from harness.liveserver import free_port
 
     remote = OpenAIBackend(
         RemoteConfig(base_url=f"http://127.0.0.1:{free_port()}/v1", model="m", timeout=5),

@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 from pydantic import BaseModel, Field
 
-from testing import client_modes as cm
+from harness import client_modes as cm
 from tests.conftest import LIVE_CACHE_URL
 
 pytestmark = pytest.mark.integration
@@ -46,7 +46,7 @@ WEATHER_TOOL = {
 @pytest.fixture(scope="module")
 def live_v1(tmp_path_factory):
     """One daphne on the local engine for the module, and an endpoint with a fresh API key."""
-    from testing.liveserver import LiveServer
+    from harness.liveserver import LiveServer
 
     server = LiveServer(
         tmp_path_factory.mktemp("clients"),

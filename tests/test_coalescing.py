@@ -176,7 +176,7 @@ def test_identical_requests_open_one_stream_to_an_inference_server(backend):
     the real model's tokens, sees one request)."""
     from chat.engine.remote.concurrent import ConcurrentScheduler
     from chat.engine.remote.openai_backend import OpenAIBackend, RemoteConfig
-    from testing.openai_server import FakeOpenAIServer
+    from harness.openai_server import FakeOpenAIServer
 
     server = FakeOpenAIServer(backend).start()
     remote = OpenAIBackend(

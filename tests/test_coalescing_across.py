@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from testing.liveserver import LiveServer
-from testing.openai_server import FakeOpenAIServer
+from harness.liveserver import LiveServer
+from harness.openai_server import FakeOpenAIServer
 from tests.conftest import LIVE_CACHE_URL
 from tests.test_consumer import LONG
 from tests.test_scaleout import Visitor, database_url, receive, receive_until  # noqa: F401
@@ -28,7 +28,7 @@ def servers(database_url, tmp_path_factory):  # noqa: F811 (the imported fixture
     env = {
         "CHAT_CACHE_REDIS_URL": LIVE_CACHE_URL,
         "CHAT_ENGINE": "threads=1",
-        "CHAT_LEASE_SECONDS": "2",
+        "CHAT_TIMEOUTS": "lease=2",
         "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
     }
     workdir = tmp_path_factory.mktemp("coalescing")

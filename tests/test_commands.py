@@ -131,7 +131,7 @@ def test_answerquality_runs_prompts_through_the_default_policy_and_counts_ending
 
 @pytest.mark.unit
 def test_repeated_ngram_rate_measures_loops_not_length():
-    from testing.quality import repeated_ngram_rate
+    from harness.quality import repeated_ngram_rate
 
     assert repeated_ngram_rate("one two three four five six seven") == 0.0
     assert repeated_ngram_rate("a b c d " * 10) > 0.8

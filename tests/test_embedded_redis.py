@@ -11,8 +11,8 @@ import psutil
 import pytest
 import websockets
 
+from harness.liveserver import ROOT, LiveServer
 from project.embedded_redis import EmbeddedRedis
-from testing.liveserver import ROOT, LiveServer
 from tests.test_live import receive_until_done
 
 pytestmark = pytest.mark.integration

@@ -2,7 +2,7 @@
 (Redis) and the review list. Real Redis, the test database (SQLite or PostgreSQL), the socket
 through Channels' communicator and the views through Django's test client.
 
-Answers are scripted (testing/scripted.py) where what matters is what the turn does around them;
+Answers are scripted (harness/scripted.py) where what matters is what the turn does around them;
 the deletion while an answer streams runs on the real model (a few tokens before the cancel).
 """
 
@@ -42,8 +42,8 @@ from chat.protocol import CONVERSATION_DELETED
 from chat.stores import erasure
 from chat.stores.apikeys import apikey_authenticate, apikey_create
 from chat.stores.cache import KEY_PREFIX, completion_cache
-from testing.liveserver import free_port
-from testing.scripted import Answer, ScriptedBackend
+from harness.liveserver import free_port
+from harness.scripted import Answer, ScriptedBackend
 from tests.conftest import TEST_CACHE_URL, ChatClient
 from tests.test_cache import RedisServer
 

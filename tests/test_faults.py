@@ -10,7 +10,7 @@ from asgiref.sync import sync_to_async
 
 from chat.models import Conversation, Message
 from chat.stores.recovery import INTERRUPTED
-from testing.liveserver import LiveServer
+from harness.liveserver import LiveServer
 from tests.conftest import LIVE_CACHE_URL
 from tests.test_cache import RedisServer
 

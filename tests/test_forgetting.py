@@ -269,12 +269,12 @@ def test_rows_that_share_an_opening_are_forgotten_one_conversation_at_a_time(bac
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     """A daphne on the real model, and an API key: (server, key)."""
-    from testing.liveserver import LiveServer
+    from harness.liveserver import LiveServer
 
     server = LiveServer(
         tmp_path_factory.mktemp("forgetting"),
         CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL,
-        CHAT_RATE_LIMIT_PER_MINUTE="0",
+        CHAT_RATE_LIMITS="prompt=0",
     ).start()
     try:
         server.manage(

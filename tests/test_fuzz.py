@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chat.protocol import Cancel, Ping, Prompt, ProtocolError, parse_frame
-from testing.examples import fuzz_examples
+from harness.examples import fuzz_examples
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),

@@ -315,7 +315,7 @@ async def test_the_hostile_corpus_gets_an_openai_error_on_v1(scripted, example_p
     """The same corpus for /v1/chat/completions (system, history, text parts, stop, model and
     policy names, the schema's name; numbers for n and max_tokens): each a 4xx in OpenAI's
     shape with the `param` it is about, never a 5xx; 10 MB is a 413 JSON, not Django's page."""
-    from testing.scripted import Answer
+    from harness.scripted import Answer
     from tests.test_openai_views import _user_with_key, assert_openai_error, post
 
     scripted(*[Answer(("ok",)) for _ in V1_CORPUS])

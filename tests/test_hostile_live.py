@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 import websockets
 
-from testing.liveserver import LiveServer
+from harness.liveserver import LiveServer
 
 pytestmark = pytest.mark.integration
 
@@ -206,7 +206,7 @@ def test_a_10_mb_body_to_v1_is_a_413_in_openais_shape(which, dev_server, product
 def make_run_server(tmp_path_factory):
     """`make run` as a newcomer runs it (`python -m project.serve`, no DEBUG, no SECRET_KEY),
     on this test's Redis and a data directory of its own."""
-    from testing.liveserver import ROOT
+    from harness.liveserver import ROOT
 
     workdir = tmp_path_factory.mktemp("make-run")
     server = LiveServer(

@@ -1,5 +1,5 @@
 """Who may import whom among the top-level folders: the product (chat/, project/) imports
-neither the tests' helpers (testing/) nor the measurement tools (bench/), and no test or helper
+neither the tests' helpers (harness/) nor the measurement tools (bench/), and no test or helper
 imports bench/, so bench/ can change or go without breaking a test."""
 
 import ast
@@ -25,8 +25,8 @@ def top_level_imports(path: Path) -> set[str]:
 @pytest.mark.parametrize(
     ("folders", "forbidden"),
     [
-        (("chat", "project"), {"bench", "testing", "tests"}),
-        (("tests", "testing"), {"bench"}),
+        (("chat", "project"), {"bench", "harness", "tests"}),
+        (("tests", "harness"), {"bench"}),
     ],
 )
 def test_no_folder_imports_what_it_must_not(folders, forbidden):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from testing import loadtest
+from harness import loadtest
 
 pytestmark = pytest.mark.integration
 

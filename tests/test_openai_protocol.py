@@ -15,7 +15,7 @@ from chat.transports.openai import (
     answer_of,
     parse_chat_request,
 )
-from testing.examples import fuzz_examples
+from harness.examples import fuzz_examples
 from tests.test_openai_views import raw_bodies
 
 pytestmark = pytest.mark.unit

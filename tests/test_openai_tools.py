@@ -11,7 +11,7 @@ import pytest
 from chat.models import Message, OutputPolicy
 from chat.policy import ToolSpec
 from chat.policy.tool_calls import call_text, judge_calls, parse_calls
-from testing.scripted import Answer
+from harness.scripted import Answer
 from tests.test_openai_views import _user_with_key, ask, assert_openai_error, post
 
 pytestmark = [pytest.mark.unit, pytest.mark.django_db(transaction=True)]

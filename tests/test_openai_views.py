@@ -19,8 +19,8 @@ from chat.infra.ratelimit import prompt_limiter
 from chat.models import Message, OutputPolicy
 from chat.stores import selectors
 from chat.stores.apikeys import apikey_create, apikey_revoke
-from testing.examples import fuzz_examples
-from testing.scripted import Answer
+from harness.examples import fuzz_examples
+from harness.scripted import Answer
 
 pytestmark = [pytest.mark.unit, pytest.mark.django_db(transaction=True)]
 
@@ -452,7 +452,7 @@ raw_bodies = (
     | (json_values.map(json.dumps))
 )
 # CHAT_FUZZ_EXAMPLES: how many bodies (1,200 by default; raise it for a long run), scaled down
-# by CHAT_TEST_FUZZ_SCALE in the fast unit run (testing/examples.py).
+# by CHAT_TEST_FUZZ_SCALE in the fast unit run (harness/examples.py).
 settings.register_profile(
     "hostile_v1",
     max_examples=fuzz_examples(int(os.environ.get("CHAT_FUZZ_EXAMPLES", "1200"))),

@@ -17,7 +17,7 @@ from chat.engine.types import GenerationRequest
 from chat.models import OutputPolicy
 from chat.stores.policy_store import builtin_policy, policy_errors
 from chat.turns.identity import answer_identity
-from testing.scripted import Answer, ScriptedBackend
+from harness.scripted import Answer, ScriptedBackend
 from tests.test_openai_views import alice, ask, assert_openai_error, post  # noqa: F401
 
 

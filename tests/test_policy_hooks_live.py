@@ -10,7 +10,7 @@ from asgiref.sync import sync_to_async
 
 from chat.infra import behaviour
 from chat.models import Message
-from testing.scripted import Answer
+from harness.scripted import Answer
 from tests.conftest import ChatClient, chunks_text
 
 ws_db = pytest.mark.django_db(transaction=True)

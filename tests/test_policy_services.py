@@ -250,7 +250,7 @@ async def test_a_turn_with_a_service_hook_is_judged_off_the_event_loop(
     service was asked from a worker thread, so the event loop never waited on it."""
     from asgiref.sync import sync_to_async
 
-    from testing.scripted import Answer
+    from harness.scripted import Answer
     from tests.conftest import ChatClient, chunks_text
 
     stub.reply = moderation_reply({"violence": True})

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from testing.liveserver import LiveServer
+from harness.liveserver import LiveServer
 
 pytestmark = pytest.mark.integration
 

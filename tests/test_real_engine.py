@@ -1,7 +1,7 @@
 """The web tier in front of a real engine nobody here wrote: a live daphne on CHAT_BACKEND=openai
 against `transformers serve --continuous-batching` (the `peer` fixture) with the bundled model.
 
-The scripted fake (testing/openai_server.py) keeps the failures a real engine does not produce on
+The scripted fake (harness/openai_server.py) keeps the failures a real engine does not produce on
 demand; this file keeps what only a real one shows. Answers are a few tokens each.
 """
 
@@ -37,7 +37,7 @@ for slug, fields in {
 @pytest.fixture(scope="module")
 def web(peer, tmp_path_factory):
     """A daphne that loads no model, one upstream stream at a time (more users than slots)."""
-    from testing.liveserver import LiveServer
+    from harness.liveserver import LiveServer
 
     server = LiveServer(
         tmp_path_factory.mktemp("real-engine"),

@@ -17,8 +17,8 @@ from chat.engine.types import (
     Started,
     TextChunk,
 )
-from testing.liveserver import free_port
-from testing.openai_server import FakeOpenAIServer
+from harness.liveserver import free_port
+from harness.openai_server import FakeOpenAIServer
 
 COUNT = [{"role": "user", "content": "Count from 1 to 10, separated by commas."}]
 STORY = [{"role": "user", "content": "Write a very long story about a dragon."}]
@@ -232,7 +232,7 @@ def test_a_misconfigured_remote_backend_fails_at_start_up_with_a_clear_message()
     import subprocess
     import sys
 
-    from testing.liveserver import ROOT
+    from harness.liveserver import ROOT
 
     def start(**env) -> str:
         done = subprocess.run(

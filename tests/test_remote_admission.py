@@ -11,8 +11,8 @@ import redis
 from chat.engine.remote.concurrent import ConcurrentScheduler
 from chat.engine.remote.global_queue import RedisAdmission
 from chat.engine.types import Finished, Queued, Started, TextChunk
-from testing.liveserver import free_port
-from testing.openai_server import FakeOpenAIServer
+from harness.liveserver import free_port
+from harness.openai_server import FakeOpenAIServer
 
 from .conftest import TEST_CACHE_URL
 from .test_remote import COUNT, STORY, Events, remote_for

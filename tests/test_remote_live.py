@@ -7,7 +7,7 @@ import json
 import pytest
 import websockets
 
-from testing.openai_server import FakeOpenAIServer
+from harness.openai_server import FakeOpenAIServer
 
 from .conftest import LIVE_CACHE_URL
 from .test_live import receive_until_done
@@ -24,7 +24,7 @@ def fake(backend):
 
 @pytest.fixture(scope="module")
 def remote_daphne(fake, tmp_path_factory):
-    from testing.liveserver import LiveServer
+    from harness.liveserver import LiveServer
 
     server = LiveServer(
         tmp_path_factory.mktemp("remote-live"),

@@ -5,7 +5,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from testing.liveserver import LiveServer
+from harness.liveserver import LiveServer
 from tests.conftest import LIVE_CACHE_URL
 from tests.test_browser import open_chat
 
@@ -19,7 +19,7 @@ def own_server(tmp_path):
     """A daphne of this test's own: restarting the shared one would disturb other tests.
     A running answer gets 1 s of drain on SIGTERM (project/shutdown.py), then it is cancelled."""
     server = LiveServer(
-        tmp_path, CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL, CHAT_DRAIN_SECONDS="1"
+        tmp_path, CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL, CHAT_TIMEOUTS="drain=1"
     ).start()
     yield server
     server.stop()

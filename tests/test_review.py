@@ -21,7 +21,7 @@ from django.test import Client
 from chat.models import CachedAnswer, Conversation, OutputPolicy, PendingEviction
 from chat.stores import evictions, review
 from chat.stores.cache import KEY_PREFIX, completion_cache
-from testing.liveserver import free_port
+from harness.liveserver import free_port
 from tests.conftest import TEST_CACHE_URL
 from tests.test_cache import admin_client, ask, run_action, seen_digest
 

@@ -23,7 +23,7 @@ from chat.models import ApiKey, Message
 from chat.stores import erasure
 from chat.stores.apikeys import apikey_create, apikey_revoke
 from chat.turns.cancel_bus import GROUP, CancelKeys
-from testing.scripted import Answer
+from harness.scripted import Answer
 from tests.conftest import LIVE_CACHE_URL
 from tests.test_consumer import LONG
 from tests.test_openai_views import ask, post
@@ -200,12 +200,12 @@ async def test_revoking_mid_answer_on_the_real_model_ends_the_stream_at_once(run
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     """A daphne on the real model, a user and a key: (server, key, key id)."""
-    from testing.liveserver import LiveServer
+    from harness.liveserver import LiveServer
 
     server = LiveServer(
         tmp_path_factory.mktemp("revocation"),
         CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL,
-        CHAT_RATE_LIMIT_PER_MINUTE="0",
+        CHAT_RATE_LIMITS="prompt=0",
     ).start()
     try:
         server.manage(

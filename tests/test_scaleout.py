@@ -14,7 +14,7 @@ import psycopg
 import pytest
 import websockets
 
-from testing.liveserver import LiveServer
+from harness.liveserver import LiveServer
 from tests.conftest import LIVE_CACHE_URL
 from tests.test_consumer import LONG, SHORT
 

@@ -13,7 +13,7 @@ from chat.engine.remote.openai_backend import OpenAIBackend, RemoteConfig
 from chat.engine.types import Backend, Scheduler, SteppedBackend
 from chat.models import Message
 from chat.protocol import FINISH_REASONS, METRIC_KEYS
-from testing.scripted import Answer, ScriptedBackend
+from harness.scripted import Answer, ScriptedBackend
 from tests.conftest import ChatClient, chunks_text
 
 ws_db = pytest.mark.django_db(transaction=True)

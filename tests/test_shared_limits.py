@@ -10,7 +10,7 @@ import pytest
 import websockets
 
 from chat.infra.ratelimit import SharedRateLimiter
-from testing.liveserver import LiveServer, free_port
+from harness.liveserver import LiveServer, free_port
 
 pytestmark = pytest.mark.integration
 

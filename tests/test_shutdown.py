@@ -17,7 +17,7 @@ from websockets.exceptions import ConnectionClosed
 from chat import turns
 from chat.infra.runtime import runtime as chat_runtime
 from chat.protocol import CLOSE_SERVER_RESTARTING
-from testing.liveserver import LiveServer
+from harness.liveserver import LiveServer
 from tests.conftest import LIVE_CACHE_URL
 from tests.test_consumer import LONG, SHORT, wait_stored
 from tests.test_openai_api import MAKE_KEYS
@@ -29,7 +29,7 @@ def start_server(tmp_path, drain_seconds: float) -> LiveServer:
     return LiveServer(
         tmp_path,
         CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL,
-        CHAT_DRAIN_SECONDS=str(drain_seconds),
+        CHAT_TIMEOUTS=f"drain={drain_seconds}",
     ).start()
 
 

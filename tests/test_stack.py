@@ -13,7 +13,7 @@ from chat.engine.sharing.coalescing import SharingScheduler
 from chat.engine.sharing.coalescing_across import AcrossProcesses
 from chat.engine.stack import SchedulerStack, StackConfig, build_stack
 from chat.engine.types import SteppedBackend
-from testing.scripted import ScriptedBackend
+from harness.scripted import ScriptedBackend
 
 pytestmark = pytest.mark.unit
 

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from testing.liveserver import ROOT
-from testing.openai_server import FakeOpenAIServer
+from harness.liveserver import ROOT
+from harness.openai_server import FakeOpenAIServer
 
 from .conftest import LIVE_CACHE_URL
 

@@ -332,7 +332,7 @@ def event_json(event: Event) -> str:
 # A prompt sent while the server drains before a restart (SIGTERM); the page sends it again later.
 SERVER_RESTARTING = "server_restarting"
 # The `reason` of a `done` (cancelled) when nobody listened any more: its last client went away
-# and none resumed it within CHAT_RESUME_GRACE_S.
+# and none resumed it within CHAT_TIMEOUTS resume.
 NO_LISTENER = "no_listener"
 # The `reason` of a `done` (cancelled) whose conversation was deleted while it was generated.
 CONVERSATION_DELETED = "conversation_deleted"

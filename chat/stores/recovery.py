@@ -3,7 +3,7 @@ forever streaming; the text saved while they streamed (chat/stores/partial.py) i
 
 A turn lives in the process that accepted it; if that process dies (crash, restart, kill)
 mid-answer, its message stays `streaming`. Every start-up path migrates first
-(`make run`, testing/liveserver.py, the systemd unit), so the sweep runs after `migrate`.
+(`make run`, harness/liveserver.py, the systemd unit), so the sweep runs after `migrate`.
 It closes only the answers of this instance (CHAT_INSTANCE): with several processes on
 one database, a process that restarts must not fail the answers the others are generating.
 """

@@ -15,7 +15,7 @@ model still loading) is an HTTP error whose JSON body is the `error` event, for
 both. The caller is the session (or signed-in user), as on the socket, and CSRF
 protection is on: `GET /api/csrf` sets the session and `csrftoken` cookies and
 returns the token, which goes back in the `X-CSRFToken` header with the cookies.
-Closing the stream leaves the answer `CHAT_RESUME_GRACE_S` to be resumed, like closing the tab;
+Closing the stream leaves the answer `CHAT_TIMEOUTS` `resume` seconds to be resumed, like closing the tab;
 `POST /api/chat` stops it at once.
 """
 

@@ -28,7 +28,7 @@ from chat.management.commands._engine import load
 from chat.policy import Cut, Retract, gate_for
 from chat.stores import policy_store
 from chat.turns.prompting import fit_prompt, request_for
-from testing.quality import repeated_ngram_rate
+from harness.quality import repeated_ngram_rate
 
 PROMPTS = Path(__file__).resolve().parents[2] / "prompts" / "everyday.json"
 ENDINGS = ("eos", "stop_string", "length", "cut", "withdrawn", "invalid")

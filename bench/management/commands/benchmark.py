@@ -318,7 +318,7 @@ class Command(BaseCommand):
             "CHAT_LIMITS": f"new_tokens={self.tokens},new_tokens_cap={self.tokens}",
             # Short, so the closed tab's answer is still running when it is up (nothing else here
             # closes a socket mid-answer); the report adds the default's difference.
-            "CHAT_RESUME_GRACE_S": str(CLOSED_TAB_GRACE_S),
+            "CHAT_TIMEOUTS": f"resume={CLOSED_TAB_GRACE_S}",
             **self.batch_env,
         }
         self.note(f"  starting daphne ({self.batch_label}, {self.tokens} tokens)")
@@ -455,7 +455,7 @@ class Command(BaseCommand):
         self.results["api"].append(rows)
 
     def api_peer_default_dtype(self):
-        from testing.peer import TransformersServe, serving_available
+        from harness.peer import TransformersServe, serving_available
 
         if not serving_available():
             self.note("  skipped: the serving extra is not installed (requirements-dev.txt)")
@@ -467,7 +467,7 @@ class Command(BaseCommand):
 
     def api_llama(self):
         from chat.engine.weights.loading import bundled_gguf_path
-        from testing.peer import LlamaCppServer, llama_cpp_python
+        from harness.peer import LlamaCppServer, llama_cpp_python
 
         python = llama_cpp_python()
         if python is None:
@@ -484,7 +484,7 @@ class Command(BaseCommand):
             self.measure_peer(server, "peer: llama.cpp (same GGUF)", "llama")
 
     def api_peer(self):
-        from testing.peer import TransformersServe, serving_available
+        from harness.peer import TransformersServe, serving_available
 
         if not serving_available():
             self.note("  skipped: the serving extra is not installed (requirements-dev.txt)")
@@ -718,7 +718,7 @@ class Command(BaseCommand):
             return
         after_grace = closed.stopped_ms - CLOSED_TAB_GRACE_S * 1000
         out(
-            f"     closed tab to model stopped: {closed.stopped_ms:.0f} ms with CHAT_RESUME_GRACE_S="
+            f"     closed tab to model stopped: {closed.stopped_ms:.0f} ms with CHAT_TIMEOUTS resume="
             f"{CLOSED_TAB_GRACE_S:g}, so {settings.CHAT_RESUME_GRACE_S * 1000 + after_grace:.0f} ms "
             f"with {settings.CHAT_RESUME_GRACE_S:g} s (the grace, then {after_grace:.0f} ms)"
         )

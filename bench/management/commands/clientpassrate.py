@@ -1,6 +1,6 @@
 """`manage.py clientpassrate`: how often each structured-output client library gets a valid object from /v1.
 
-Every mode of testing/client_modes.py (the openai SDK, instructor, pydantic-ai, LangChain, each
+Every mode of harness/client_modes.py (the openai SDK, instructor, pydantic-ai, LangChain, each
 as its users call it) asks a daphne of its own, on the local engine, to pull one person out of
 each text of bench/prompts/extraction.json. Per mode: valid parsed objects, how many of them hold
 the expected values, the re-asks the library made, and the time from the call to the object.
@@ -12,7 +12,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from bench import benchmarking as bm
-from testing import client_modes as cm
+from harness import client_modes as cm
 
 
 class Command(BaseCommand):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from testing import loadtest
+from harness import loadtest
 
 MAX_SOCKETS = 1000
 MAX_SECONDS = 600

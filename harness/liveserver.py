@@ -34,6 +34,14 @@ class LiveServer:
     def __init__(
         self, workdir: Path, *, database_url: str | None = None, serve: bool = False, **env: str
     ):
+        settings_source = (ROOT / "project" / "settings.py").read_text()
+        stale = [
+            k
+            for k in env
+            if k.startswith("CHAT_") and not k.startswith("CHAT_TEST_") and k not in settings_source
+        ]
+        if stale:  # a renamed setting would otherwise be ignored silently, and the test mean less
+            raise ValueError(f"project/settings.py reads no {', '.join(stale)}")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}/ws/chat/"
@@ -130,10 +138,12 @@ class LiveServer:
         return self.log_path.read_text(errors="replace")[-4000:]
 
     def stop(self) -> None:
-        """SIGTERM, as a service manager stops it: running answers get CHAT_DRAIN_SECONDS."""
+        """SIGTERM, as a service manager stops it: running answers get CHAT_TIMEOUTS drain."""
         if self.process and self.process.poll() is None:
             self.process.terminate()
-            drain = float(self.env.get("CHAT_DRAIN_SECONDS") or 10)
+            timeouts = self.env.get("CHAT_TIMEOUTS", "").split(",")
+            spec = dict(item.split("=", 1) for item in timeouts if "=" in item)
+            drain = float(spec.get("drain", 10))
             try:
                 self.process.wait(drain + 20)
             except subprocess.TimeoutExpired:

@@ -1,6 +1,6 @@
 """A bounded load run against a real daphne on 127.0.0.1: many sockets, short prompts, cancels, then checks.
 
-`run_load` starts its own daphne (testing/liveserver.py, its own SQLite file), creates a policy
+`run_load` starts its own daphne (harness/liveserver.py, its own SQLite file), creates a policy
 with a small max_new_tokens there, and opens N WebSockets that each loop for T seconds:
 send a short prompt, read its events, sometimes cancel (while queued or mid-stream). At the
 deadline every running answer is cancelled and awaited, so the run stops by itself. Then it
@@ -25,7 +25,7 @@ from pathlib import Path
 import websockets
 
 from chat.infra.stats import percentile
-from testing.liveserver import LiveServer, process_status_mb
+from harness.liveserver import LiveServer, process_status_mb
 
 POLICY_SLUG = "loadtest"
 PROMPTS = (
