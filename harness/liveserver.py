@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import secrets
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def default_database(workdir: Path) -> str:
+    """The suite's own kind of database: a fresh PostgreSQL one on its PostgreSQL pass, else SQLite."""
+    suite = os.environ.get("DATABASE_URL", "")
+    if suite.startswith(("postgres://", "postgresql://")):
+        return fresh_database_like(suite)
+    return f"sqlite:///{workdir / 'live.sqlite3'}"
 
 
 def free_port() -> int:
@@ -22,8 +33,29 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def fresh_database_like(url: str) -> str:
+    """A new, empty PostgreSQL database on the server `url` names, dropped when this process
+    exits (after every server on it has stopped), so a live server on the suite's PostgreSQL
+    pass stores on PostgreSQL, as production does."""
+    import psycopg
+
+    parts = urlsplit(url)
+    admin = f"host={parts.hostname} port={parts.port or 5432} user={parts.username} dbname=postgres"
+    name = f"{parts.path.lstrip('/') or 'chat'}_live_{secrets.token_hex(6)}"
+    with psycopg.connect(admin, autocommit=True) as connection:
+        connection.execute(f'CREATE DATABASE "{name}"')
+
+    def drop() -> None:
+        with psycopg.connect(admin, autocommit=True) as connection:
+            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    atexit.register(drop)
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
 class LiveServer:
-    """daphne serving project.asgi on a free port with its own SQLite database.
+    """daphne serving project.asgi on a free port with its own database: SQLite, or a fresh
+    PostgreSQL database where the suite itself runs on PostgreSQL (DATABASE_URL).
 
     Give `database_url` (and the same Redis in `env`) to several servers to run
     them as one site spread over processes; `env` sets any further variables.
@@ -48,7 +80,7 @@ class LiveServer:
         self.log_path = workdir / f"daphne-{self.port}.log"
         self.env = {
             **os.environ,
-            "DATABASE_URL": database_url or f"sqlite:///{workdir / 'live.sqlite3'}",
+            "DATABASE_URL": database_url or default_database(workdir),
             "PYTHONUNBUFFERED": "1",
             "PORT": str(self.port),  # part of CHAT_INSTANCE: two servers on one database stay apart
             "CHAT_METRICS_TOKEN": secrets.token_urlsafe(16),  # what `metrics` scrapes with
@@ -136,6 +168,23 @@ class LiveServer:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
+
+    def query(self, sql: str, params: tuple = ()) -> list[dict]:
+        """Rows from the server's own database, as dicts: SQL with `?` placeholders, on SQLite
+        or PostgreSQL alike (a test reads what the server stored, not what it says it did)."""
+        url = self.env["DATABASE_URL"]
+        if url.startswith("sqlite:///"):
+            path = url.removeprefix("sqlite:///").partition("?")[0]
+            with sqlite3.connect(path) as db:
+                db.row_factory = sqlite3.Row
+                return [dict(row) for row in db.execute(sql, params)]
+        import psycopg
+        from psycopg.rows import dict_row
+        from psycopg.types.json import set_json_loads
+
+        with psycopg.connect(url, row_factory=dict_row) as db:
+            set_json_loads(lambda data: bytes(data).decode(), db)  # JSON as text, as SQLite has it
+            return list(db.execute(sql.replace("?", "%s"), params).fetchall())
 
     def stop(self) -> None:
         """SIGTERM, as a service manager stops it: running answers get CHAT_TIMEOUTS drain."""

@@ -46,20 +46,36 @@ def _unblocks_the_database(fixturedef) -> bool:
     )
 
 
-def touches_a_database(item, module_starts_a_server: dict) -> bool:
+def _starts_a_server(function, seen: dict) -> bool:
+    """Whether a test or fixture function's own source starts a server process."""
+    if function not in seen:
+        try:
+            seen[function] = bool(_STARTS_A_SERVER.search(inspect.getsource(function)))
+        except (OSError, TypeError):
+            seen[function] = False
+    return seen[function]
+
+
+def touches_a_database(item, seen: dict) -> bool:
     """pytest-django blocks the database for a test without its marker or fixtures (or a
-    fixture that unblocks it), so those and the server processes (which open their own
-    connections) are all that can touch one."""
-    module = item.module
-    if module not in module_starts_a_server:
-        module_starts_a_server[module] = bool(_STARTS_A_SERVER.search(inspect.getsource(module)))
+    fixture that unblocks it), so those and the tests that start a server process (itself or
+    through a fixture of ours: it opens its own connections) are all that can touch one. The
+    browser layer runs once: the page does not depend on the database, and what the server
+    stores under it is covered by the live tests that do run again."""
+    if item.get_closest_marker("browser"):
+        return False
+    autouse = set(item.session._fixturemanager._getautousenames(item))
+    fixturedefs = [defs[-1] for defs in item._fixtureinfo.name2fixturedefs.values()]
+    ours = [
+        d.func
+        for d in fixturedefs
+        if d.argname not in autouse and not d.func.__module__.startswith(("pytest_", "_pytest"))
+    ]
     return bool(
         item.get_closest_marker("django_db")
         or "django_db_setup" in item.fixturenames
-        or any(
-            _unblocks_the_database(defs[-1]) for defs in item._fixtureinfo.name2fixturedefs.values()
-        )
-        or module_starts_a_server[module]
+        or any(_unblocks_the_database(d) for d in fixturedefs)
+        or any(_starts_a_server(f, seen) for f in [item.function, *ours])
     )
 
 

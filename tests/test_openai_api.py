@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 
 import jsonschema
@@ -45,26 +44,21 @@ def client(server, key: str) -> openai.OpenAI:
 
 def stored(server, request_id: str, timeout: float = 60) -> dict:
     """The stored answer of a completion id, once it has ended."""
-    path = server.env["DATABASE_URL"].removeprefix("sqlite:///")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with sqlite3.connect(path) as db:
-            db.row_factory = sqlite3.Row
-            row = db.execute(
-                "SELECT m.*, c.user_id, c.api_key_id FROM chat_message m "
-                "JOIN chat_conversation c ON c.id = m.conversation_id WHERE m.request_id = ?",
-                (request_id,),
-            ).fetchone()
-        if row is not None and row["status"] != "streaming":
-            return dict(row) | {"metrics": json.loads(row["metrics"] or "null")}
+        rows = server.query(
+            "SELECT m.*, c.user_id, c.api_key_id FROM chat_message m "
+            "JOIN chat_conversation c ON c.id = m.conversation_id WHERE m.request_id = ?",
+            (request_id,),
+        )
+        if rows and rows[0]["status"] != "streaming":
+            return rows[0] | {"metrics": json.loads(rows[0]["metrics"] or "null")}
         time.sleep(0.1)
     raise AssertionError(f"{request_id} not stored as ended")
 
 
 def user_id(server, name: str) -> int:
-    path = server.env["DATABASE_URL"].removeprefix("sqlite:///")
-    with sqlite3.connect(path) as db:
-        return db.execute("SELECT id FROM auth_user WHERE username = ?", (name,)).fetchone()[0]
+    return server.query("SELECT id FROM auth_user WHERE username = ?", (name,))[0]["id"]
 
 
 def test_models_lists_the_default_and_each_policy(daphne_server, keys):

@@ -3,7 +3,6 @@ sockets with 4012 and exits; new prompts meanwhile are refused with `server_rest
 
 import asyncio
 import json
-import sqlite3
 import time
 import urllib.error
 import urllib.request
@@ -60,11 +59,7 @@ def health(server: LiveServer) -> tuple[int, dict | None]:
 
 
 def stored_status(server: LiveServer, message_id: int) -> str:
-    path = server.env["DATABASE_URL"].removeprefix("sqlite:///")
-    with sqlite3.connect(path) as db:
-        return db.execute("SELECT status FROM chat_message WHERE id = ?", (message_id,)).fetchone()[
-            0
-        ]
+    return server.query("SELECT status FROM chat_message WHERE id = ?", (message_id,))[0]["status"]
 
 
 async def receive(ws) -> dict:
@@ -140,9 +135,7 @@ async def test_sigterm_mid_answer_cancels_it_after_the_drain_stores_it_and_close
         assert await close_code(newcomer) == CLOSE_SERVER_RESTARTING
     assert wait_exit(server) == 0
     assert stored_status(server, accepted["message"]) == "cancelled"
-    path = server.env["DATABASE_URL"].removeprefix("sqlite:///")
-    with sqlite3.connect(path) as db:
-        statuses = [row[0] for row in db.execute("SELECT status FROM chat_message")]
+    statuses = [row["status"] for row in server.query("SELECT status FROM chat_message")]
     assert "streaming" not in statuses
     assert "0 answer(s) finished, 2 cancelled" in server.log()
 
