@@ -13,10 +13,12 @@ from datetime import timedelta
 from io import StringIO
 
 import pytest
+from asgiref.sync import sync_to_async
 from auditlog.models import LogEntry
 from django.contrib.auth.models import User
 from django.core.management import call_command
-from django.test import Client
+from django.db import connections
+from django.test import AsyncClient, Client
 from django.utils import timezone
 
 from chat.infra.audit import audit_expire
@@ -419,3 +421,25 @@ def test_a_revoked_key_of_the_command_line_is_recorded_without_an_actor():
     review_record = remember(answer_policy, "x")
     assert review.answer_evict(record_id=review_record.pk)
     assert trail.one("cachedanswer.evict").actor is None
+
+
+async def test_over_asgi_the_actor_and_the_address_behind_a_trusted_proxy_are_recorded(
+    settings, staff
+):
+    """The async middleware path (as daphne serves it): the signed-in actor, and the address
+    the trusted proxy appended, not the one the client wrote."""
+    settings.CHAT_TRUSTED_PROXIES = 1
+    client = AsyncClient()
+    await client.aforce_login(staff)
+    made = await client.post(
+        "/admin/chat/outputpolicy/add/",
+        policy_post(),
+        headers={"x-forwarded-for": "6.6.6.6, 192.0.2.10"},
+    )
+    assert made.status_code == 302
+    entry = await sync_to_async(LogEntry.objects.select_related("actor").get)(
+        additional_data__event="outputpolicy.create"
+    )
+    # The view's thread holds its own connection: closed, so the test database can be dropped.
+    await sync_to_async(connections.close_all)()
+    assert entry.actor == staff and entry.remote_addr == "192.0.2.10"
