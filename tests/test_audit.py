@@ -22,7 +22,7 @@ from django.test import AsyncClient, Client
 from django.utils import timezone
 
 from chat.infra.audit import audit_expire
-from chat.infra.ratelimit import signin_account_limiter
+from chat.infra.ratelimit import signin_account_limiter, signin_address_limiter
 from chat.models import ApiKey, CachedAnswer, OutputPolicy
 from chat.stores import review
 from chat.stores.apikeys import apikey_create
@@ -281,6 +281,19 @@ def test_the_failed_sign_in_that_trips_the_throttle_is_recorded_once(login_path)
     for password in ("wrong", PASSWORD):
         refused = client.post(login_path, {"username": "target", "password": password})
         assert "Too many failed sign-in attempts" in refused.content.decode()
+    assert trail.new() == []
+
+
+def test_one_address_tripping_its_limit_over_many_names_is_recorded_once():
+    client = Client(REMOTE_ADDR="10.20.30.41")
+    trail = Trail()
+    for n in range(signin_address_limiter.limit):
+        client.post("/accounts/login/", {"username": f"guess{n}", "password": "wrong"})
+    tripped = trail.one("user.signin_throttled")
+    assert tripped.additional_data["limits"] == ["signin-address"]
+    assert tripped.additional_data["address"] == "10.20.30.41"
+    assert tripped.object_pk == "" and tripped.object_repr == f"guess{n}"  # no such account
+    client.post("/accounts/login/", {"username": "guess0", "password": "wrong"})
     assert trail.new() == []
 
 
