@@ -7,8 +7,9 @@ class ChatConfig(AppConfig):
     verbose_name = "Chat"
 
     def ready(self):
-        # checks registers the system checks; erasure and evictions their post_delete receivers.
-        from .infra import checks  # noqa: F401
+        # checks registers the system checks; erasure and evictions their post_delete receivers;
+        # audit its receiver that fills in every audit record's actor and event.
+        from .infra import audit, checks  # noqa: F401
         from .stores import erasure, evictions  # noqa: F401
         from .stores.recovery import on_post_migrate
 

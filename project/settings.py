@@ -112,6 +112,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "auditlog",  # before chat: chat's admin replaces auditlog's (chat/admin/audit.py)
     "chat",
 ]
 
@@ -123,6 +124,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "chat.infra.audit.AuditRequestMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -219,6 +221,41 @@ CHAT_RATE_LIMITS = {key: rate(f"CHAT_RATE_LIMITS {key}", value) for key, value i
 # Conversations with nothing new for this many days are deleted by `manage.py purge`, run from
 # cron or a systemd timer (docs/privacy.md); 0 (unset) keeps them.
 CHAT_RETENTION_DAYS = envint("CHAT_RETENTION_DAYS", 0)
+# The audit trail (django-auditlog; chat/infra/audit.py): its records older than this many days
+# are deleted by `manage.py purge`; 0 keeps them for ever.
+CHAT_AUDIT_RETENTION_DAYS = envint("CHAT_AUDIT_RETENTION_DAYS", 365)
+# The models whose create, change and delete the trail records by itself, one line each (the
+# fields that say who and what; never a password or a key's hash). Other audited actions (a
+# cached answer's review, a key's revocation, a throttled sign-in) are recorded explicitly.
+AUDITLOG_INCLUDE_TRACKING_MODELS = (
+    {
+        "model": "chat.OutputPolicy",
+        # Its own fields: the rows that point at it (auditlog would list each) have their own
+        # history, or none to keep.
+        "exclude_fields": [
+            "updated_at",
+            "message",
+            "revisions",
+            "regression_cases",
+            "regression_runs",
+            "cachedanswer",
+        ],
+    },
+    {"model": "chat.ApiKey", "include_fields": ["user", "name", "prefix"]},
+    {
+        "model": "auth.User",
+        "include_fields": [
+            "username",
+            "email",
+            "first_name",
+            "last_name",
+            "is_staff",
+            "is_superuser",
+            "is_active",
+        ],
+    },
+)
+AUDITLOG_STORE_JSON_CHANGES = True  # before and after as JSON values, not their str()
 
 
 def email_settings(url: str) -> dict[str, object]:

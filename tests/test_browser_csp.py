@@ -23,6 +23,7 @@ ADMIN_PAGES = [
     "/admin/latency/",
     "/admin/behaviour/",
     "/admin/chat/apikey/",
+    "/admin/auditlog/logentry/",
     # The signed-in person's own pages, with the same session.
     "/account/api-keys/",
     "/accounts/password_change/",

@@ -6,14 +6,15 @@ imports every module, so each registers its ModelAdmins.
 - policies.py: output policies, their workbench (try a draft, run the regression set), revisions
   and regression runs.
 - review.py: cached answers' review (approve, edit, reject, evict, reset).
+- audit.py: the audit trail, read only.
 """
 
 from django.contrib import admin
 
 from ..transports.accounts import AdminSignInForm
-from . import accounts, chats, policies, review
+from . import accounts, audit, chats, policies, review
 
 # /admin/login/ counts failed attempts exactly like the page's sign-in.
 admin.site.login_form = AdminSignInForm
 
-__all__ = ["accounts", "chats", "policies", "review"]
+__all__ = ["accounts", "audit", "chats", "policies", "review"]

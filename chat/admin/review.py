@@ -305,7 +305,7 @@ class CachedAnswerAdmin(admin.ModelAdmin):
     )
     def evict(self, request, queryset):
         pks = list(queryset.values_list("pk", flat=True))
-        removed = sum(review.answer_evict(record_id=pk) for pk in pks)
+        removed = sum(review.answer_evict(record_id=pk, by=request.user) for pk in pks)
         self._report(request, "Evicted", len(pks), len(pks) - removed)
 
     @admin.action(
@@ -313,7 +313,7 @@ class CachedAnswerAdmin(admin.ModelAdmin):
     )
     def reset(self, request, queryset):
         pks = list(queryset.values_list("pk", flat=True))
-        reset = sum(review.answer_reset(record_id=pk) for pk in pks)
+        reset = sum(review.answer_reset(record_id=pk, by=request.user) for pk in pks)
         skipped = (
             f" {len(pks) - reset} not rejected, left as they were." if reset < len(pks) else ""
         )

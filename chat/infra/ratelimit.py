@@ -100,6 +100,17 @@ class RateLimiter:
         return len(self._hits)
 
 
+def client_peer(peer: str | None, forwarded_for: str | None) -> str | None:
+    """The client's own address: the peer, or the N-th entry from the right of X-Forwarded-For
+    behind `CHAT_TRUSTED_PROXIES` = N proxies (anything left of it the client wrote itself)."""
+    proxies = settings.CHAT_TRUSTED_PROXIES
+    if proxies > 0 and forwarded_for:
+        hops = [hop.strip() for hop in forwarded_for.split(",")]
+        if len(hops) >= proxies:
+            return hops[-proxies]
+    return peer
+
+
 def client_address(peer: str | None, forwarded_for: str | None) -> str | None:
     """The visitor's address as a rate-limit key: the peer, or X-Forwarded-For behind trusted proxies.
 
@@ -108,11 +119,7 @@ def client_address(peer: str | None, forwarded_for: str | None) -> str | None:
     wrote itself). With 0 the header is ignored: anyone can send it. An IPv6 client counts by
     its /64, which one machine can fill with addresses.
     """
-    proxies = settings.CHAT_TRUSTED_PROXIES
-    if proxies > 0 and forwarded_for:
-        hops = [hop.strip() for hop in forwarded_for.split(",")]
-        if len(hops) >= proxies:
-            peer = hops[-proxies]
+    peer = client_peer(peer, forwarded_for)
     if not peer:
         return None
     try:

@@ -12,7 +12,7 @@ import math
 
 from django.core.exceptions import ValidationError
 
-from . import ratelimit
+from . import audit, ratelimit
 from .ratelimit import signin_account_limiter, signin_address_limiter
 
 
@@ -29,8 +29,18 @@ def wait_seconds(username: str, address: str) -> float:
 
 
 def record_failure(username: str, address: str) -> None:
+    """Count a failed attempt; the failure that trips a limit is recorded in the audit trail.
+
+    Only attempts allowed through are counted (a refused one counts nothing), so a limit that
+    refuses now was tripped by this failure: one record names every limit it tripped.
+    """
+    tripped = []
     for limiter, key in _keys(username, address):
         limiter.check(key)
+        if limiter.wait(key):
+            tripped.append(limiter.name)
+    if tripped:
+        audit.audit_signin_throttled(username=username, address=address, limits=tripped)
 
 
 def record_success(username: str) -> None:

@@ -22,6 +22,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from .. import turns
+from ..infra.audit import audit_record
 from ..models import ApiKey
 
 KEY_MARKER = "sk-"
@@ -53,11 +54,13 @@ def apikey_create(*, user, name: str = "") -> tuple[ApiKey, str]:
 def apikeys_revoke(keys: QuerySet[ApiKey]) -> int:
     """Revoke the active keys among `keys`; how many. After the commit, the answers they are
     generating anywhere are cancelled (finish_reason cancelled, reason api_key_revoked)."""
+    now = timezone.now()
     with transaction.atomic():
         ids = list(keys.filter(revoked_at__isnull=True).values_list("pk", flat=True))
-        revoked = ApiKey.objects.filter(pk__in=ids, revoked_at__isnull=True).update(
-            revoked_at=timezone.now()
-        )
+        revoked = ApiKey.objects.filter(pk__in=ids, revoked_at__isnull=True).update(revoked_at=now)
+        # One UPDATE for all, so no save signal: each key's revocation recorded here.
+        for row in ApiKey.objects.filter(pk__in=ids, revoked_at=now).select_related("user"):
+            audit_record(row, "apikey.revoke", changes={"revoked_at": [None, now.isoformat()]})
         if ids:
             transaction.on_commit(partial(turns.api_keys_stop, ids), robust=True)
     return revoked

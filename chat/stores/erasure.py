@@ -38,6 +38,7 @@ from django.dispatch import receiver
 from django.utils import timezone
 
 from .. import turns
+from ..infra import audit
 from ..models import ApiKey, CachedAnswer, CachedAnswerSource, Conversation, Message
 from ..protocol import CONVERSATION_DELETED
 from .apikeys import apikeys_revoke
@@ -140,6 +141,7 @@ def sources_sweep() -> int:
                     update_fields=["prompt", "rendered_prompt", "redacted_at", "updated_at"]
                 )
             else:
+                audit.audit_answer_forget(record_id=record.pk)  # its records stay, not its text
                 record.delete()  # and its key leaves Redis (chat/stores/evictions.py)
             erased += 1
     if erased:
@@ -153,15 +155,19 @@ def sources_sweep() -> int:
 def account_erase(*, user) -> None:
     """Delete `user` and everything the account holds: API keys (revoked first), conversations
     and messages, the cached answers only they held, their sessions. The page's "Delete account"
-    and the admin's delete both come here."""
+    and the admin's delete both come here. The audit trail keeps its records, redacted."""
     user_id = user.pk
+    username, email = user.get_username(), getattr(user, "email", "")
+    key_ids = list(ApiKey.objects.filter(user=user).values_list("pk", flat=True))
     # Revoked before the rest, so a key stops working (and its answers stop) even if the
     # deletion below fails.
     apikeys_revoke(ApiKey.objects.filter(user=user))
-    with transaction.atomic():
+    with transaction.atomic(), audit.actor_erased(user_id):
         conversations_erase(conversations=Conversation.objects.filter(user=user))
         sessions_end(user_id=user_id)
         user.delete()  # its keys, and anything else that cascades from the user
+        # After the delete, so its own record (written by the delete) is redacted too.
+        audit.audit_redact(user_id=user_id, username=username, email=email, key_ids=key_ids)
     log.info("deleted account %s and everything it held", user_id)
 
 
@@ -246,9 +252,10 @@ class PurgeReport:
     answers_after: int
     redacted: int  # approved answers kept with their prompt redacted, in all
     evictions_pending: int  # keys Redis could not take yet; retried next time
+    audit_expired: int  # audit-trail records past CHAT_AUDIT_RETENTION_DAYS
 
 
-def retention_purge(*, days: int) -> PurgeReport:
+def retention_purge(*, days: int, audit_days: int = 0) -> PurgeReport:
     """Everything past its time, for cron or a systemd timer: safe to repeat or overlap (each
     batch is its own transaction, and what is already gone is skipped)."""
     answers_before = CachedAnswer.objects.count()
@@ -256,6 +263,7 @@ def retention_purge(*, days: int) -> PurgeReport:
     expired = conversations_expire(days=days)
     visitors = visitors_expire()
     sources_sweep()  # what a process stopped between a deletion and its sweep left behind
+    audit_expired = audit.audit_expire(days=audit_days)
     return PurgeReport(
         expired=expired,
         visitors=visitors,
@@ -263,4 +271,5 @@ def retention_purge(*, days: int) -> PurgeReport:
         answers_after=CachedAnswer.objects.count(),
         redacted=CachedAnswer.objects.filter(redacted_at__isnull=False).count(),
         evictions_pending=evictions_retry(),
+        audit_expired=audit_expired,
     )

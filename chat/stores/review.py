@@ -18,6 +18,7 @@ from django.db import DatabaseError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from ..infra.audit import audit_record
 from ..models import CachedAnswer, CachedAnswerSource, Conversation, OutputPolicy, PendingEviction
 from . import evictions
 from .cache import completion_cache
@@ -219,24 +220,38 @@ def answer_approve(*, record_id: int, seen_digest: str, by) -> Approval:
             return Approval.GONE
         if record_digest(record) != seen_digest:
             return Approval.TEXT_CHANGED
+        before = record.status
         record.status, record.reviewed_by = CachedAnswer.Status.APPROVED, by
         record.save(update_fields=["status", "reviewed_by", "updated_at"])
+        _audited(record, "approve", by, status=[before, record.status])
     return Approval.PUBLISHED if _publish(record) else Approval.APPROVED
 
 
 def answer_reject(*, record_id: int, by) -> bool:
     """Reject the record: never served, its key kept uncached until reset. True if Redis has
     let its entry go already; otherwise the eviction is retried until it does."""
-    return _withdraw(record_id, status=CachedAnswer.Status.REJECTED, by=by)
+    return _withdraw(record_id, status=CachedAnswer.Status.REJECTED, by=by, verb="reject")
 
 
-def answer_evict(*, record_id: int) -> bool:
+def answer_evict(*, record_id: int, by=None) -> bool:
     """Take the record's text out of service; the next answer to its key refills it, pending.
     True if Redis has let its entry go already; otherwise the eviction is retried."""
-    return _withdraw(record_id, status=CachedAnswer.Status.EVICTED)
+    return _withdraw(record_id, status=CachedAnswer.Status.EVICTED, by=by, verb="evict")
 
 
-def _withdraw(record_id: int, *, status, by=None) -> bool:
+def _audited(record: CachedAnswer, verb: str, by, **changes) -> None:
+    """The review action in the audit trail, in the same transaction as its change; named by
+    its id and policy, never its prompt (which goes when its conversations are deleted)."""
+    audit_record(
+        record,
+        f"cachedanswer.{verb}",
+        changes=changes,
+        actor=by,
+        object_repr=f"cached answer {record.pk} ({record.policy_slug})",
+    )
+
+
+def _withdraw(record_id: int, *, status, by, verb: str) -> bool:
     """The status change and the eviction recorded in one transaction, so a Redis delete that
     fails now is retried later (chat/stores/evictions.py); the record's status alone already
     stops it being served (`entry_servable`)."""
@@ -244,24 +259,28 @@ def _withdraw(record_id: int, *, status, by=None) -> bool:
         record = CachedAnswer.objects.select_for_update().filter(pk=record_id).first()
         if record is None:
             return True  # deleted meanwhile: its deletion evicted it
-        record.status = status
+        before, record.status = record.status, status
         fields = ["status", "updated_at"]
-        if by is not None:
+        if by is not None and verb == "reject":
             record.reviewed_by = by
             fields.append("reviewed_by")
         record.save(update_fields=fields)
+        _audited(record, verb, by, status=[before, status])
         evictions.eviction_schedule(key=record.key)
     # The commit ran the retry (unless an outer transaction is still open).
     return not PendingEviction.objects.filter(key=record.key).exists()
 
 
-def answer_reset(*, record_id: int) -> bool:
+def answer_reset(*, record_id: int, by=None) -> bool:
     """Let a rejected key be cached again: it becomes evicted, so the next answer refills it
     (pending) instead of bringing back the rejected text. False if it was not rejected."""
     with transaction.atomic():
         updated = CachedAnswer.objects.filter(
             pk=record_id, status=CachedAnswer.Status.REJECTED
         ).update(status=CachedAnswer.Status.EVICTED, updated_at=timezone.now())
+        if updated:
+            record = CachedAnswer.objects.get(pk=record_id)
+            _audited(record, "reset", by, status=[CachedAnswer.Status.REJECTED, record.status])
     return bool(updated)
 
 
@@ -292,10 +311,17 @@ def answer_edit(*, record_id: int, text: str, seen_digest: str, by) -> Edit:
             raise TextChanged(f"cached answer {record_id} changed since it was shown")
         if record.answer == text:
             return Edit.UNCHANGED
+        before = {"answer": record.answer, "status": record.status}
         record.answer, record.edited_by, record.edited_at = text, by, timezone.now()
         if record.status != CachedAnswer.Status.REJECTED:
             record.status = CachedAnswer.Status.PENDING
         record.save(update_fields=["answer", "edited_by", "edited_at", "status", "updated_at"])
+        changes = {
+            name: [value, getattr(record, name)]
+            for name, value in before.items()
+            if value != getattr(record, name)
+        }
+        _audited(record, "edit", by, **changes)
         if servable(status=record.status, review_required=_review_required(record.policy)):
             transaction.on_commit(lambda: _publish(record), robust=True)
             return Edit.SERVED

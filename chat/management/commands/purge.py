@@ -10,7 +10,8 @@ class Command(BaseCommand):
     help = (
         "Delete conversations idle longer than CHAT_RETENTION_DAYS and visitors' conversations "
         "whose session ended (clearing expired sessions), erase the cached answers no "
-        "conversation holds any more, and retry cache evictions Redis could not take. Safe to "
+        "conversation holds any more, delete audit-trail records older than "
+        "CHAT_AUDIT_RETENTION_DAYS, and retry cache evictions Redis could not take. Safe to "
         "repeat or overlap. Exits 1 while evictions stay pending (Redis unreachable)."
     )
 
@@ -26,18 +27,24 @@ class Command(BaseCommand):
         days = settings.CHAT_RETENTION_DAYS if days is None else days
         if days < 0:
             raise CommandError("--days must be 0 (keep) or a number of days")
-        report = retention_purge(days=days)
+        report = retention_purge(days=days, audit_days=settings.CHAT_AUDIT_RETENTION_DAYS)
         expired = (
             f"{report.expired} conversation(s) idle over {days} days"
             if days
             else "retention off (CHAT_RETENTION_DAYS unset)"
+        )
+        audit_days = settings.CHAT_AUDIT_RETENTION_DAYS
+        audit = (
+            f"{report.audit_expired} audit record(s) over {audit_days} days old deleted"
+            if audit_days
+            else "audit trail kept (CHAT_AUDIT_RETENTION_DAYS=0)"
         )
         if options["verbosity"] >= 1:  # -v 0 for cron: only a failure says anything
             self.stdout.write(
                 f"purge: {expired}, {report.visitors} of visitors whose session ended; cached answers "
                 f"{report.answers_before} -> {report.answers_after} "
                 f"({report.redacted} approved kept with the prompt redacted); "
-                f"{report.evictions_pending} cache eviction(s) pending"
+                f"{report.evictions_pending} cache eviction(s) pending; {audit}"
             )
         if report.evictions_pending:
             raise CommandError(
