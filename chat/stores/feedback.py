@@ -127,7 +127,7 @@ def _send_back_if_due(record_id: int | None) -> bool:
     if record_id is None:
         return False
     record = (
-        CachedAnswer.objects.select_for_update()
+        CachedAnswer.objects.select_for_update(of=("self",))
         .select_related("policy")
         .filter(pk=record_id)
         .first()
