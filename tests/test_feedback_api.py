@@ -266,3 +266,58 @@ def test_ratings_are_counted_per_policy_never_per_user():
         for sample in metric.samples
     }
     assert labels == {("policy", "signal")}
+
+
+def test_the_behaviour_page_shows_feedback_per_policy_version():
+    from chat.infra.feedback_report import feedback_by_version
+
+    policy = OutputPolicy.objects.create(name="Rated", slug="rated")
+    client = visitor()
+    v1 = [answer_of(client, policy=policy, policy_version=1) for _ in range(3)]
+    v2 = answer_of(client, policy=policy, policy_version=2)
+    rate(client, v1[0].pk, {"rating": 1})
+    rate(client, v1[1].pk, {"rating": -1, "comment": "no"})
+    rate(client, v2.pk, {"rating": -1})
+    Feedback.objects.create(message=v1[2], kind="regenerated")
+    counts = feedback_by_version(timezone.now() - timedelta(hours=1), timezone.now())
+    assert (counts[(policy.pk, 1)].up, counts[(policy.pk, 1)].down) == (1, 1)
+    assert counts[(policy.pk, 1)].regenerated == 1 and counts[(policy.pk, 2)].down == 1
+
+    staff = Client()
+    staff.force_login(User.objects.create_superuser("staff", "s@example.com", "pw"))
+    page = staff.get("/admin/behaviour/").content.decode()
+    assert '<td class="feedback-up">1</td><td class="feedback-down">1</td>' in page
+    assert '<td class="feedback-regenerated">1</td>' in page
+
+
+def test_the_review_list_sorts_by_thumbs_down_and_hits():
+    staff = Client()
+    staff.force_login(User.objects.create_superuser("reviewer", "r@example.com", "pw"))
+    records = []
+    for n, (downs, hits) in enumerate([(1, 50), (3, 5), (0, 500)]):
+        record = CachedAnswer.objects.create(
+            key=f"{n}" * 64,
+            prompt=f"prompt number {n}",
+            rendered_prompt="...",
+            answer="text",
+            finish_reason="eos",
+            policy_slug="chat",
+            policy_version=1,
+            model_id="m",
+            hits=hits,
+        )
+        records.append(record)
+        for _ in range(downs):
+            client = visitor()
+            rate(client, answer_of(client, cached=record).pk, {"rating": -1, "comment": f"c{n}"})
+
+    def order(query: str) -> list[int]:
+        page = staff.get(f"/admin/chat/cachedanswer/?{query}").content.decode()
+        return sorted(range(3), key=lambda n: page.index(f"prompt number {n}"))
+
+    # Columns: prompt, answer, policy, status, edited, hits (6), thumbs down (7).
+    assert order("o=-7") == [1, 0, 2]
+    assert order("o=-6") == [2, 0, 1]
+    detail = staff.get(f"/admin/chat/cachedanswer/{records[1].pk}/change/").content.decode()
+    assert detail.count("c1") >= 3 and "3 of 3 thumbs-down" not in detail  # sent back already
+    assert "Sent back to review" in detail

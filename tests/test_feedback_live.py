@@ -44,9 +44,7 @@ async def rate(http: Client, message_id: int, rating: int, comment: str = ""):
 async def test_thumbs_down_send_a_cached_answer_back_to_review_and_it_is_generated_afresh(
     make_client, runtime, example_policies
 ):
-    await sync_to_async(OutputPolicy.objects.filter(slug="chat").update)(
-        feedback_downs_to_review=2
-    )
+    await sync_to_async(OutputPolicy.objects.filter(slug="chat").update)(feedback_downs_to_review=2)
     _, first = await visitor_socket(make_client)
     generated = await ask(first)
     assert "chunk" in kinds(generated) and not generated[-1]["cached"]

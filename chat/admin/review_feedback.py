@@ -56,7 +56,7 @@ class SentBackFilter(admin.SimpleListFilter):
 class FeedbackColumns:
     """The review admin's feedback columns and its change page's feedback panel."""
 
-    @admin.display(description="👎 thumbs down", ordering="downs")
+    @admin.display(description="thumbs down", ordering="downs")
     def thumbs_down(self, obj):
         comments = [
             Truncator(comment).chars(80)
@@ -77,11 +77,11 @@ class FeedbackColumns:
             format_html_join("", '<q class="feedback-comment">{}</q>', ((c,) for c in comments)),
         )
 
-    @admin.display(description="👍 thumbs up", ordering="ups")
+    @admin.display(description="thumbs up", ordering="ups")
     def thumbs_up(self, obj):
         return getattr(obj, "ups", 0)
 
-    @admin.display(description="stopped or regenerated soon after a hit", ordering="implicit")
+    @admin.display(description="stopped or regenerated after a hit", ordering="implicit")
     def implicit_signals(self, obj):
         return getattr(obj, "implicit", 0)
 
@@ -106,11 +106,11 @@ class FeedbackColumns:
             )
         rows = format_html_join(
             "",
-            '<li class="feedback-{}">{} {}{}</li>',
+            '<li class="feedback-{}">{}, {}{}</li>',
             (
                 (
                     "down" if f.rating == feedback.DOWN else "up",
-                    "👎" if f.rating == feedback.DOWN else "👍",
+                    "Thumbs down" if f.rating == feedback.DOWN else "Thumbs up",
                     timezone.localtime(f.updated_at).strftime("%Y-%m-%d %H:%M"),
                     format_html(': <q class="feedback-comment">{}</q>', f.comment)
                     if f.comment

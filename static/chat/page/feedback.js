@@ -5,8 +5,9 @@ import { csrfToken, el, els, showBanner } from './dom.js';
 
 const LABELS = { 1: 'Good answer', '-1': 'Bad answer' };
 
-function thumb(rating, symbol) {
-  const button = el('button', `action rate ${rating === 1 ? 'rate-up' : 'rate-down'}`, symbol);
+// Words, like the page's other actions: an emoji needs a font the reader may not have.
+function thumb(rating, text) {
+  const button = el('button', `action rate ${rating === 1 ? 'rate-up' : 'rate-down'}`, text);
   button.type = 'button';
   button.dataset.rating = String(rating);
   button.setAttribute('aria-label', LABELS[rating]);
@@ -37,7 +38,7 @@ export function buildFeedback() {
   const buttons = el('div', 'feedback-buttons');
   buttons.append(send, close);
   form.append(label, comment, buttons);
-  return { up: thumb(1, '👍'), down: thumb(-1, '👎'), form, comment };
+  return { up: thumb(1, 'Good'), down: thumb(-1, 'Bad'), form, comment };
 }
 
 function showRating(answer, rating) {
