@@ -43,6 +43,7 @@ def test_thumbs_down_with_a_comment_is_stored_and_shown_after_a_reload(page, dap
     comment = answer.get_by_label("What was good or wrong? (optional)")
     expect(comment).to_be_focused()  # the keyboard goes on where the comment is typed
     comment.type("It used four words.")
+    answer.screenshot(path=str(target() / "rating.png"))
     answer.get_by_role("button", name="Send feedback").click()
     expect(comment).to_be_hidden()
     expect(page.locator("#announcer")).to_contain_text("feedback was saved")
@@ -67,14 +68,14 @@ from django.utils import timezone
 from chat.models import CachedAnswer, Conversation, Feedback, Message
 User.objects.create_superuser({name!r}, password={password!r})
 rows = [
-    ("{tag} How many legs does a spider have?", "A spider has six legs.", 120,
+    ("How many legs does a spider have?", "A spider has six legs.", 120,
      ["Spiders have eight legs.", "Wrong: eight, not six."], 1, True),
-    ("{tag} What is the boiling point of water?", "100 °C at sea level.", 340, [], 4, False),
-    ("{tag} Name a prime number above 10.", "11 is prime.", 12, [], 0, False),
+    ("What is the boiling point of water?", "100 °C at sea level.", 340, [], 4, False),
+    ("Name a prime number above 10.", "11 is prime.", 12, [], 0, False),
 ]
 for n, (prompt, answer, hits, downs, ups, sent_back) in enumerate(rows):
     record = CachedAnswer.objects.create(
-        key="{tag}%02d" % n + "0" * 52, prompt=prompt, rendered_prompt="...", answer=answer,
+        key="{tag}%02d" % n + "0" * 56, prompt=prompt, rendered_prompt="...", answer=answer,
         finish_reason="eos", policy_slug="chat", policy_version=1, model_id="SmolLM2-135M-Instruct",
         status="pending" if sent_back else "approved", hits=hits,
         sent_back_at=timezone.now() if sent_back else None)
@@ -100,8 +101,8 @@ def test_the_review_list_shows_and_sorts_by_feedback(browser, daphne_server):
         page.fill("#id_password", PASSWORD)
         page.click("input[type=submit]")
         page.goto(f"{daphne_server.url}/admin/chat/cachedanswer/?q={tag}")
-        page.get_by_role("link", name=re.compile("thumbs down")).click()  # ascending
-        page.get_by_role("link", name=re.compile("thumbs down")).first.click()  # descending
+        page.get_by_role("link", name=re.compile("thumbs down", re.I)).click()  # ascending
+        page.get_by_role("link", name=re.compile("thumbs down", re.I)).first.click()  # descending
         rows = page.locator("#result_list tbody tr")
         expect(rows).to_have_count(3)
         expect(rows.first).to_contain_text("spider")
