@@ -2,7 +2,15 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from chat.transports import account_views, accounts, api, apikey_views, openai_api, views
+from chat.transports import (
+    account_views,
+    accounts,
+    api,
+    apikey_views,
+    feedback_api,
+    openai_api,
+    views,
+)
 from chat.transports.admin_views import behaviour_view, latency_view
 
 # The product's own error pages; JSON in the API's shape on /api/ and /v1/
@@ -65,6 +73,11 @@ urlpatterns = [
         "api/conversations/<int:conversation_id>/export",
         views.conversation_export,
         name="conversation-export",
+    ),
+    path(
+        "api/messages/<int:message_id>/feedback",
+        feedback_api.message_feedback,
+        name="message-feedback",
     ),
     path("api/chat", api.chat, name="api-chat"),
     path("api/chat/stream", api.chat_stream, name="api-chat-stream"),

@@ -43,11 +43,16 @@ def all_views(patterns=None, prefix=""):
 def test_no_view_is_exempt_from_csrf():
     """CsrfViewMiddleware guards every POST: no view of ours or the admin's opts out, except the
     OpenAI-compatible API, which reads no cookie (a Bearer key only), so a forged cross-site
-    request carries no credentials (tests/test_openai_views.py checks a cookie alone gets 401)."""
+    request carries no credentials (tests/test_openai_views.py checks a cookie alone gets 401);
+    and the feedback endpoint, which takes a Bearer key the same way and checks CSRF itself for
+    a session (tests/test_feedback_api.py checks a cookie without the token gets 403)."""
     views = list(all_views())
     assert len(views) > 10
     exempt = [route for route, view in views if getattr(view, "csrf_exempt", False)]
-    assert exempt and all(route.startswith("v1/") for route in exempt), exempt
+    bearer_too = {"api/messages/<int:message_id>/feedback"}
+    assert exempt and all(route.startswith("v1/") or route in bearer_too for route in exempt), (
+        exempt
+    )
 
 
 def pending_answer(*, policy_slug: str) -> CachedAnswer:

@@ -59,6 +59,7 @@ def form_data(policy: OutputPolicy, **changes) -> dict:
         "holdback_chars": str(policy.holdback_chars),
         "cache_enabled": "on" if policy.cache_enabled else "",
         "cache_ttl_seconds": str(policy.cache_ttl_seconds),
+        "feedback_downs_to_review": str(policy.feedback_downs_to_review),
     }
     for name, value in changes.items():
         data[name] = json.dumps(value) if isinstance(value, (list, dict)) else str(value)

@@ -136,7 +136,17 @@ class OutputPolicyAdmin(admin.ModelAdmin):
                 "fields": ("system_prompt", "examples", *POLICY_SETTINGS, "extra_eos_tokens"),
             },
         ),
-        ("Cache", {"fields": ("cache_enabled", "cache_ttl_seconds", "require_review")}),
+        (
+            "Cache",
+            {
+                "fields": (
+                    "cache_enabled",
+                    "cache_ttl_seconds",
+                    "require_review",
+                    "feedback_downs_to_review",
+                )
+            },
+        ),
     )
 
     class Media:

@@ -14,6 +14,7 @@ from django.utils.text import Truncator
 
 from ..models import CachedAnswer
 from ..stores import review
+from .review_feedback import FeedbackColumns, SentBackFilter, with_feedback_counts
 
 REDIS_LATER = (
     " (Redis is unreachable: it leaves the cache when Redis is back, and is not served meanwhile)"
@@ -84,7 +85,7 @@ class EditedFilter(admin.SimpleListFilter):
 
 
 @admin.register(CachedAnswer)
-class CachedAnswerAdmin(admin.ModelAdmin):
+class CachedAnswerAdmin(FeedbackColumns, admin.ModelAdmin):
     """Review of cached answers; changing anything needs the review permission.
 
     Approving happens on an answer's own page only: the list shows excerpts, and an approval
@@ -99,12 +100,22 @@ class CachedAnswerAdmin(admin.ModelAdmin):
         "status",
         "edit_note",
         "hits",
+        "thumbs_down",
+        "thumbs_up",
+        "implicit_signals",
         "row_actions",
         "updated_at",
     )
     list_display_links = ("prompt_excerpt",)
     list_select_related = ("edited_by",)
-    list_filter = ("status", EditedFilter, "policy_slug", "finish_reason", "model_id")
+    list_filter = (
+        "status",
+        SentBackFilter,
+        EditedFilter,
+        "policy_slug",
+        "finish_reason",
+        "model_id",
+    )
     search_fields = ("prompt", "answer", "key")
     readonly_fields: tuple[str, ...] = (
         "key",
@@ -119,6 +130,8 @@ class CachedAnswerAdmin(admin.ModelAdmin):
         "model_id",
         "status",
         "hits",
+        "sent_back_at",
+        "feedback_since",
         "first_served_at",
         "last_served_at",
         "reviewed_by",
@@ -128,8 +141,16 @@ class CachedAnswerAdmin(admin.ModelAdmin):
         "created_at",
         "updated_at",
     )
-    readonly_fields = (*readonly_fields, "rendered_answer")
-    fields = ("prompt", "rendered_answer", "answer", "seen_digest", *readonly_fields[2:-1], "key")
+    readonly_fields = (*readonly_fields, "rendered_answer", "feedback_panel")
+    fields = (
+        "prompt",
+        "rendered_answer",
+        "feedback_panel",
+        "answer",
+        "seen_digest",
+        *readonly_fields[2:-2],
+        "key",
+    )
     actions = ["reject", "evict", "reset"]
 
     class Media:
@@ -263,6 +284,9 @@ class CachedAnswerAdmin(admin.ModelAdmin):
             )
         else:
             self.message_user(request, f"Approved: {excerpt}")
+
+    def get_queryset(self, request):
+        return with_feedback_counts(super().get_queryset(request))
 
     def changelist_view(self, request, extra_context=None):
         pending = CachedAnswer.objects.filter(status=CachedAnswer.Status.PENDING).count()

@@ -45,6 +45,7 @@ EXPLICIT_EVENTS = {
     "cachedanswer.edit": "cached answer edited",
     "cachedanswer.evict": "cached answer evicted",
     "cachedanswer.reset": "cached answer reset",
+    "cachedanswer.send_back": "cached answer sent back by users' thumbs-down",
     "apikey.revoke": "API key revoked",
     "user.signin_throttled": "sign-in throttled",
 }

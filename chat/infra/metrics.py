@@ -61,6 +61,12 @@ ANSWERS_ORPHANED = Counter(
     "Answers stopped because their last client left and none resumed within the grace period.",
     ["policy"],
 )
+FEEDBACK = Counter(
+    f"{PREFIX}_feedback",
+    "Users' signals on answers by output policy: rated up or down (each rating set or changed), "
+    "or stopped or regenerated soon after a cache hit. Never per user.",
+    ["policy", "signal"],
+)
 RUNNING = Gauge(f"{PREFIX}_requests_running", "Requests being generated now.")
 WAITING = Gauge(f"{PREFIX}_requests_waiting", "Requests waiting in the queue.")
 

@@ -4,11 +4,13 @@ from here (`chat.models`).
 - conversations.py: Conversation, Message (an assistant message keeps how its answer ended).
 - policies.py: OutputPolicy, PolicyRevision, RegressionCase, RegressionRun.
 - cache.py: CachedAnswer, CachedAnswerSource, PendingEviction (the completion cache's records).
+- feedback.py: Feedback (users' ratings of answers, and the implicit signals after a cache hit).
 - keys.py: ApiKey (the OpenAI-compatible API's keys).
 """
 
 from .cache import CachedAnswer, CachedAnswerSource, PendingEviction
 from .conversations import Conversation, Message
+from .feedback import Feedback
 from .keys import ApiKey
 from .policies import OutputPolicy, PolicyRevision, RegressionCase, RegressionRun
 
@@ -17,6 +19,7 @@ __all__ = [
     "CachedAnswer",
     "CachedAnswerSource",
     "Conversation",
+    "Feedback",
     "Message",
     "OutputPolicy",
     "PendingEviction",

@@ -51,6 +51,17 @@ class CachedAnswer(models.Model):
         help_text="when its prompt was erased: an approved answer kept after every conversation "
         "that held the prompt was deleted",
     )
+    sent_back_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="when users' thumbs-down sent it back to review: not served until approved",
+    )
+    feedback_since = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="ratings of answers served before this (its last approval or new text) no "
+        "longer count towards sending it back",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -85,6 +85,15 @@ class Message(models.Model):
         help_text="what made the answer, hashed (docs/policies.md, what makes two answers the same); "
         "empty when it is never shared: sampled without a seed, or a context the server does not hold",
     )
+    # The cached answer a hit served, so feedback on the message reaches its review record.
+    cached_answer = models.ForeignKey(
+        "CachedAnswer",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="served_messages",
+        help_text="the cached answer this message was served from (a cache hit)",
+    )
     superseded = models.BooleanField(
         default=False,
         help_text="replaced by a regenerated answer or an edited prompt: kept and shown as an "

@@ -108,6 +108,11 @@ class OutputPolicy(models.Model):
     require_review = models.BooleanField(
         default=False, help_text="serve a cached answer only after an admin approved it"
     )
+    feedback_downs_to_review = models.PositiveSmallIntegerField(
+        default=3,
+        help_text="this many thumbs-down on a cached answer send it back to review: no longer "
+        "served until an admin approves it again (0: never)",
+    )
     version = models.PositiveIntegerField(default=1, editable=False)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -174,6 +179,7 @@ class OutputPolicy(models.Model):
             "cache_enabled",
             "cache_ttl_seconds",
             "require_review",
+            "feedback_downs_to_review",
         ]
         return {name: getattr(self, name) for name in fields}
 

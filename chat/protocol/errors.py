@@ -55,6 +55,14 @@ ERROR_CODES: dict[str, ErrorCode] = {
         # pages (chat/transports/error_pages.py) for /api and /v1 paths.
         ErrorCode("bad_query", 400, "a ?q= with a NUL"),
         ErrorCode("bad_title", 400, "a rename's body"),
+        ErrorCode("bad_feedback", 400, "a feedback body: rating 1 or -1, an optional comment"),
+        ErrorCode(
+            "invalid_api_key",
+            401,
+            "a bearer key that is no active API key",
+            openai_type="authentication_error",
+        ),
+        ErrorCode("method_not_allowed", 405, "the endpoint takes other methods"),
         ErrorCode("forbidden", 403, "the request is not allowed", openai_type="permission_error"),
         ErrorCode("not_found", 404, "nothing at this address", openai_code="unknown_url"),
         ErrorCode(

@@ -11,6 +11,7 @@ import json
 
 from django.utils import timezone
 
+from ..models import Feedback
 from .apikeys import keys_of
 from .erasure import conversations_erase
 from .selectors import Owner, conversation_detail, conversations_for, message_as_dict
@@ -80,12 +81,18 @@ def _all_details(user) -> list[dict]:
         .prefetch_related("messages")
         .order_by("created_at", "pk")
     )
+    ratings = {
+        message_id: {"rating": rating, "comment": comment}
+        for message_id, rating, comment in Feedback.objects.filter(
+            message__conversation__in=conversations, kind=Feedback.Kind.RATING
+        ).values_list("message_id", "rating", "comment")
+    }
     return [
         {
             "id": c.pk,
             "title": c.title or f"Conversation {c.pk}",
             "api_key": c.api_key.prefix if c.api_key else None,
-            "messages": [message_as_dict(m) for m in c.messages.all()],
+            "messages": [message_as_dict(m, ratings.get(m.pk)) for m in c.messages.all()],
         }
         for c in conversations
     ]

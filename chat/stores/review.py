@@ -19,7 +19,14 @@ from django.db.models import F
 from django.utils import timezone
 
 from ..infra.audit import audit_record
-from ..models import CachedAnswer, CachedAnswerSource, Conversation, OutputPolicy, PendingEviction
+from ..models import (
+    CachedAnswer,
+    CachedAnswerSource,
+    Conversation,
+    Message,
+    OutputPolicy,
+    PendingEviction,
+)
 from . import evictions
 from .cache import completion_cache
 
@@ -42,12 +49,13 @@ def record_digest(record: CachedAnswer) -> str:
     return review_digest(text=record.answer, json_value=record.json_value)
 
 
-def servable(*, status: str, review_required: bool) -> bool:
+def servable(*, status: str, review_required: bool, sent_back: bool = False) -> bool:
     """The one rule for serving a record: approved, or pending under a policy that needs no
-    review. Rejected and evicted records are never served."""
+    review and not sent back by users' thumbs-down. Rejected and evicted records are never
+    served."""
     if status == CachedAnswer.Status.APPROVED:
         return True
-    return status == CachedAnswer.Status.PENDING and not review_required
+    return status == CachedAnswer.Status.PENDING and not review_required and not sent_back
 
 
 def _review_required(policy: OutputPolicy | None) -> bool:
@@ -66,14 +74,16 @@ def entry_servable(*, key: str, entry: dict) -> bool:
     try:
         row = (
             CachedAnswer.objects.filter(pk=entry.get("record"), key=key)
-            .values_list("status", "policy__require_review", "answer")
+            .values_list("status", "policy__require_review", "answer", "sent_back_at")
             .first()
         )
         if row is not None:
-            status, review_required, text = row
+            status, review_required, text, sent_back_at = row
             # None: the record's policy was deleted, and only an approval serves it then.
             if text == entry.get("text") and servable(
-                status=status, review_required=review_required is not False
+                status=status,
+                review_required=review_required is not False,
+                sent_back=sent_back_at is not None,
             ):
                 return True
         if completion_cache.remove(key):
@@ -178,20 +188,30 @@ def answer_remember(
             record.finish_reason = finish_reason
             record.status = CachedAnswer.Status.PENDING
             record.reviewed_by = record.edited_by = record.edited_at = None
+            record.sent_back_at, record.feedback_since = None, timezone.now()  # a new text
             record.save()
-    if servable(status=record.status, review_required=require_review):
+    if servable(
+        status=record.status,
+        review_required=require_review,
+        sent_back=record.sent_back_at is not None,
+    ):
         _publish(record)
     return record
 
 
-def answer_served(record_id: int, *, conversation_id: int | None = None) -> None:
-    """Count one serving; the conversation served it now holds its prompt too."""
+def answer_served(
+    record_id: int, *, conversation_id: int | None = None, message_id: int | None = None
+) -> None:
+    """Count one serving; the conversation served it now holds its prompt too, and the message
+    names the record it was served from (so its feedback reaches the record)."""
     now = timezone.now()
     with transaction.atomic():
         if conversation_id is not None and _conversation_locked(conversation_id):
             record = CachedAnswer.objects.select_for_update().filter(pk=record_id).first()
             if record is not None:
                 _source_link(record, conversation_id)
+                if message_id is not None:
+                    Message.objects.filter(pk=message_id).update(cached_answer=record)
         CachedAnswer.objects.filter(pk=record_id).update(hits=F("hits") + 1, last_served_at=now)
         CachedAnswer.objects.filter(pk=record_id, first_served_at__isnull=True).update(
             first_served_at=now
@@ -222,7 +242,11 @@ def answer_approve(*, record_id: int, seen_digest: str, by) -> Approval:
             return Approval.TEXT_CHANGED
         before = record.status
         record.status, record.reviewed_by = CachedAnswer.Status.APPROVED, by
-        record.save(update_fields=["status", "reviewed_by", "updated_at"])
+        # The reviewer read the feedback so far: only answers served from now on count again.
+        record.sent_back_at, record.feedback_since = None, timezone.now()
+        record.save(
+            update_fields=["status", "reviewed_by", "sent_back_at", "feedback_since", "updated_at"]
+        )
         _audited(record, "approve", by, status=[before, record.status])
     return Approval.PUBLISHED if _publish(record) else Approval.APPROVED
 
@@ -271,6 +295,18 @@ def _withdraw(record_id: int, *, status, by, verb: str) -> bool:
     return not PendingEviction.objects.filter(key=record.key).exists()
 
 
+def answer_send_back(record: CachedAnswer) -> None:
+    """Users' thumbs-down reached the policy's threshold: the record is pending again and marked
+    sent back, so it is not served until an admin approves it, and its Redis entry is evicted
+    (retried like a rejection's). Its text is kept for the reviewer, with the comments. Call it
+    in a transaction holding the record's row (chat/stores/feedback.py)."""
+    before = record.status
+    record.status, record.sent_back_at = CachedAnswer.Status.PENDING, timezone.now()
+    record.save(update_fields=["status", "sent_back_at", "updated_at"])
+    evictions.eviction_schedule(key=record.key)
+    _audited(record, "send_back", None, status=[before, record.status])
+
+
 def answer_reset(*, record_id: int, by=None) -> bool:
     """Let a rejected key be cached again: it becomes evicted, so the next answer refills it
     (pending) instead of bringing back the rejected text. False if it was not rejected."""
@@ -313,9 +349,16 @@ def answer_edit(*, record_id: int, text: str, seen_digest: str, by) -> Edit:
             return Edit.UNCHANGED
         before = {"answer": record.answer, "status": record.status}
         record.answer, record.edited_by, record.edited_at = text, by, timezone.now()
+        # A new text: the feedback on the old one no longer sends it back.
+        record.sent_back_at, record.feedback_since = None, record.edited_at
         if record.status != CachedAnswer.Status.REJECTED:
             record.status = CachedAnswer.Status.PENDING
-        record.save(update_fields=["answer", "edited_by", "edited_at", "status", "updated_at"])
+        record.save(
+            update_fields=[
+                *("answer", "edited_by", "edited_at", "status", "sent_back_at", "feedback_since"),
+                "updated_at",
+            ]
+        )
         changes = {
             name: [value, getattr(record, name)]
             for name, value in before.items()

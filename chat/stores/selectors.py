@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db.models import Q
 
-from ..models import ApiKey, Conversation, Message
+from ..models import ApiKey, Conversation, Feedback, Message
 from ..protocol import INVALID, MODERATED
 
 # Answers the model should not see again as context: withdrawn or invalid ones.
@@ -123,7 +123,10 @@ def conversation_list(owner: Owner, limit: int = 50, query: str = "") -> list[di
     ]
 
 
-def message_as_dict(message: Message) -> dict:
+def message_as_dict(message: Message, feedback: dict | None = None) -> dict:
+    """A message for the page and exports; an answer with the owner's rating (`feedback`:
+    {"rating": 1 | -1, "comment": ...}, or null)."""
+    extra = {"feedback": feedback} if message.role == Message.Role.ASSISTANT else {}
     return {
         "id": message.pk,
         "role": message.role,
@@ -134,6 +137,7 @@ def message_as_dict(message: Message) -> dict:
         "metrics": message.metrics,
         "superseded": message.superseded,
         "created_at": message.created_at.isoformat(),
+        **extra,
     }
 
 
@@ -141,14 +145,20 @@ def conversation_detail(owner: Owner, conversation_id: int) -> dict | None:
     conversation = conversations_for(owner).filter(pk=conversation_id).first()
     if conversation is None:
         return None
+    ratings = {
+        message_id: {"rating": rating, "comment": comment}
+        for message_id, rating, comment in Feedback.objects.filter(
+            message__conversation=conversation, kind=Feedback.Kind.RATING
+        ).values_list("message_id", "rating", "comment")
+    }
     return {
         "id": conversation.pk,
         "title": conversation.title or f"Conversation {conversation.pk}",
         "messages": [
             # A running answer's request_id: the events a page resumes it with name it.
-            {**message_as_dict(m), "request_id": m.request_id}
+            {**message_as_dict(m, ratings.get(m.pk)), "request_id": m.request_id}
             if m.status == Message.Status.STREAMING
-            else message_as_dict(m)
+            else message_as_dict(m, ratings.get(m.pk))
             for m in conversation.messages.all()
         ],
     }

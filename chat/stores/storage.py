@@ -37,7 +37,7 @@ def store_cached_answer(message_id: int, record_id: int | None, **fields) -> Non
             conversation_id = (
                 Message.objects.filter(pk=message_id).values_list("conversation_id", flat=True)
             ).first()
-            review.answer_served(record_id, conversation_id=conversation_id)
+            review.answer_served(record_id, conversation_id=conversation_id, message_id=message_id)
 
 
 def store_answer(message_id: int, **fields) -> None:

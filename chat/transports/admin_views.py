@@ -21,6 +21,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_safe
 
 from ..infra import behaviour, latency
+from ..infra.feedback_report import FeedbackCounts, feedback_by_version
 from ..models import Message, OutputPolicy
 
 PERMISSION = "chat.view_message"
@@ -328,6 +329,7 @@ def behaviour_view(request):
     policy_id = _optional_int(request.GET.get("policy"))
     version = _optional_int(request.GET.get("version")) if policy_id is not None else None
     report = behaviour.behaviour_report(hours, policy_id=policy_id, version=version)
+    rated = feedback_by_version(report.since, report.until)
     names = OutputPolicy.objects.in_bulk([pid for pid, _ in report.versions if pid is not None])
 
     def name_of(pid: int | None) -> str:
@@ -381,6 +383,7 @@ def behaviour_view(request):
                 "cancelled": counts.cancelled,
                 "failed": counts.failed,
                 "shares": [_share(counts.share(k)) for k in behaviour.KINDS],
+                "feedback": rated.get((pid, pversion), FeedbackCounts()),
             }
             for (pid, pversion), counts in report.versions.items()
         ],

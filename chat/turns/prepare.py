@@ -11,9 +11,9 @@ from django.conf import settings
 from django.db import transaction
 
 from ..engine.types import Backend, EngineError, GenerationRequest
-from ..models import Conversation, Message
+from ..models import Conversation, Feedback, Message
 from ..protocol import Prompt
-from ..stores import policy_store
+from ..stores import feedback, policy_store
 from ..stores.selectors import Owner, answer_history, conversations_for
 from .identity import answer_identity
 from .prompting import fit_prompt, request_for
@@ -98,6 +98,10 @@ def prepare_prompt(owner: Owner, prompt: Prompt, backend: Backend, given: Given)
             )
     with transaction.atomic():  # a replaced answer stays current if the new prompt is refused
         regenerate = prompt.replace is not None and supersede(conversation, prompt) == prompt.text
+        if regenerate:  # soon after a cache hit, the hit was not what the user wanted
+            feedback.implicit_signal(
+                owner=owner, message_id=prompt.replace, kind=Feedback.Kind.REGENERATED
+            )
         try:
             messages, rendered, input_ids = fit_prompt(
                 backend,

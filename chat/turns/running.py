@@ -10,8 +10,9 @@ import logging
 
 from asgiref.sync import async_to_sync, sync_to_async
 
-from ..models import Message
+from ..models import Feedback, Message
 from ..protocol import API_KEY_REVOKED, SERVER_RESTARTING
+from ..stores import feedback
 from ..stores.selectors import Owner, answer_status
 from .cancel_bus import CancelAnswer, CancelBus, CancelKeys, Forget, Notice, RunningTurns
 from .forgetting import conversation_tag, prefix_forget, streams_forget
@@ -77,6 +78,10 @@ async def turn_cancel(*, owner: Owner, message_id: int) -> str:
     if status is None:
         raise TurnError("unknown_request", f"you have no answer {message_id}")
     if status != Message.Status.STREAMING:
+        if status == Message.Status.DONE:  # a Stop soon after a cache hit says it missed
+            await sync_to_async(feedback.implicit_signal)(
+                owner=owner, message_id=message_id, kind=Feedback.Kind.STOPPED
+            )
         return "finished"
     turn = running_turns.get(message_id)
     if turn is not None:

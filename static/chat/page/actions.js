@@ -1,5 +1,7 @@
-// The buttons on messages: Copy (an answer, a code block), Continue, Regenerate, Edit.
+// The buttons on messages: Copy (an answer, a code block), Continue, Regenerate, Edit, and the
+// thumbs with their comment form (feedback.js).
 import { continueAnswer, sendPrompt, startEditing } from './composer.js';
+import { closeCommentForm, onCommentSubmit, onThumb } from './feedback.js';
 
 async function copyText(button, text) {
   try {
@@ -22,10 +24,27 @@ export function onMessagesClick(event) {
   if (action?.classList.contains('edit-prompt')) { startEditing(action.closest('.message.user')); return; }
   const answer = action?.closest('.message.assistant')?.chatAnswer;
   if (!answer) return;
+  if (action.classList.contains('rate')) onThumb(answer, action);
+  if (action.classList.contains('feedback-close')) closeCommentForm(answer);
   if (action.classList.contains('copy-answer')) copyText(action, answer.text);
   if (action.classList.contains('continue-answer')) continueAnswer(answer);
   if (action.classList.contains('regenerate')) {
     const asked = answer.root.previousElementSibling;
     if (asked?.chatPrompt != null) sendPrompt(asked.chatPrompt, answer.messageId);
   }
+}
+
+export function onMessagesSubmit(event) {
+  const answer = event.target.closest('.feedback-form')?.closest('.message.assistant')?.chatAnswer;
+  if (answer) onCommentSubmit(answer, event);
+}
+
+// Esc in a comment box closes it, and does not stop or cancel anything else.
+export function onMessagesKeydown(event) {
+  if (event.key !== 'Escape') return;
+  const answer = event.target.closest('.feedback-form')?.closest('.message.assistant')?.chatAnswer;
+  if (!answer) return;
+  event.preventDefault();
+  event.stopPropagation();
+  closeCommentForm(answer);
 }

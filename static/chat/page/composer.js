@@ -2,6 +2,7 @@
 // Regenerate, Edit and resend, and the policy picker. One answer runs at a time.
 import { constants, FRAME, LIMITS } from './config.js';
 import { els, keepScrolled, showBanner } from './dom.js';
+import { updateRatings } from './feedback.js';
 import { buildAnswer, buildUser, setState, setStatus } from './render.js';
 import { isOpen, send } from './socket.js';
 import { state } from './state.js';
@@ -96,6 +97,7 @@ export function continueAnswer(answer) {
 
 // Regenerate, Continue and Edit apply to the conversation's last answer only, once it has ended.
 export function updateLastActions() {
+  updateRatings();
   for (const button of els.messages.querySelectorAll('.regenerate, .edit-prompt, .continue-answer')) button.hidden = true;
   if (state.running) return;
   const answers = els.messages.querySelectorAll('.message.assistant:not(.superseded)');

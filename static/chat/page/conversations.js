@@ -1,7 +1,7 @@
 // Conversations: the sidebar's list (grouped by day, searchable), switching between them with
 // the browser's history, and the current one's tools (rename, delete, export).
 import { LIMITS, toId } from './config.js';
-import { el, els, showBanner } from './dom.js';
+import { csrfToken, el, els, showBanner } from './dom.js';
 import { renderHistoryMessage } from './render.js';
 import { adoptRunning, resumeRunning, stopEditing, updateLastActions } from './composer.js';
 import { setSidebar } from './sidebar.js';
@@ -71,10 +71,6 @@ export async function refreshConversations() {
 }
 
 // ---- the current conversation's tools (rename, delete, download) ----------
-
-function csrfToken() {
-  return document.querySelector('input[name="csrfmiddlewaretoken"]')?.value || '';
-}
 
 function updateTools() {
   const id = state.conversation;

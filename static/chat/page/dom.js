@@ -16,6 +16,11 @@ export const els = {
   policy: $('policy'), // absent when no policy is stored
 };
 
+// The page's CSRF token, for the /api/ calls that change something.
+export function csrfToken() {
+  return document.querySelector('input[name="csrfmiddlewaretoken"]')?.value || '';
+}
+
 export function el(tag, className, text) {
   const node = document.createElement(tag);
   if (className) node.className = className;

@@ -1,6 +1,6 @@
 // The chat page's entry point (templates/chat/index.html): wires the modules to the page's
 // elements and starts the socket. Each module says what it owns; docs/development.md maps them.
-import { onMessagesClick } from './actions.js';
+import { onMessagesClick, onMessagesKeydown, onMessagesSubmit } from './actions.js';
 import {
   autosize, cancelEditing, markRunningLost, resumeRunning, sendPrompt, stopRunning, updateControls,
 } from './composer.js';
@@ -26,6 +26,8 @@ function wireComposer() {
   els.prompt.addEventListener('input', () => { autosize(); updateControls(); });
   els.stop.addEventListener('click', stopRunning);
   els.messages.addEventListener('click', onMessagesClick);
+  els.messages.addEventListener('submit', onMessagesSubmit);
+  els.messages.addEventListener('keydown', onMessagesKeydown);
   // Esc closes the drawer, else stops the running answer, else leaves editing.
   document.addEventListener('keydown', (event) => {
     if (event.key !== 'Escape') return;

@@ -3,6 +3,7 @@
 // animation frame however fast its chunks arrive.
 import { constants, lookup } from './config.js';
 import { el, keepScrolled, show } from './dom.js';
+import { applyStoredFeedback, buildFeedback } from './feedback.js';
 
 // Chunks received vs Markdown renders done, for the page's tests and the figure in docs/using.md.
 export const renderStats = { chunks: 0, renders: 0 };
@@ -72,11 +73,13 @@ export function buildAnswer() {
   regenerate.hidden = true;
   const more = actionButton('continue-answer', 'Continue', 'Write the rest of this answer');
   more.hidden = true;
-  parts.actions.append(actionButton('copy-answer', 'Copy', 'Copy the answer as Markdown'), more, regenerate);
+  const feedback = buildFeedback();
+  parts.actions.append(actionButton('copy-answer', 'Copy', 'Copy the answer as Markdown'), more, regenerate,
+    feedback.up, feedback.down);
   meta.append(el('span', 'role', 'Assistant'), parts.badge);
   root.append(meta, parts.queue, parts.status, parts.text, parts.valid, parts.json, parts.error,
-    parts.metrics, parts.actions);
-  const answer = { root, parts, text: '', plain: false, renderQueued: false };
+    parts.metrics, parts.actions, feedback.form);
+  const answer = { root, parts, feedback, rating: null, text: '', plain: false, renderQueued: false };
   root.chatAnswer = answer;
   return answer;
 }
@@ -139,6 +142,7 @@ export function renderHistoryMessage(m) {
   answer.messageId = m.id;
   answer.finishReason = m.status === 'done' ? m.finish_reason : m.status;
   if (m.superseded) markSuperseded(answer.root);
+  applyStoredFeedback(answer, m.feedback);
   if (value === 'retracted') setText(answer, withdrawnText(''), { plain: true, now: true });
   else setText(answer, m.text || '', { now: true });
   if (value === 'retracted') answer.root.classList.add('withdrawn');

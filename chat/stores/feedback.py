@@ -1,0 +1,164 @@
+"""Users' feedback on answers: a thumbs up or down with an optional comment, and the implicit
+signals of a Stop or a Regenerate soon after a cache hit.
+
+A rating of an answer served from the cache counts on its review record: once as many distinct
+users as its policy's `feedback_downs_to_review` rated it down, the record is sent back to review
+(chat/stores/review.py, `answer_send_back`): no longer served, evicted from Redis, pending with
+the comments. Implicit signals are stored and shown apart, and never send anything back.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from ..infra import metrics
+from ..models import CachedAnswer, Feedback, Message, OutputPolicy
+from . import review
+from .selectors import Owner, answers_for
+
+log = logging.getLogger(__name__)
+
+UP, DOWN = 1, -1
+MAX_COMMENT = 2000
+# A Stop or Regenerate this soon after a cache hit says the hit was not what the user wanted.
+IMPLICIT_WINDOW = timedelta(seconds=10)
+# A record whose policy was deleted uses the field's default.
+DEFAULT_DOWNS = OutputPolicy._meta.get_field("feedback_downs_to_review").default
+
+
+class FeedbackRefused(Exception):
+    """The rating cannot be taken: `code` is a wire error code (chat/protocol/errors.py)."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+@dataclass(frozen=True)
+class Rated:
+    """A rating as stored, and whether it sent its cached answer back to review."""
+
+    message: int
+    rating: int
+    comment: str
+    cached: bool
+    sent_back: bool
+
+    def wire(self) -> dict:
+        return {
+            "message": self.message,
+            "rating": self.rating,
+            "comment": self.comment,
+            "cached": self.cached,
+        }
+
+
+def _policy_label(policy_slug: str | None) -> str:
+    return policy_slug or "none"
+
+
+def _answer_of(owner: Owner, message_id: int) -> Message:
+    """The owner's finished answer `message_id`; 404's code for anyone else's or none."""
+    message = answers_for(owner).select_related("policy").filter(pk=message_id).first()
+    if message is None:
+        raise FeedbackRefused("unknown_request", f"you have no answer {message_id}")
+    if message.status == Message.Status.STREAMING:
+        raise FeedbackRefused(
+            "bad_message", "this answer is still being written; rate it once it ends"
+        )
+    return message
+
+
+def rating_set(*, owner: Owner, message_id: int, rating: int, comment: str = "") -> Rated:
+    """Set or change the owner's rating of their answer `message_id`; a served cached answer's
+    record is sent back to review when this thumbs-down reaches its policy's threshold."""
+    if rating not in (UP, DOWN):
+        raise FeedbackRefused("bad_feedback", "rating must be 1 (thumbs up) or -1 (thumbs down)")
+    with transaction.atomic():
+        message = _answer_of(owner, message_id)
+        Feedback.objects.update_or_create(
+            message=message,
+            kind=Feedback.Kind.RATING,
+            defaults={"rating": rating, "comment": comment},
+        )
+        sent_back = rating == DOWN and _send_back_if_due(message.cached_answer_id)
+    metrics.FEEDBACK.labels(
+        _policy_label(message.policy.slug if message.policy else None),
+        "up" if rating == UP else "down",
+    ).inc()
+    return Rated(
+        message_id,
+        rating,
+        comment,
+        cached=message.cached_answer_id is not None,
+        sent_back=sent_back,
+    )
+
+
+def rating_clear(*, owner: Owner, message_id: int) -> None:
+    """Take back the owner's rating of their answer `message_id` (none is fine). A record already
+    sent back stays so until reviewed."""
+    with transaction.atomic():
+        message = _answer_of(owner, message_id)
+        Feedback.objects.filter(message=message, kind=Feedback.Kind.RATING).delete()
+
+
+def downs_counted(record: CachedAnswer) -> int:
+    """Distinct users who rated the record's answer down, of answers served since its last
+    approval or new text (`feedback_since`)."""
+    downs = Feedback.objects.filter(
+        kind=Feedback.Kind.RATING, rating=DOWN, message__cached_answer=record
+    )
+    if record.feedback_since is not None:
+        downs = downs.filter(message__created_at__gte=record.feedback_since)
+    return (
+        downs.values_list("message__conversation__user_id", "message__conversation__session_key")
+        .distinct()
+        .count()
+    )
+
+
+def _send_back_if_due(record_id: int | None) -> bool:
+    if record_id is None:
+        return False
+    record = (
+        CachedAnswer.objects.select_for_update(of=("self",))
+        .select_related("policy")
+        .filter(pk=record_id)
+        .first()
+    )
+    if record is None or record.sent_back_at is not None:
+        return False
+    if record.status not in (CachedAnswer.Status.PENDING, CachedAnswer.Status.APPROVED):
+        return False  # rejected or evicted: not served already
+    threshold = record.policy.feedback_downs_to_review if record.policy else DEFAULT_DOWNS
+    if not threshold or downs_counted(record) < threshold:
+        return False
+    review.answer_send_back(record)
+    log.info("cached answer %s sent back to review by %s thumbs-down", record.pk, threshold)
+    return True
+
+
+def implicit_signal(*, owner: Owner, message_id: int, kind: Feedback.Kind) -> bool:
+    """Note a Stop or Regenerate of the owner's answer `message_id` if it was a cache hit served
+    less than IMPLICIT_WINDOW ago; True if it was noted (once per answer and kind)."""
+    since = timezone.now() - IMPLICIT_WINDOW
+    message = (
+        answers_for(owner)
+        .filter(pk=message_id, cached_answer__isnull=False, created_at__gte=since)
+        .select_related("policy")
+        .first()
+    )
+    if message is None:
+        return False
+    _, created = Feedback.objects.get_or_create(message=message, kind=kind)
+    if created:
+        metrics.FEEDBACK.labels(
+            _policy_label(message.policy.slug if message.policy else None), str(kind)
+        ).inc()
+    return created
