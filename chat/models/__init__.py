@@ -5,10 +5,12 @@ from here (`chat.models`).
 - policies.py: OutputPolicy, PolicyRevision, RegressionCase, RegressionRun.
 - cache.py: CachedAnswer, CachedAnswerSource, PendingEviction (the completion cache's records).
 - keys.py: ApiKey (the OpenAI-compatible API's keys).
+- identities.py: OidcIdentity (the OpenID Connect provider's user behind an account).
 """
 
 from .cache import CachedAnswer, CachedAnswerSource, PendingEviction
 from .conversations import Conversation, Message
+from .identities import OidcIdentity
 from .keys import ApiKey
 from .policies import OutputPolicy, PolicyRevision, RegressionCase, RegressionRun
 
@@ -18,6 +20,7 @@ __all__ = [
     "CachedAnswerSource",
     "Conversation",
     "Message",
+    "OidcIdentity",
     "OutputPolicy",
     "PendingEviction",
     "PolicyRevision",
