@@ -218,3 +218,15 @@ def test_with_local_accounts_off_the_password_form_is_gone_and_refused(settings,
     )
     assert sign_in(client, "ada").status_code == 302  # the provider still signs in
     assert client.get("/admin/").status_code == 200
+
+
+def test_an_account_from_the_provider_can_delete_itself(oidc):
+    """It has no password here: typing its user name confirms instead, and a wrong name does
+    not."""
+    client = browser()
+    sign_in(client, "bob")
+    assert "Type your user name to confirm" in client.get("/account/delete/").content.decode()
+    assert client.post("/account/delete/", {"password": "not-bob"}).status_code == 400
+    assert client.post("/account/delete/", {"password": "bob"})["Location"] == "/account/deleted/"
+    assert not User.objects.filter(username="bob").exists()
+    assert not OidcIdentity.objects.filter(user__username="bob").exists()
