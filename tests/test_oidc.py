@@ -142,19 +142,25 @@ def test_a_local_account_with_the_same_name_and_address_is_never_taken_over(oidc
     assert made.pk != local.pk and made.username.startswith("eve-") and made.is_superuser
 
 
-def test_failed_sign_ins_count_like_wrong_passwords_and_are_throttled(oidc):
-    """A refused authorization and a forged state each show a readable page and count for the
-    address; past the limit the provider's sign-in and the password form are both refused."""
-    client = browser()
+def started_state(client: Client) -> str:
+    """A sign-in started at the chat: the state the provider would send back."""
     start = client.get("/accounts/oidc/start/")
-    state = parse_qs(urlsplit(start["Location"]).query)["state"][0]
-    denied = client.get(f"/accounts/oidc/callback/?error=access_denied&state={state}")
+    return parse_qs(urlsplit(start["Location"]).query)["state"][0]
+
+
+def test_failed_sign_ins_count_like_wrong_passwords_and_are_throttled(oidc):
+    """A refused authorization and a code the provider does not know each show a readable page
+    and count for the address; past the limit the provider's sign-in and the password form are
+    both refused."""
+    client = browser()
+    denied = client.get(
+        f"/accounts/oidc/callback/?error=access_denied&state={started_state(client)}"
+    )
     assert denied.status_code == 403
     assert "Signing in with Loopback ID did not work" in denied.content.decode()
-    forged = client.get("/accounts/oidc/callback/?code=forged&state=not-mine")
-    assert forged.status_code == 403
-    for _ in range(signin_address_limiter.limit - 2):
-        client.get("/accounts/oidc/callback/?code=forged&state=not-mine")
+    for _ in range(signin_address_limiter.limit - 1):
+        guessed = client.get(f"/accounts/oidc/callback/?code=guessed&state={started_state(client)}")
+        assert guessed.status_code == 403  # the provider refused the code
     refused = client.get("/accounts/oidc/start/")
     assert refused.status_code == 429
     assert "Too many failed sign-in attempts" in refused.content.decode()
@@ -164,6 +170,22 @@ def test_failed_sign_ins_count_like_wrong_passwords_and_are_throttled(oidc):
     )
     assert "Too many failed sign-in attempts" in password.content.decode()
     assert browser().get("/accounts/oidc/start/").status_code == 302  # another address is not
+
+
+def test_a_callback_this_browser_never_started_is_refused_and_not_counted(oidc):
+    """A forged or replayed state exchanges no code and counts nothing: a page the visitor opens
+    cannot lock their address out by pointing at the callback."""
+    client = browser()
+    for _ in range(signin_address_limiter.limit + 1):
+        forged = client.get("/accounts/oidc/callback/?code=x&state=not-mine")
+        assert forged.status_code == 403
+        assert "not started in this browser" in forged.content.decode()
+    callback = provider_sign_in(
+        client.get("/accounts/oidc/start/")["Location"], "bob", PASSWORD
+    ).removeprefix("http://testserver")
+    assert client.get(callback)["Location"] == "/"  # still allowed in
+    replayed = client.get(callback)  # the same state and code again
+    assert "not started in this browser" in replayed.content.decode()
 
 
 def test_signing_out_ends_the_providers_session_too(oidc):

@@ -85,15 +85,24 @@ class OidcSignInStart(OIDCAuthenticationRequestView):
 
 
 class OidcCallback(OIDCAuthenticationCallbackView):
-    """Every way a callback can fail (the provider's error, a state this session never made, a
-    code or token refused) counts as a failed sign-in for the client's address, and for the
-    account when the provider named it."""
+    """A sign-in this browser started (its state is in the session) that fails (the provider's
+    error, a code or token refused) counts as a failed sign-in for the client's address, and for
+    the account when the provider named it. A callback with a state this session never made is
+    refused without counting: no code is exchanged for it, and counting it would let any page a
+    visitor opens (an <img> pointing here) lock their whole address out."""
 
     def get(self, request):
         if not settings.CHAT_OIDC:
             raise Http404
         if refusal := _throttled(request, ""):
             return refusal
+        if request.GET.get("state") not in request.session.get("oidc_states", {}):
+            return _refusal(
+                request,
+                "This sign-in was not started in this browser, or was already used; "
+                "start again from the sign-in page.",
+                403,
+            )
         self.visitor_session = request.session.session_key  # login() gives it a new key
         try:
             return super().get(request)
