@@ -13,7 +13,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from chat.infra import oidc_provider
-from chat.infra.ratelimit import signin_address_limiter
+from chat.infra.ratelimit import signin_account_limiter, signin_address_limiter
 from chat.models import Conversation, OidcIdentity
 from harness.oidc_provider import OidcProvider, provider_sign_in
 from project import settings as product
@@ -69,9 +69,11 @@ def browser() -> Client:
     return Client(REMOTE_ADDR=f"10.77.{n // 250}.{n % 250}")
 
 
-def sign_in(client: Client, username: str, *, at_provider: requests.Session | None = None):
+def sign_in(
+    client: Client, username: str, *, at_provider: requests.Session | None = None, next: str = ""
+):
     """The whole code flow: the chat's start, the provider's form, the chat's callback."""
-    start = client.get("/accounts/oidc/start/")
+    start = client.get("/accounts/oidc/start/", {"next": next} if next else {})
     assert start.status_code == 302, start.content
     callback = provider_sign_in(start["Location"], username, PASSWORD, at_provider)
     assert callback.startswith("http://testserver/accounts/oidc/callback/?"), callback
@@ -252,3 +254,26 @@ def test_an_account_from_the_provider_can_delete_itself(oidc):
     assert client.post("/account/delete/", {"password": "bob"})["Location"] == "/account/deleted/"
     assert not User.objects.filter(username="bob").exists()
     assert not OidcIdentity.objects.filter(user__username="bob").exists()
+
+
+def test_the_page_asked_for_is_where_the_sign_in_lands_if_it_is_on_this_site(oidc):
+    """`next` survives the trip to the provider (the admin's sign-in sends it); another site's
+    address is dropped for the front page."""
+    assert sign_in(browser(), "ada", next="/admin/")["Location"] == "/admin/"
+    assert sign_in(browser(), "ada", next="https://evil.example/")["Location"] == "/"
+    admin_sign_in = browser().get("/admin/login/?next=/admin/auth/user/")
+    assert admin_sign_in["Location"] == "/accounts/login/?next=%2Fadmin%2Fauth%2Fuser%2F"
+
+
+def test_an_account_deactivated_here_stays_out(oidc):
+    """The provider vouching for a user does not reopen an account staff closed in the admin:
+    refused, and counted against the account."""
+    sign_in(browser(), "bob")
+    User.objects.filter(username="bob").update(is_active=False)
+    client = browser()
+    refused = sign_in(client, "bob")
+    assert refused.status_code == 403 and "_auth_user_id" not in client.session
+    assert signin_account_limiter.wait("bob") == 0  # one failure, under the limit
+    for _ in range(signin_account_limiter.limit - 1):
+        sign_in(browser(), "bob")
+    assert signin_account_limiter.wait("bob") > 0

@@ -99,15 +99,16 @@ class SignInView(LoginView):
 
 
 def admin_sign_in(request):
-    """/admin/login/: the admin's own form with local accounts; without them, the page's sign-in
-    (the provider's button) for a visitor, and the admin's "not authorized" page for a signed-in
-    user who is not staff."""
+    """/admin/login/: with CHAT_OIDC a visitor is sent to the page's sign-in, which has the
+    provider's button (and the password form, unless local accounts are off); a password posted
+    here is the admin's own form's, refused without local accounts; a signed-in user who is not
+    staff gets the admin's "not authorized" page."""
     if request.method == "POST":
         local_accounts_refuse()
-    if settings.CHAT_LOCAL_ACCOUNTS or request.user.is_authenticated:
-        return admin.site.login(request)
-    query = urlencode({"next": request.GET.get("next", reverse("admin:index"))})
-    return redirect(f"{reverse('login')}?{query}")
+    elif settings.CHAT_OIDC and not request.user.is_authenticated:
+        query = urlencode({"next": request.GET.get("next", reverse("admin:index"))})
+        return redirect(f"{reverse('login')}?{query}")
+    return admin.site.login(request)
 
 
 def signup_open() -> bool:
