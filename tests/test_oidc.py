@@ -15,6 +15,7 @@ from django.test import Client
 from chat.infra import oidc_provider
 from chat.infra.ratelimit import signin_account_limiter, signin_address_limiter
 from chat.models import Conversation, OidcIdentity
+from harness.liveserver import free_port
 from harness.oidc_provider import OidcProvider, provider_sign_in
 from project import settings as product
 from tests.conftest import TEST_CACHE_URL
@@ -209,14 +210,18 @@ def test_signing_out_ends_the_providers_session_too(oidc):
 
 
 def test_a_provider_that_cannot_be_reached_gives_a_readable_page(settings, oidc):
-    """Discovery fails with the issuer and the reason on the page (503), not a 500; local
-    sign-out still works for a session from before."""
-    closed = f"http://127.0.0.1:{oidc.port + 1 if oidc.port < 65535 else 1}/o"
+    """Discovery fails with the issuer and the reason on the page (503), not a 500; signing out
+    of a session from before still ends it here."""
+    client = browser()
+    sign_in(client, "ada")
+    closed = f"http://127.0.0.1:{free_port()}/o"  # nothing listens there
     settings.CHAT_OIDC = {**settings.CHAT_OIDC, "issuer": closed}
     response = browser().get("/accounts/oidc/start/")
     assert response.status_code == 503
     page = response.content.decode()
-    assert f"cannot read {closed}/.well-known/openid-configuration" in page
+    assert f"cannot read {closed}/.well-known/openid-configuration: ConnectionError" in page
+    assert client.post("/accounts/logout/")["Location"] == "/"
+    assert "_auth_user_id" not in client.session
 
 
 def test_with_local_accounts_off_the_password_form_is_gone_and_refused(settings, oidc):

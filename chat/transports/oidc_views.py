@@ -106,11 +106,13 @@ class OidcCallback(OIDCAuthenticationCallbackView):
         self.visitor_session = request.session.session_key  # login() gives it a new key
         try:
             return super().get(request)
+        except (SuspiciousOperation, requests.HTTPError, jwt.PyJWTError) as exc:
+            log.warning("OIDC sign-in refused: %s", exc)  # the provider or a check said no
+            return self.login_failure()
+        except requests.RequestException as exc:  # no answer: not the user's failure
+            return _unavailable(request, OidcUnavailable(exc.__class__.__name__))
         except OidcUnavailable as exc:
             return _unavailable(request, exc)
-        except (SuspiciousOperation, requests.RequestException, jwt.PyJWTError) as exc:
-            log.warning("OIDC sign-in refused: %s", exc)
-            return self.login_failure()
 
     def _username(self) -> str:
         user = getattr(self, "user", None)
