@@ -10,6 +10,7 @@ import os
 import re
 import socket
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 import dj_database_url
@@ -205,6 +206,71 @@ LOGOUT_REDIRECT_URL = "/"
 CHAT_SIGNUP = env("CHAT_SIGNUP", "open")
 if CHAT_SIGNUP not in {"open", "confirm", "closed"}:
     raise ImproperlyConfigured(f"CHAT_SIGNUP={CHAT_SIGNUP!r} must be open, confirm or closed")
+
+
+def oidc_settings(spec: dict[str, str]) -> dict[str, Any]:
+    """Sign-in with an OpenID Connect provider from CHAT_OIDC's keys: the Django settings the
+    mozilla-django-oidc library and chat/transports/oidc_*.py read. An empty `issuer` turns it
+    off. The provider's endpoints are discovered from the issuer at first use, not here."""
+    issuer = spec["issuer"].rstrip("/")
+    if not issuer:
+        return {"CHAT_OIDC": None}
+    parts = urlsplit(issuer)
+    if parts.scheme not in {"http", "https"} or not parts.hostname:
+        raise ImproperlyConfigured(f"CHAT_OIDC issuer={issuer!r}: use the issuer's https:// URL")
+    if not spec["client_id"] or not spec["secret"]:
+        raise ImproperlyConfigured("CHAT_OIDC: an issuer needs client_id=... and secret=...")
+    scopes = spec["scopes"].split()
+    if "openid" not in scopes:
+        raise ImproperlyConfigured(f"CHAT_OIDC scopes={spec['scopes']!r} must include openid")
+    return {
+        "CHAT_OIDC": {
+            "issuer": issuer,
+            "name": spec["name"] or parts.hostname,
+            "groups_claim": spec["groups_claim"],
+            "staff_groups": set(spec["staff_groups"].split()),
+            "superuser_groups": set(spec["superuser_groups"].split()),
+            "origin": f"{parts.scheme}://{parts.netloc}",
+        },
+        "OIDC_RP_CLIENT_ID": spec["client_id"],
+        "OIDC_RP_CLIENT_SECRET": unquote(spec["secret"]),  # %2C for a comma
+        "OIDC_RP_SCOPES": " ".join(scopes),
+    }
+
+
+# Sign-in with the organisation's OpenID Connect provider (Keycloak, Entra ID, ...): one spec,
+# docs/configuration.md#sign-in-with-an-openid-connect-provider. Space-separated lists inside a
+# value (scopes, groups), since commas separate the keys.
+OIDC_DEFAULTS = {
+    "issuer": "",
+    "client_id": "",
+    "secret": "",
+    "scopes": "openid email profile",
+    "groups_claim": "",
+    "staff_groups": "",
+    "superuser_groups": "",
+    "name": "",
+}
+_oidc = oidc_settings(envspec("CHAT_OIDC", OIDC_DEFAULTS))
+CHAT_OIDC = _oidc["CHAT_OIDC"]
+OIDC_RP_CLIENT_ID = _oidc.get("OIDC_RP_CLIENT_ID", "")
+OIDC_RP_CLIENT_SECRET = _oidc.get("OIDC_RP_CLIENT_SECRET", "")
+OIDC_RP_SCOPES = _oidc.get("OIDC_RP_SCOPES", "")
+# The library's protocol choices: ID tokens signed RS256 (keys from the provider's JWKS), PKCE
+# (S256) beside state and nonce, the ID token kept in the session as the provider's sign-out
+# asks for it as a hint, and a provider that does not answer in 10 s fails the sign-in.
+OIDC_RP_SIGN_ALGO = "RS256"
+OIDC_USE_PKCE = True
+OIDC_STORE_ID_TOKEN = True
+OIDC_TIMEOUT = 10
+# Off: no password sign-in, sign-up or password reset; everyone signs in through CHAT_OIDC.
+CHAT_LOCAL_ACCOUNTS = envbool("CHAT_LOCAL_ACCOUNTS", True)
+if not CHAT_LOCAL_ACCOUNTS and CHAT_OIDC is None:
+    raise ImproperlyConfigured("CHAT_LOCAL_ACCOUNTS=0 needs CHAT_OIDC: nobody could sign in")
+AUTHENTICATION_BACKENDS = [
+    *(["django.contrib.auth.backends.ModelBackend"] if CHAT_LOCAL_ACCOUNTS else []),
+    *(["chat.transports.oidc_backend.OidcBackend"] if CHAT_OIDC else []),
+]
 # Every throttle in one spec (chat/infra/ratelimit.py counts them all the same way): prompts per
 # user or visitor session, prompts per client address for visitors without an account, sign-ups
 # per address, failed sign-ins per account and per address. `0` turns one off.
@@ -327,6 +393,8 @@ CONTENT_SECURITY_POLICY = (
     "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
     "frame-ancestors 'none'; form-action 'self'"
 )
+if CHAT_OIDC:  # sign-out's form is redirected on to the provider's end_session_endpoint
+    CONTENT_SECURITY_POLICY += f" {CHAT_OIDC['origin']}"
 # HSTS makes the site https-only: browsers are told so for this long (with the subdomains, and
 # asking for preloading), and plain http is redirected, except /healthz, which a balancer probes
 # over plain http.

@@ -8,6 +8,7 @@ from chat.transports import (
     api,
     apikey_views,
     feedback_api,
+    oidc_views,
     openai_api,
     views,
 )
@@ -20,51 +21,61 @@ handler403 = "chat.transports.error_pages.permission_denied"
 handler404 = "chat.transports.error_pages.page_not_found"
 handler500 = "chat.transports.error_pages.server_error"
 
-# Django's own auth views, with the chat's look (the admin keeps its own templates).
-ACCOUNTS = "accounts/"
+
+def password_view(view_class, template: str):
+    """Django's own password view with the chat's look (the admin keeps its own templates),
+    refused with CHAT_LOCAL_ACCOUNTS=0."""
+    return accounts.local_accounts_only(
+        view_class.as_view(template_name=f"accounts/{template}.html")
+    )
+
 
 urlpatterns = [
     path("", views.index, name="index"),
     path("accounts/login/", accounts.SignInView.as_view(), name="login"),
     path("accounts/signup/", accounts.sign_up, name="signup"),
     path("accounts/confirm/<uidb64>/<token>/", accounts.sign_up_confirm, name="signup-confirm"),
-    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("accounts/logout/", oidc_views.SignOutView.as_view(), name="logout"),
+    # Sign-in with the OpenID Connect provider (CHAT_OIDC; 404 without): the library reverses
+    # these two names. The callback is the redirect URI registered at the provider.
+    path(
+        "accounts/oidc/start/",
+        oidc_views.OidcSignInStart.as_view(),
+        name="oidc_authentication_init",
+    ),
+    path(
+        "accounts/oidc/callback/",
+        oidc_views.OidcCallback.as_view(),
+        name="oidc_authentication_callback",
+    ),
     path(
         "accounts/password_change/",
-        auth_views.PasswordChangeView.as_view(template_name=f"{ACCOUNTS}password_change_form.html"),
+        password_view(auth_views.PasswordChangeView, "password_change_form"),
         name="password_change",
     ),
     path(
         "accounts/password_change/done/",
-        auth_views.PasswordChangeDoneView.as_view(
-            template_name=f"{ACCOUNTS}password_change_done.html"
-        ),
+        password_view(auth_views.PasswordChangeDoneView, "password_change_done"),
         name="password_change_done",
     ),
     path(
         "accounts/password_reset/",
-        auth_views.PasswordResetView.as_view(template_name=f"{ACCOUNTS}password_reset_form.html"),
+        password_view(auth_views.PasswordResetView, "password_reset_form"),
         name="password_reset",
     ),
     path(
         "accounts/password_reset/done/",
-        auth_views.PasswordResetDoneView.as_view(
-            template_name=f"{ACCOUNTS}password_reset_done.html"
-        ),
+        password_view(auth_views.PasswordResetDoneView, "password_reset_done"),
         name="password_reset_done",
     ),
     path(
         "accounts/reset/<uidb64>/<token>/",
-        auth_views.PasswordResetConfirmView.as_view(
-            template_name=f"{ACCOUNTS}password_reset_confirm.html"
-        ),
+        password_view(auth_views.PasswordResetConfirmView, "password_reset_confirm"),
         name="password_reset_confirm",
     ),
     path(
         "accounts/reset/done/",
-        auth_views.PasswordResetCompleteView.as_view(
-            template_name=f"{ACCOUNTS}password_reset_complete.html"
-        ),
+        password_view(auth_views.PasswordResetCompleteView, "password_reset_complete"),
         name="password_reset_complete",
     ),
     path("api/conversations/", views.conversations, name="conversations"),
@@ -94,5 +105,6 @@ urlpatterns = [
     path("metrics", views.metrics, name="metrics"),
     path("admin/latency/", admin.site.admin_view(latency_view), name="admin-latency"),
     path("admin/behaviour/", admin.site.admin_view(behaviour_view), name="admin-behaviour"),
+    path("admin/login/", accounts.admin_sign_in),  # before admin's own, which it wraps
     path("admin/", admin.site.urls),
 ]

@@ -6,11 +6,13 @@ from here (`chat.models`).
 - cache.py: CachedAnswer, CachedAnswerSource, PendingEviction (the completion cache's records).
 - feedback.py: Feedback (users' ratings of answers, and the implicit signals after a cache hit).
 - keys.py: ApiKey (the OpenAI-compatible API's keys).
+- identities.py: OidcIdentity (the OpenID Connect provider's user behind an account).
 """
 
 from .cache import CachedAnswer, CachedAnswerSource, PendingEviction
 from .conversations import Conversation, Message
 from .feedback import Feedback
+from .identities import OidcIdentity
 from .keys import ApiKey
 from .policies import OutputPolicy, PolicyRevision, RegressionCase, RegressionRun
 
@@ -21,6 +23,7 @@ __all__ = [
     "Conversation",
     "Feedback",
     "Message",
+    "OidcIdentity",
     "OutputPolicy",
     "PendingEviction",
     "PolicyRevision",

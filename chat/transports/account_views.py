@@ -56,8 +56,20 @@ class AccountDeleteForm(forms.Form):
     def __init__(self, *args, user, request, **kwargs):
         super().__init__(*args, **kwargs)
         self.user, self.request = user, request
+        if not user.has_usable_password():
+            # An account the OpenID Connect provider signs in has no password here: its user
+            # name typed out instead, so a stray click cannot delete it.
+            self.fields["password"] = forms.CharField(
+                label="Type your user name to confirm",
+                widget=forms.TextInput(attrs={"autocomplete": "off", "autofocus": True}),
+            )
 
     def clean_password(self):
+        if not self.user.has_usable_password():
+            typed = self.cleaned_data["password"]
+            if typed != self.user.get_username():
+                raise forms.ValidationError("That is not your user name.", code="name_incorrect")
+            return typed
         # The sign-in limits apply: this is a password check like any other.
         username = self.user.get_username()
         address = signin_throttle.client_address(self.request)

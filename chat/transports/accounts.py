@@ -1,16 +1,18 @@
 """Sign up and sign in with Django's auth forms; a visitor's conversations follow them in.
 
-Everything else (sign out, password change and reset) is Django's own views, routed in
-project/urls.py, with the templates in templates/accounts/.
+Everything else (password change and reset) is Django's own views, routed in project/urls.py,
+with the templates in templates/accounts/; sign-in with the OpenID Connect provider and sign-out
+are chat/transports/oidc_views.py. With CHAT_LOCAL_ACCOUNTS=0 every password view here refuses.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 from django import forms
 from django.conf import settings
-from django.contrib import auth
+from django.contrib import admin, auth
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth import get_user_model
 from django.contrib.auth.forms import AuthenticationForm, UserCreationForm
@@ -21,7 +23,7 @@ from django.core.mail import send_mail
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.encoding import force_bytes
-from django.utils.http import urlsafe_base64_decode, urlsafe_base64_encode
+from django.utils.http import urlencode, urlsafe_base64_decode, urlsafe_base64_encode
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_protect
 from django.views.decorators.debug import sensitive_post_parameters
@@ -49,10 +51,37 @@ def adopt_conversations(*, session_key: str | None, user) -> int:
     )
 
 
+LOCAL_ACCOUNTS_OFF = "Accounts here are signed in through {provider} only."
+
+
+def local_accounts_refuse() -> None:
+    """With CHAT_LOCAL_ACCOUNTS=0 no password is taken, set or reset: a readable 403."""
+    if not settings.CHAT_LOCAL_ACCOUNTS:
+        raise PermissionDenied(LOCAL_ACCOUNTS_OFF.format(provider=settings.CHAT_OIDC["name"]))
+
+
+def local_accounts_only(view):
+    """`view` (a password view) refused with CHAT_LOCAL_ACCOUNTS=0."""
+
+    @functools.wraps(view)
+    def guarded(request, *args, **kwargs):
+        local_accounts_refuse()
+        return view(request, *args, **kwargs)
+
+    return guarded
+
+
 class SignInView(LoginView):
+    """The password form (unless CHAT_LOCAL_ACCOUNTS=0, when it is gone and a POST is refused)
+    and the provider's button (with CHAT_OIDC)."""
+
     form_class = SignInForm
     template_name = "accounts/login.html"
     redirect_authenticated_user = True
+
+    def post(self, request, *args, **kwargs):
+        local_accounts_refuse()
+        return super().post(request, *args, **kwargs)
 
     def form_valid(self, form):
         visitor_session = self.request.session.session_key  # login() gives the session a new key
@@ -61,12 +90,31 @@ class SignInView(LoginView):
         return response
 
     def get_context_data(self, **kwargs):
-        return {**super().get_context_data(**kwargs), "signup_open": signup_open()}
+        return {
+            **super().get_context_data(**kwargs),
+            "signup_open": signup_open(),
+            "local_accounts": settings.CHAT_LOCAL_ACCOUNTS,
+            "provider": settings.CHAT_OIDC["name"] if settings.CHAT_OIDC else None,
+        }
+
+
+def admin_sign_in(request):
+    """/admin/login/: with CHAT_OIDC a visitor is sent to the page's sign-in, which has the
+    provider's button (and the password form, unless local accounts are off); a password posted
+    here is the admin's own form's, refused without local accounts; a signed-in user who is not
+    staff gets the admin's "not authorized" page."""
+    if request.method == "POST":
+        local_accounts_refuse()
+    elif settings.CHAT_OIDC and not request.user.is_authenticated:
+        query = urlencode({"next": request.GET.get("next", reverse("admin:index"))})
+        return redirect(f"{reverse('login')}?{query}")
+    return admin.site.login(request)
 
 
 def signup_open() -> bool:
-    """Anyone may make an account (CHAT_SIGNUP open, or confirm: after following a mailed link)."""
-    return settings.CHAT_SIGNUP in {"open", "confirm"}
+    """Anyone may make an account (CHAT_SIGNUP open, or confirm: after following a mailed link),
+    and local accounts are on."""
+    return settings.CHAT_LOCAL_ACCOUNTS and settings.CHAT_SIGNUP in {"open", "confirm"}
 
 
 class ConfirmedSignUpForm(UserCreationForm):
@@ -84,6 +132,7 @@ class ConfirmedSignUpForm(UserCreationForm):
 def sign_up(request):
     """A new account (Django's UserCreationForm), throttled per address; signed in at once with
     the visitor's chats, or (CHAT_SIGNUP=confirm) inactive until its mailed link is followed."""
+    local_accounts_refuse()
     if not signup_open():
         raise PermissionDenied("Sign-up is closed; ask an administrator for an account.")
     if request.user.is_authenticated:

@@ -46,7 +46,8 @@ def index(request):
             "max_title_chars": MAX_TITLE,
             "policies": OutputPolicy.objects.only("slug", "name", "mode", "is_default"),
             "model_name": model_name,
-            "signup_open": settings.CHAT_SIGNUP != "closed",
+            "signup_open": settings.CHAT_LOCAL_ACCOUNTS and settings.CHAT_SIGNUP != "closed",
+            "local_accounts": settings.CHAT_LOCAL_ACCOUNTS,
             # What the page's modules read at start (static/chat/page/config.js).
             "chat_config": {"conversation": current_id},
             "chat_constants": page_constants(),
