@@ -98,6 +98,7 @@ def policy_post(**overrides) -> dict:
         "no_repeat_ngram_size": "0",
         "frequency_penalty": "0",
         "presence_penalty": "0",
+        "feedback_downs_to_review": "3",
         "cache_ttl_seconds": "60",
     }
     for prefix in ("revisions", "regression_cases"):
