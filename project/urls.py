@@ -2,7 +2,15 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from chat.transports import account_views, accounts, api, apikey_views, openai_api, views
+from chat.transports import (
+    account_views,
+    accounts,
+    api,
+    apikey_views,
+    openai_api,
+    usage_views,
+    views,
+)
 from chat.transports.admin_views import behaviour_view, latency_view
 
 # The product's own error pages; JSON in the API's shape on /api/ and /v1/
@@ -71,6 +79,7 @@ urlpatterns = [
     path("api/chat/cancel", api.cancel, name="api-chat-cancel"),
     path("api/csrf", api.csrf, name="api-csrf"),
     path("account/api-keys/", apikey_views.api_keys, name="account-api-keys"),
+    path("account/usage/", usage_views.usage, name="account-usage"),
     path("account/export", account_views.account_export, name="account-export"),
     path("account/delete/", account_views.account_delete, name="account-delete"),
     path("account/deleted/", account_views.account_deleted, name="account-deleted"),
@@ -81,5 +90,10 @@ urlpatterns = [
     path("metrics", views.metrics, name="metrics"),
     path("admin/latency/", admin.site.admin_view(latency_view), name="admin-latency"),
     path("admin/behaviour/", admin.site.admin_view(behaviour_view), name="admin-behaviour"),
+    path(
+        "admin/usage/",
+        admin.site.admin_view(usage_views.admin_usage_view),
+        name="admin-usage",
+    ),
     path("admin/", admin.site.urls),
 ]

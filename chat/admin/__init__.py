@@ -6,14 +6,15 @@ imports every module, so each registers its ModelAdmins.
 - policies.py: output policies, their workbench (try a draft, run the regression set), revisions
   and regression runs.
 - review.py: cached answers' review (approve, edit, reject, evict, reset).
+- budgets.py: token and answer budgets per user and API key, and the default for new accounts.
 """
 
 from django.contrib import admin
 
 from ..transports.accounts import AdminSignInForm
-from . import accounts, chats, policies, review
+from . import accounts, budgets, chats, policies, review
 
 # /admin/login/ counts failed attempts exactly like the page's sign-in.
 admin.site.login_form = AdminSignInForm
 
-__all__ = ["accounts", "chats", "policies", "review"]
+__all__ = ["accounts", "budgets", "chats", "policies", "review"]

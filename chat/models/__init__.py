@@ -5,8 +5,10 @@ from here (`chat.models`).
 - policies.py: OutputPolicy, PolicyRevision, RegressionCase, RegressionRun.
 - cache.py: CachedAnswer, CachedAnswerSource, PendingEviction (the completion cache's records).
 - keys.py: ApiKey (the OpenAI-compatible API's keys).
+- budgets.py: Budget, BudgetDefault, Usage (token and answer budgets and what was spent).
 """
 
+from .budgets import Budget, BudgetDefault, Usage
 from .cache import CachedAnswer, CachedAnswerSource, PendingEviction
 from .conversations import Conversation, Message
 from .keys import ApiKey
@@ -14,6 +16,8 @@ from .policies import OutputPolicy, PolicyRevision, RegressionCase, RegressionRu
 
 __all__ = [
     "ApiKey",
+    "Budget",
+    "BudgetDefault",
     "CachedAnswer",
     "CachedAnswerSource",
     "Conversation",
@@ -23,4 +27,5 @@ __all__ = [
     "PolicyRevision",
     "RegressionCase",
     "RegressionRun",
+    "Usage",
 ]
