@@ -77,6 +77,9 @@ def usage(request):
 def _chart(report: UsageReport, measure: str, title: str):
     values = [getattr(day, measure) for day in report.days]
     y_max, y_step = nice_ceiling(max(values, default=0))
+    if y_step < 1:  # counts: whole-number ticks
+        y_step = 1.0
+        y_max = float(max(1, max(values, default=0)))
     return draw_chart(
         chart_id=f"chart-{measure}",
         title=title,
