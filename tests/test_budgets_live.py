@@ -81,7 +81,7 @@ def client(server, key: str) -> openai.OpenAI:
 
 def ask_until_refused(server, key: str, tag: str, most: int = 40) -> tuple[list[int], Exception]:
     """Completions one after another until one is refused: the tokens of each, and the refusal."""
-    generated = []
+    generated: list[int] = []
     for n in range(most):
         try:
             reply = client(server, key).chat.completions.create(
