@@ -93,7 +93,7 @@ async def test_the_socket_refuses_once_the_daily_tokens_are_spent_and_says_when_
     assert refusal["message"] == "your daily budget is spent; it resets at 00:00 UTC"
 
 
-async def test_a_cache_hit_costs_nothing_and_is_counted_apart(runtime):
+async def test_a_cache_hit_costs_nothing_and_is_counted_apart(runtime, example_policies):
     """The same prompt twice: the second is served from the cache, charged no tokens and no
     answer, and recorded as a cached answer."""
     user = await sync_to_async(User.objects.create_user)("cached")
