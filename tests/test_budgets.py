@@ -14,6 +14,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
+from django.db import OperationalError
 from django.test import AsyncClient, Client
 from prometheus_client import REGISTRY
 
@@ -192,6 +193,48 @@ def test_without_redis_checks_read_the_database_and_missed_charges_are_reconcile
         budget_check(user.pk, None)
     assert int(stale.get(tokens_key)) == 150  # dropped, then seeded from the database
     assert spending.status() == "ok"
+
+
+def test_without_the_database_the_check_lets_the_prompt_through(monkeypatch):
+    """Budgets unreadable (the database down): the check admits; preparing the turn needs the
+    database too and refuses it with storage_failed, so the check is never what locks people out."""
+    user = User.objects.create_user("dbdown")
+    budget_set(user_id=user.pk, api_key_id=None, limits={"daily_answers": 0})
+    with pytest.raises(TurnError):
+        budget_check(user.pk, None)
+
+    def unavailable(*args):
+        raise OperationalError("the database is unavailable")
+
+    monkeypatch.setattr("chat.turns.budget.budgets_of", unavailable)
+    budget_check(user.pk, None)
+
+
+async def test_a_usage_record_the_database_refused_is_written_once_it_is_back(monkeypatch):
+    """The database refuses the record when the answer ends: the counters take the charge at
+    once, and the record is written in the background when the database answers again."""
+    from chat.stores import storage
+    from chat.turns import budget
+
+    user = await sync_to_async(User.objects.create_user)("late")
+    await sync_to_async(budget_set)(user_id=user.pk, api_key_id=None, limits={"daily_tokens": 10})
+    await sync_to_async(budget_check)(user.pk, None)  # counters seeded
+    real = budget.usage_record
+    refusals = [OperationalError("the database is locked")]
+
+    def flaky(**record):
+        if refusals:
+            raise refusals.pop()
+        real(**record)
+
+    monkeypatch.setattr(budget, "usage_record", flaky)
+    monkeypatch.setattr(storage, "LATE_STORE_DELAYS", (0.0, 0.0))
+    await budget.answer_charge(user_id=user.pk, api_key_id=None, policy="chat", tokens=12)
+    assert await sync_to_async(spent_tokens)(user) == 0  # not yet in the database...
+    with pytest.raises(TurnError):  # ...but counted
+        await sync_to_async(budget_check)(user.pk, None)
+    await asyncio.gather(*budget._late_records)
+    assert await sync_to_async(spent_tokens)(user) == 12
 
 
 def test_a_counter_is_one_total_for_every_process():

@@ -11,14 +11,17 @@ is charged nothing: the failure is the server's.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from asgiref.sync import sync_to_async
 from django.db import DatabaseError
 
 from ..infra import metrics as prometheus
 from ..models.budgets import LIMITS
+from ..stores import storage
 from ..stores.budgets import Period, Scope, budgets_of, periods, usage_record
 from ..stores.spending import spending
 from .refusals import TurnError
@@ -112,28 +115,59 @@ def budget_charge(
     tokens: int,
     prompt_tokens: int = 0,
     cached: bool = False,
-) -> None:
-    """Record one ended answer: in the database (the record), then in the shared counters."""
+) -> dict | None:
+    """Record one ended answer: in the database (the record), then in the shared counters.
+
+    Returns the record's fields when the database could not take it (the counters did): the
+    caller writes it later, as an answer is (chat/stores/storage.py), so it is not lost.
+    """
     if user_id is None:
-        return
+        return None
     answers = 0 if cached or not tokens else 1
+    record = {
+        "user_id": user_id,
+        "api_key_id": api_key_id,
+        "policy": policy,
+        "tokens": 0 if cached else tokens,
+        "answers": answers,
+        "prompt_tokens": prompt_tokens,
+        "cached_answers": 1 if cached else 0,
+        "day": datetime.now(UTC).date(),
+    }
+    late = None
     try:
-        usage_record(
-            user_id=user_id,
-            api_key_id=api_key_id,
-            policy=policy,
-            tokens=0 if cached else tokens,
-            answers=answers,
-            prompt_tokens=prompt_tokens,
-            cached_answers=1 if cached else 0,
-            day=datetime.now(UTC).date(),
-        )
-    except DatabaseError:
-        # The counters below still hold it until they are reconciled with the database.
-        log.exception("could not record the usage of user %s", user_id)
-    if cached or not answers:
+        storage.closing_on_error(usage_record, **record)
+    except DatabaseError as exc:
+        log.warning("could not record the usage of user %s yet: %s", user_id, exc)
+        late = record
+    if not cached and answers:
+        prometheus.BUDGET_TOKENS.labels(policy).inc(tokens)
+        prometheus.BUDGET_ANSWERS.labels(policy).inc()
+        scopes = [Scope("user", user_id)] + ([Scope("key", api_key_id)] if api_key_id else [])
+        spending.charge(scopes, list(periods().values()), tokens=tokens, answers=answers)
+    return late
+
+
+async def usage_record_late(record: dict) -> None:
+    """A usage record the database refused, written once it is back (about five minutes)."""
+    for delay in storage.LATE_STORE_DELAYS:
+        await asyncio.sleep(delay)
+        try:
+            await sync_to_async(storage.closing_on_error)(usage_record, **record)
+        except DatabaseError:
+            continue
+        log.info("recorded the usage of user %s late", record["user_id"])
         return
-    prometheus.BUDGET_TOKENS.labels(policy).inc(tokens)
-    prometheus.BUDGET_ANSWERS.labels(policy).inc()
-    scopes = [Scope("user", user_id)] + ([Scope("key", api_key_id)] if api_key_id else [])
-    spending.charge(scopes, list(periods().values()), tokens=tokens, answers=answers)
+    log.error("gave up recording the usage of user %s: %s", record["user_id"], record)
+
+
+async def answer_charge(**charge) -> None:
+    """`budget_charge` from a turn; a record the database refused is written in the background."""
+    late = await sync_to_async(budget_charge)(**charge)
+    if late is not None:
+        task = asyncio.create_task(usage_record_late(late), name="usage-late")
+        _late_records.add(task)
+        task.add_done_callback(_late_records.discard)
+
+
+_late_records: set[asyncio.Task] = set()  # strong references, so pending writes are not collected

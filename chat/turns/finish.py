@@ -22,7 +22,7 @@ from ..stores import review, storage
 from ..stores.cache import CACHEABLE_FINISH
 from ..stores.partial import PartialSaver
 from ..stores.policy_store import ResolvedPolicy
-from .budget import budget_charge
+from .budget import answer_charge
 from .handle import Turn
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,7 @@ class TurnFinish:
     async def _charge(self, done_metrics: dict) -> None:
         """The tokens generated for this answer charged to its user's and key's budgets."""
         try:
-            await sync_to_async(budget_charge)(
+            await answer_charge(
                 user_id=self.turn.owner.user_id,
                 api_key_id=self.turn.api_key_id,
                 policy=self.policy.slug,

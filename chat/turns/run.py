@@ -32,7 +32,7 @@ from ..protocol.events import Finish
 from ..stores import storage
 from ..stores.partial import PartialSaver
 from ..stores.selectors import Owner
-from .budget import budget_charge
+from .budget import answer_charge
 from .finish import TurnFinish, Verdict, to_ms
 from .handle import Send, Turn
 from .journal import Journal
@@ -164,14 +164,17 @@ class TurnRun(TurnFinish):
         )
         turn.finished = True
         prometheus.observe_done(cached_metrics, entry["finish_reason"], cached=True)
-        await sync_to_async(budget_charge)(
-            user_id=turn.owner.user_id,
-            api_key_id=turn.api_key_id,
-            policy=self.policy.slug,
-            tokens=0,
-            prompt_tokens=cached_metrics["prompt_tokens"] or 0,
-            cached=True,
-        )
+        try:  # counted apart, charged nothing (chat/turns/budget.py)
+            await answer_charge(
+                user_id=turn.owner.user_id,
+                api_key_id=turn.api_key_id,
+                policy=self.policy.slug,
+                tokens=0,
+                prompt_tokens=cached_metrics["prompt_tokens"] or 0,
+                cached=True,
+            )
+        except Exception:
+            log.exception("could not record the cache hit of %s", turn.request_id)
         try:
             await sync_to_async(storage.closing_on_error)(
                 storage.store_cached_answer,
