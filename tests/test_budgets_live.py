@@ -111,6 +111,7 @@ def test_the_openai_package_raises_rate_limit_error_insufficient_quota(servers):
     total = spent(server, "quota")
     assert total == sum(generated)
     assert sum(generated[:-1]) < 200 <= total <= 200 + MAX_TOKENS
+    print(f"one process: {total} tokens spent of 200 in {len(generated)} answers")
     # Refused again at once, on the other process too.
     with pytest.raises(openai.RateLimitError):
         client(servers[1], key).chat.completions.create(
@@ -141,3 +142,5 @@ def test_two_processes_hold_one_budget_between_them(servers):
     total = spent(first, "pair")
     assert total == sum(sum(generated) for generated, _ in results.values())
     assert 150 <= total <= 150 + 2 * MAX_TOKENS
+    counts = [len(generated) for generated, _ in results.values()]
+    print(f"two processes: {total} tokens spent of 150 in {counts} answers")

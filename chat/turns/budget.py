@@ -79,7 +79,7 @@ def budget_check(user_id: int | None, api_key_id: int | None) -> None:
     if user_id is None:
         return
     try:
-        now = standings(budgets_of(user_id, api_key_id))
+        now = storage.closing_on_error(lambda: standings(budgets_of(user_id, api_key_id)))
     except DatabaseError as exc:
         log.warning("budgets not checked, the database is unavailable: %s", exc)
         return
