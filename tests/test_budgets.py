@@ -115,7 +115,11 @@ async def test_a_cache_hit_costs_nothing_and_is_counted_apart(runtime, example_p
         await sync_to_async(budget_check)(user.pk, None)
     finally:
         await chat.close()
-    row = await sync_to_async(Usage.objects.get)(user=user)
+    for _ in range(400):  # a hit is recorded just after its `done`
+        row = await sync_to_async(Usage.objects.get)(user=user)
+        if row.cached_answers:
+            break
+        await asyncio.sleep(0.05)
     assert (row.answers, row.cached_answers, row.policy) == (1, 1, "chat")
     assert row.tokens > 0 and row.prompt_tokens > 0
 

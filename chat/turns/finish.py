@@ -129,6 +129,8 @@ class TurnFinish:
 
     async def _charge(self, done_metrics: dict) -> None:
         """The tokens generated for this answer charged to its user's and key's budgets."""
+        if self.turn.owner.user_id is None:
+            return  # a visitor has no budget
         try:
             await answer_charge(
                 user_id=self.turn.owner.user_id,

@@ -164,17 +164,6 @@ class TurnRun(TurnFinish):
         )
         turn.finished = True
         prometheus.observe_done(cached_metrics, entry["finish_reason"], cached=True)
-        try:  # counted apart, charged nothing (chat/turns/budget.py)
-            await answer_charge(
-                user_id=turn.owner.user_id,
-                api_key_id=turn.api_key_id,
-                policy=self.policy.slug,
-                tokens=0,
-                prompt_tokens=cached_metrics["prompt_tokens"] or 0,
-                cached=True,
-            )
-        except Exception:
-            log.exception("could not record the cache hit of %s", turn.request_id)
         try:
             await sync_to_async(storage.closing_on_error)(
                 storage.store_cached_answer,
@@ -197,6 +186,17 @@ class TurnRun(TurnFinish):
                     "the answer could not be saved; it will not appear in your history",
                 )
             )
+        try:  # counted apart, charged nothing (chat/turns/budget.py)
+            await answer_charge(
+                user_id=turn.owner.user_id,
+                api_key_id=turn.api_key_id,
+                policy=self.policy.slug,
+                tokens=0,
+                prompt_tokens=cached_metrics["prompt_tokens"] or 0,
+                cached=True,
+            )
+        except Exception:
+            log.exception("could not record the cache hit of %s", turn.request_id)
 
     async def _run(self) -> None:
         policy = self.policy
