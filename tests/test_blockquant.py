@@ -237,3 +237,66 @@ def test_the_files_blocks_are_kept_beside_the_model_and_read_back_the_same(
     for name, layer in first.items():
         assert (again[name].kind, again[name].in_features) == (layer.kind, layer.in_features)
         assert torch.equal(again[name].weight_float(), layer.weight_float())
+
+
+# -- fused projections (chat/engine/weights/fused.py) -----------------------------------------
+
+
+def test_the_served_model_computes_its_projection_groups_fused(backend, kernels):
+    from chat.engine.weights import fused
+
+    if not any(isinstance(m, BlockQuantLinear) for m in backend.model.modules()):
+        pytest.skip("auto kept the float model on this machine: nothing to fuse")
+    layers = backend.model.config.num_hidden_layers
+    assert fused.fused_groups(backend.model) == 2 * layers  # q/k/v and gate/up in every layer
+    attention = backend.model.model.layers[0].self_attn
+    assert isinstance(attention.q_proj, fused.SharedProjection)
+    assert isinstance(backend.model.model.norm, fused.FusedRMSNorm)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_fused_projections_give_the_same_logits_as_the_separate_ones(float_backend, kernels, rows):
+    """A prefill and decode steps through the engine's batch, fused then split again: the same
+    logits (the kernels compute each output row alone, so concatenated blocks change nothing)."""
+    from chat.engine.weights import fused
+
+    model = float_backend.model
+    undo, _ = gguf_blocks.quantize_blocks(model, gguf_path=bundled_gguf_path())
+    try:
+
+        def logits() -> list[torch.Tensor]:
+            seen: list[torch.Tensor] = []
+            batch = float_backend.new_batch()
+            original = batch._forward
+            batch._forward = lambda *a, **k: seen.append(original(*a, **k)) or seen[-1]
+            requests = [
+                float_backend.request(
+                    [{"role": "user", "content": f"Count to {n + 3}."}],
+                    max_new_tokens=4,
+                    min_new_tokens=4,
+                )
+                for n in range(rows)
+            ]
+            batch.add([float_backend.row(r, lambda text: None) for r in requests])
+            for _ in range(3):
+                batch.step()
+            return seen
+
+        separate = logits()
+        undo_fusion = fused.fuse(model)
+        assert fused.fused_groups(model) == 2 * model.config.num_hidden_layers
+        try:
+            together = logits()
+            fused.split(model)  # a loaded model's way back, without the undo list
+            assert fused.fused_groups(model) == 0
+            split_again = logits()
+            fused.fuse(model)
+        finally:
+            fused.unfuse(undo_fusion)
+    finally:
+        quantized.restore(undo)
+    assert len(separate) == len(together) == len(split_again) >= 4  # a shared prefix adds one
+    for a, b, c in zip(separate, together, split_again, strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-5)
+        torch.testing.assert_close(c, a, rtol=0, atol=1e-5)
+    assert not any(isinstance(m, BlockQuantLinear) for m in model.modules())
