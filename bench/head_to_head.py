@@ -210,6 +210,7 @@ def report(product: Side, llama: Side, *, slots: int, busy: int, rounds: int) ->
             lines.append(
                 f"  note: {side.target.label}: in {side.newcomer_busy.count(False)} round(s) a busy "
                 f"answer had ended before the newcomer's first chunk"
+                + (" (every slot was taken: it waited for one)" if busy >= slots else "")
             )
         errors = sorted(
             {s.error for runs in side.levels.values() for r in runs for s in r.streams if s.error}

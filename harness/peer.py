@@ -230,4 +230,8 @@ class LlamaServer(ServerProcess):
             str(self.context * self.slots),
             "--jinja",
             "--no-webui",
+            # Extra buffer types off: on x86 the only one for this file's Q4_1 and Q8_0 blocks
+            # is AMX, whose kernel (ggml_backend_amx_mul_mat) segfaults at the first matmul on
+            # the AMX Xeon it was measured on; repacked layouts exist for neither type here.
+            "--no-repack",
         ]

@@ -24,7 +24,7 @@ from ..types import (
     PromptTooLong,
     SteppedBackend,
 )
-from ..weights import blockquant, fused, quant_choice, quantized, weight_major
+from ..weights import blockquant, quant_choice, quantized, weight_major
 from ..weights.start_choices import START_CHOICES_FILE, StartChoices, machine_identity
 from . import attention
 from .batching import Row
@@ -172,9 +172,6 @@ class LocalBackend(SteppedBackend[Row]):
             progress(
                 "  " + weight_major.choose(model, backend.time_decode_step, config.weight_major)
             )
-        if any(isinstance(module, blockquant.BlockQuantLinear) for module in model.modules()):
-            # The same arithmetic in fewer operators (weights/fused.py).
-            quant_line += f"; gate and up fused in {fused.fuse(model)} MLPs"
         progress("  " + quant_line)
         # The timing runs above stored KV of weights that may since have been replaced.
         backend.prefix_store.clear()
