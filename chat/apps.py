@@ -1,5 +1,6 @@
 from django.apps import AppConfig
-from django.db.models.signals import post_migrate
+from django.conf import settings
+from django.db.models.signals import post_migrate, post_save
 
 
 class ChatConfig(AppConfig):
@@ -11,7 +12,14 @@ class ChatConfig(AppConfig):
         # audit its receiver that fills in every audit record's actor and event.
         from .infra import audit, checks  # noqa: F401
         from .stores import erasure, evictions  # noqa: F401
+        from .stores.budgets import budget_default_apply
         from .stores.recovery import on_post_migrate
 
         # Start-up migrates before serving: answers a previous process left streaming are closed then.
         post_migrate.connect(on_post_migrate, sender=self, dispatch_uid="chat-interrupted-answers")
+        # A new account gets the default budget (chat/stores/budgets.py).
+        post_save.connect(
+            budget_default_apply,
+            sender=settings.AUTH_USER_MODEL,
+            dispatch_uid="chat-default-budget",
+        )

@@ -308,6 +308,8 @@ AUDITLOG_INCLUDE_TRACKING_MODELS = (
         ],
     },
     {"model": "chat.ApiKey", "include_fields": ["user", "name", "prefix"]},
+    {"model": "chat.Budget", "exclude_fields": ["id", "updated_at"]},
+    {"model": "chat.BudgetDefault", "exclude_fields": ["id", "updated_at"]},
     {
         "model": "auth.User",
         "include_fields": [

@@ -10,6 +10,7 @@ from chat.transports import (
     feedback_api,
     oidc_views,
     openai_api,
+    usage_views,
     views,
 )
 from chat.transports.admin_views import behaviour_view, latency_view
@@ -95,6 +96,7 @@ urlpatterns = [
     path("api/chat/cancel", api.cancel, name="api-chat-cancel"),
     path("api/csrf", api.csrf, name="api-csrf"),
     path("account/api-keys/", apikey_views.api_keys, name="account-api-keys"),
+    path("account/usage/", usage_views.usage, name="account-usage"),
     path("account/export", account_views.account_export, name="account-export"),
     path("account/delete/", account_views.account_delete, name="account-delete"),
     path("account/deleted/", account_views.account_deleted, name="account-deleted"),
@@ -106,5 +108,10 @@ urlpatterns = [
     path("admin/latency/", admin.site.admin_view(latency_view), name="admin-latency"),
     path("admin/behaviour/", admin.site.admin_view(behaviour_view), name="admin-behaviour"),
     path("admin/login/", accounts.admin_sign_in),  # before admin's own, which it wraps
+    path(
+        "admin/usage/",
+        admin.site.admin_view(usage_views.admin_usage_view),
+        name="admin-usage",
+    ),
     path("admin/", admin.site.urls),
 ]

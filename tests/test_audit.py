@@ -457,3 +457,38 @@ async def test_over_asgi_the_actor_and_the_address_behind_a_trusted_proxy_are_re
     # The view's thread holds its own connection: closed, so the test database can be dropped.
     await sync_to_async(connections.close_all)()
     assert entry.actor == staff and entry.remote_addr == "192.0.2.10"
+
+
+def test_budget_changes_leave_one_record_each_and_are_redacted_with_the_account(staff_client):
+    """A budget set from the command line, changed in the admin, and the default for new
+    accounts: one record each, with the limits before and after; erasing the account keeps its
+    budget's records without its name."""
+    alice = User.objects.create_user("alice", password=PASSWORD)
+    trail = Trail()
+    call_command("budget", "set", "--user", "alice", "--daily-tokens", "200", stdout=StringIO())
+    made = trail.one("budget.create")
+    assert made.changes["daily_tokens"] == [None, 200] and made.actor is None
+    budget = alice.budgets.get()
+    changed = staff_client.post(
+        f"/admin/chat/budget/{budget.pk}/change/",
+        {
+            "user": alice.pk,
+            "api_key": "",
+            "daily_tokens": "500",
+            "monthly_tokens": "",
+            "daily_answers": "",
+            "monthly_answers": "",
+        },
+    )
+    assert changed.status_code == 302, changed.content.decode()[:2000]
+    update = trail.one("budget.update")
+    assert update.changes == {"daily_tokens": [200, 500]} and update.actor is not None
+    call_command("budget", "set", "--default", "--daily-answers", "20", stdout=StringIO())
+    assert trail.one("budgetdefault.create").changes["daily_answers"] == [None, 20]
+
+    from chat.stores.erasure import account_erase
+
+    account_erase(user=alice)
+    about_budget = LogEntry.objects.filter(object_pk=str(budget.pk), content_type__model="budget")
+    assert about_budget.count() == 3  # made, changed, deleted with the account
+    assert "alice" not in json.dumps([[e.object_repr, e.changes] for e in about_budget])

@@ -1,36 +1,63 @@
-"""Profile decode steps of the running batch: where one step's time goes, at 1 and 4 rows.
+"""Profile decode steps of the running batch: where one step's time goes, by rows.
 
     DJANGO_SETTINGS_MODULE=project.settings_bench PYTHONPATH=. .venv/bin/python \
-        bench/scripts/step_profile.py [--steps 32] [--rows 1,4]
+        bench/scripts/step_profile.py [--steps 32] [--rows 1,8] [--rounds 3] [--top 0]
 
-Prints, per batch size: wall ms per step, the model forward's share, what is left for the
-loop around it (mask, positions, picking, streaming), and the top operators by self CPU time
-from torch.profiler.
+Prints, per batch size, the median (min-max) over rounds of: wall ms per step and its split into
+the block kernels (time inside BlockQuantLinear.forward), the rest of the model's forward
+(torch's other operators and the Python that calls them), choosing the tokens (argmax or the
+row's processors), a row's accept (stop strings, detokenizing, the stream callback, here a
+no-op) and the loop around them. `--top N` adds torch.profiler's top operators by self CPU time.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
+from collections import defaultdict
+from contextlib import contextmanager
 
 import django
+
+
+@contextmanager
+def timing(owner, name: str, totals: dict, key: str):
+    """Add the seconds spent in `owner.name` (a method) to totals[key] while inside."""
+    original = getattr(owner, name)
+
+    def timed(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            totals[key] += time.perf_counter() - started
+
+    setattr(owner, name, timed)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=32)
-    parser.add_argument("--rows", default="1,4")
-    parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--rows", default="1,8")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--top", type=int, default=0)
     args = parser.parse_args()
     django.setup()
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from chat.engine.local.batching import Row
     from chat.engine.local.loader import load_backend
+    from chat.engine.weights.blockquant import BlockQuantLinear
     from chat.infra.runtime import runtime
 
     backend = load_backend(runtime.engine_config(), progress=lambda line: None)
-    print(f"dtype {backend.model.dtype}, {torch.get_num_threads()} threads")
+    model = backend.model
+    print(f"dtype {model.dtype}, {backend.threads.describe()}")
 
     def fill(rows: int):
         batch = backend.new_batch()
@@ -43,38 +70,50 @@ def main() -> None:
             for i in range(rows)
         ]
         batch.add([backend.row(r, lambda text: None) for r in requests])
-        return batch
-
-    for rows in [int(x) for x in args.rows.split(",")]:
-        batch = fill(rows)
         for _ in range(4):
             batch.step()  # warm
-        forward_s = 0.0
-        original = batch._forward
+        return batch
 
-        def timed_forward(*a, _original=original, **k):
-            nonlocal forward_s
+    def measure(rows: int) -> dict:
+        batch = fill(rows)
+        totals: dict = defaultdict(float)
+        with (
+            timing(BlockQuantLinear, "forward", totals, "kernels"),
+            timing(batch, "_forward", totals, "forward"),
+            timing(batch, "_choose", totals, "choose"),
+            timing(Row, "accept", totals, "accept"),
+        ):
             started = time.perf_counter()
-            out = _original(*a, **k)
-            forward_s += time.perf_counter() - started
-            return out
-
-        batch._forward = timed_forward
-        started = time.perf_counter()
-        for _ in range(args.steps):
-            batch.step()
-        wall = (time.perf_counter() - started) / args.steps
-        forward = forward_s / args.steps
-        print(
-            f"\n{rows} row(s): {wall * 1000:.1f} ms per step ({rows / wall:.1f} tok/s), "
-            f"model forward {forward * 1000:.1f} ms ({forward / wall:.0%}), "
-            f"around it {(wall - forward) * 1000:.1f} ms"
-        )
-        batch._forward = original
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            for _ in range(args.steps // 4 or 1):
+            for _ in range(args.steps):
                 batch.step()
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top))
+            wall = time.perf_counter() - started
+        n = args.steps
+        return {
+            "step": wall / n,
+            "kernels": totals["kernels"] / n,
+            "other ops + Python": (totals["forward"] - totals["kernels"]) / n,
+            "choose": (totals["choose"] - totals["accept"]) / n,
+            "accept (stop, detokenize, stream)": totals["accept"] / n,
+            "loop": (wall - totals["forward"] - totals["choose"]) / n,
+        }
+
+    for rows in [int(x) for x in args.rows.split(",")]:
+        results = [measure(rows) for _ in range(args.rounds)]
+        print(f"\n{rows} row(s), median (min-max) of {args.rounds} round(s) of {args.steps} steps")
+        for key in results[0]:
+            values = [r[key] * 1000 for r in results]
+            print(
+                f"  {key:36} {statistics.median(values):7.2f} ms "
+                f"({min(values):.2f}-{max(values):.2f})"
+            )
+        step = statistics.median(r["step"] for r in results)
+        print(f"  {rows / step:.1f} tok/s")
+        if args.top:
+            batch = fill(rows)
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(args.steps // 4 or 1):
+                    batch.step()
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top))
 
 
 if __name__ == "__main__":

@@ -7,14 +7,15 @@ imports every module, so each registers its ModelAdmins.
   and regression runs.
 - review.py: cached answers' review (approve, edit, reject, evict, reset).
 - audit.py: the audit trail, read only.
+- budgets.py: token and answer budgets per user and API key, and the default for new accounts.
 """
 
 from django.contrib import admin
 
 from ..transports.accounts import AdminSignInForm
-from . import accounts, audit, chats, policies, review
+from . import accounts, audit, budgets, chats, policies, review
 
 # /admin/login/ counts failed attempts exactly like the page's sign-in.
 admin.site.login_form = AdminSignInForm
 
-__all__ = ["accounts", "audit", "chats", "policies", "review"]
+__all__ = ["accounts", "audit", "budgets", "chats", "policies", "review"]

@@ -28,7 +28,7 @@ from django.db.models.signals import pre_save
 from django.dispatch import receiver
 from django.utils import timezone
 
-from ..models import ApiKey, CachedAnswer
+from ..models import ApiKey, Budget, CachedAnswer
 from . import ratelimit
 
 ACTIONS = {
@@ -215,18 +215,22 @@ def _scrubbed(value, pattern: re.Pattern | None, replacement: str):
     return value
 
 
-def audit_redact(*, user_id: int, username: str, email: str, key_ids: list[int]) -> int:
-    """After account `user_id` is erased: every record it made, or that is about it or its
-    keys, is kept with its personal data redacted (its name and e-mail address wherever they
-    stand, its own personal fields' values, the client addresses); how many records."""
+def audit_redact(
+    *, user_id: int, username: str, email: str, key_ids: list[int], budget_ids: list[int]
+) -> int:
+    """After account `user_id` is erased: every record it made, or that is about it, its keys
+    or its budgets, is kept with its personal data redacted (its name and e-mail address wherever
+    they stand, its own personal fields' values, the client addresses); how many records."""
     user_type = ContentType.objects.get_for_model(get_user_model())
     key_type = ContentType.objects.get_for_model(ApiKey)
+    budget_type = ContentType.objects.get_for_model(Budget)
     about_user = Q(content_type=user_type, object_pk=str(user_id))
     entries = LogEntry.objects.filter(
         Q(actor_id=user_id)
         | Q(additional_data__actor_id=user_id)
         | about_user
         | Q(content_type=key_type, object_pk__in=[str(pk) for pk in key_ids])
+        | Q(content_type=budget_type, object_pk__in=[str(pk) for pk in budget_ids])
         | Q(additional_data__event=SIGNIN_THROTTLED, additional_data__username__iexact=username)
     )
     pattern, replacement = _names_pattern([username, email]), erased_user(user_id)

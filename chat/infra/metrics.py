@@ -67,6 +67,24 @@ FEEDBACK = Counter(
     "or stopped or regenerated soon after a cache hit. Never per user.",
     ["policy", "signal"],
 )
+# Budgets (docs/configuration.md, budgets): labelled by policy or by period and kind, never by
+# user or key, so the label sets stay bounded.
+BUDGET_TOKENS = Counter(
+    f"{PREFIX}_budget_tokens_charged", "Tokens charged to budgets, by output policy.", ["policy"]
+)
+BUDGET_ANSWERS = Counter(
+    f"{PREFIX}_budget_answers_charged", "Answers charged to budgets, by output policy.", ["policy"]
+)
+BUDGET_REFUSALS = Counter(
+    f"{PREFIX}_budget_refusals",
+    "Prompts refused because a budget was spent, by the budget's period and kind.",
+    ["period", "kind"],
+)
+BUDGET_REDIS_ERRORS = Counter(
+    f"{PREFIX}_budget_redis_errors",
+    "Budget counter calls that failed (Redis down); checks then read the database.",
+    ["operation"],
+)
 RUNNING = Gauge(f"{PREFIX}_requests_running", "Requests being generated now.")
 WAITING = Gauge(f"{PREFIX}_requests_waiting", "Requests waiting in the queue.")
 

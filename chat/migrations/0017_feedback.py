@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('chat', '0015_answer_interrupted'),
+        ('chat', '0016_budgets'),
     ]
 
     operations = [

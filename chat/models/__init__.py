@@ -7,8 +7,10 @@ from here (`chat.models`).
 - feedback.py: Feedback (users' ratings of answers, and the implicit signals after a cache hit).
 - keys.py: ApiKey (the OpenAI-compatible API's keys).
 - identities.py: OidcIdentity (the OpenID Connect provider's user behind an account).
+- budgets.py: Budget, BudgetDefault, Usage (token and answer budgets and what was spent).
 """
 
+from .budgets import Budget, BudgetDefault, Usage
 from .cache import CachedAnswer, CachedAnswerSource, PendingEviction
 from .conversations import Conversation, Message
 from .feedback import Feedback
@@ -18,6 +20,8 @@ from .policies import OutputPolicy, PolicyRevision, RegressionCase, RegressionRu
 
 __all__ = [
     "ApiKey",
+    "Budget",
+    "BudgetDefault",
     "CachedAnswer",
     "CachedAnswerSource",
     "Conversation",
@@ -29,4 +33,5 @@ __all__ = [
     "PolicyRevision",
     "RegressionCase",
     "RegressionRun",
+    "Usage",
 ]

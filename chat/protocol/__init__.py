@@ -347,9 +347,12 @@ CLOSE_TRY_LATER = 4503
 CLOSE_MESSAGE_TOO_BIG = 1009
 
 
-def error_fields(code: str, message: str, request_id: str | None = None) -> dict[str, Any]:
-    """An `error` event as a JSON body, for the HTTP views that answer one."""
-    return event_fields(Error(request_id, code, message))
+def error_fields(
+    code: str, message: str, request_id: str | None = None, **added: Any
+) -> dict[str, Any]:
+    """An `error` event as a JSON body, for the HTTP views that answer one (`added`: its
+    optional fields, `left` and `resets_at`)."""
+    return event_fields(Error(request_id, code, message, **added))
 
 
 def server_restarting_error(request_id: str | None = None) -> Error:

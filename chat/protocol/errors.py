@@ -96,6 +96,16 @@ ERROR_CODES: dict[str, ErrorCode] = {
             openai_code="rate_limit_exceeded",
             retry_after=60,
         ),
+        # A budget of the user's or the key's is spent until its day or month resets (the
+        # `error` says what is left and when): OpenAI's own name for it, so its SDK raises
+        # RateLimitError with code insufficient_quota.
+        ErrorCode(
+            "quota_exceeded",
+            429,
+            "a token or answer budget is spent until it resets",
+            openai_type="insufficient_quota",
+            openai_code="insufficient_quota",
+        ),
         # The service cannot take the prompt now; the client may send it again later. A
         # database outage is one of these (not a bug of the server's), hence 503, not 500.
         ErrorCode("model_loading", 503, "the model is still loading", openai_type=_SERVICE),

@@ -122,6 +122,10 @@ class Error(Event):
     code: str
     message: str
     seq: int | None = None  # its number in the answer's journal (chat/turns/journal.py)
+    # `quota_exceeded` only: what is left of each budget that applies, and when the spent one
+    # resets (ISO 8601, UTC).
+    left: dict[str, int] | None = None
+    resets_at: str | None = None
 
 
 @dataclass(frozen=True)
@@ -141,7 +145,7 @@ class Pong(Event):
 
 # Fields added to the contract that are left out where they have no value: `seq` outside a
 # running answer's journal, `text_before` outside a Continue.
-_OMITTED_WHEN_NONE = frozenset({"seq", "text_before"})
+_OMITTED_WHEN_NONE = frozenset({"seq", "text_before", "left", "resets_at"})
 
 # Field names that differ on the wire (a field cannot be called `json` beside the module).
 _WIRE_NAMES = {"json_value": "json"}

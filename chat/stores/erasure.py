@@ -32,14 +32,14 @@ from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.contrib.auth import SESSION_KEY
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.db.models.signals import post_delete
 from django.dispatch import receiver
 from django.utils import timezone
 
 from .. import turns
 from ..infra import audit
-from ..models import ApiKey, CachedAnswer, CachedAnswerSource, Conversation, Message
+from ..models import ApiKey, Budget, CachedAnswer, CachedAnswerSource, Conversation, Message
 from ..protocol import CONVERSATION_DELETED
 from .apikeys import apikeys_revoke
 from .evictions import evictions_retry, on_commit_once
@@ -159,6 +159,8 @@ def account_erase(*, user) -> None:
     user_id = user.pk
     username, email = user.get_username(), getattr(user, "email", "")
     key_ids = list(ApiKey.objects.filter(user=user).values_list("pk", flat=True))
+    budgets = Budget.objects.filter(Q(user=user) | Q(api_key_id__in=key_ids))
+    budget_ids = list(budgets.values_list("pk", flat=True))
     # Revoked before the rest, so a key stops working (and its answers stop) even if the
     # deletion below fails.
     apikeys_revoke(ApiKey.objects.filter(user=user))
@@ -167,7 +169,9 @@ def account_erase(*, user) -> None:
         sessions_end(user_id=user_id)
         user.delete()  # its keys, and anything else that cascades from the user
         # After the delete, so its own record (written by the delete) is redacted too.
-        audit.audit_redact(user_id=user_id, username=username, email=email, key_ids=key_ids)
+        audit.audit_redact(
+            user_id=user_id, username=username, email=email, key_ids=key_ids, budget_ids=budget_ids
+        )
     log.info("deleted account %s and everything it held", user_id)
 
 

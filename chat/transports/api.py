@@ -51,10 +51,12 @@ from .feed import KEEPALIVE, TurnFeed
 log = logging.getLogger(__name__)
 
 
-def _error_response(code: str, message: str, request_id: str | None = None) -> JsonResponse:
+def _error_response(
+    code: str, message: str, request_id: str | None = None, **added
+) -> JsonResponse:
     """The `error` event with the status chat/protocol/errors.py gives its code."""
     known = error_code(code)
-    response = JsonResponse(error_fields(code, message, request_id), status=known.status)
+    response = JsonResponse(error_fields(code, message, request_id, **added), status=known.status)
     if known.retry_after is not None:
         response["Retry-After"] = str(known.retry_after)
     return response
@@ -87,7 +89,9 @@ async def _start(request, feed: TurnFeed) -> JsonResponse | None:
     except ProtocolError as exc:
         return _error_response(exc.code, exc.message, exc.request_id)
     except turns.TurnError as exc:
-        return _error_response(exc.code, exc.message, prompt.request_id)
+        return _error_response(
+            exc.code, exc.message, prompt.request_id, left=exc.left, resets_at=exc.resets_at
+        )
     feed.follow(turn)
     return None
 

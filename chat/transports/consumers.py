@@ -142,7 +142,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
                 running=next((t for t in self.turns.values() if not t.finished), None),
             )
         except turns.TurnError as exc:
-            await self.send_event(Error(prompt.request_id, exc.code, exc.message))
+            await self.send_event(exc.event(prompt.request_id))
             return
         self.turns[prompt.request_id] = turn
 

@@ -56,6 +56,8 @@ def _error_response(exc: OpenAIError) -> JsonResponse:
     response = JsonResponse(exc.body(), status=exc.status)
     if exc.status == 429:
         response["Retry-After"] = "60"
+    for name, value in exc.headers.items():
+        response[name] = value
     if exc.status == 401:
         response["WWW-Authenticate"] = "Bearer"
     return response
@@ -212,7 +214,7 @@ async def _start(request, feed: TurnFeed) -> tuple[ChatRequest, str]:
             given=turns.Given(history=chat.history, override=chat.override, api_key_id=key.pk),
         )
     except turns.TurnError as exc:
-        raise turn_error(exc.code, exc.message) from None
+        raise turn_error(exc.code, exc.message, exc.resets_at) from None
     feed.follow(turn)
     return chat, completion_id
 

@@ -14,6 +14,7 @@ handed; none touches the model or the database itself. The modules, in a turn's 
 - forgetting.py: what a deleted conversation left in the engine (prefix KV, shared generations'
   events), filed under its tag and forgotten in every process.
 - prompting.py, limits.py: the chat fitted to the model's context; the per-minute rate checks.
+- budget.py: token and answer budgets, checked at admission and charged as an answer ends.
 - refusals.py: TurnError. The events a turn emits and the table of error codes are the wire
   contract, in chat/protocol/ (events.py, errors.py).
 """

@@ -1,6 +1,7 @@
 """`admit`: the one check-and-start sequence every transport calls (the socket, `/api`, `/v1`).
 
-Rate checks, the connection's one-answer-at-a-time limit, the model's readiness, then the turn
+Rate checks, the connection's one-answer-at-a-time limit, the budgets (budget.py), the model's
+readiness, then the turn
 prepared (policy resolved, prompt limits checked, messages stored), served from the cache or
 queued, and started. A refusal at any step is a TurnError whose code has its row in
 chat/protocol/errors.py.
@@ -26,6 +27,7 @@ from ..stores import storage
 from ..stores.cache import completion_cache
 from ..stores.review import entry_servable
 from ..stores.selectors import Owner, apikey_active
+from .budget import budget_check
 from .continuation import prepare_continue
 from .forgetting import conversation_tag
 from .handle import Send, Turn
@@ -58,6 +60,8 @@ async def admit(
         raise TurnError(
             "busy", f"request {running.request_id} is still running; wait for it or cancel it"
         )
+    given = given or Given()
+    await sync_to_async(budget_check)(owner.user_id, given.api_key_id)
     try:
         backend, stack = runtime.require()
     except NotReady as exc:
@@ -65,7 +69,7 @@ async def admit(
     token = object()  # request ids are the client's: two sockets may use the same one
     starting.add(token)
     try:
-        return await _start(owner, prompt, send, given or Given(), backend, stack)
+        return await _start(owner, prompt, send, given, backend, stack)
     finally:
         starting.discard(token)
 

@@ -22,6 +22,7 @@ from ..stores import review, storage
 from ..stores.cache import CACHEABLE_FINISH
 from ..stores.partial import PartialSaver
 from ..stores.policy_store import ResolvedPolicy
+from .budget import answer_charge
 from .handle import Turn
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class TurnFinish:
     retracted: str | None
     retries: int
     new_tokens: int
+    tokens_before: int  # a Continue's answer so far, charged when it was generated
     _backend: Backend
     _saver: PartialSaver | None
 
@@ -105,6 +107,8 @@ class TurnFinish:
             reason=reason,
             json_value=json_value,
         )
+        # Charged before `done` goes out, so a client's next prompt is checked against it.
+        await self._charge(done_metrics)
         if finish_reason is Finish.MODERATED and self.retracted is None:
             # Vetoed only at the end: anything shown must still be withdrawn.
             await turn.emit(events.Retract(turn.request_id, reason))
@@ -122,6 +126,21 @@ class TurnFinish:
             )
         )
         await self._account(text, json_value, finish_reason, outcome, done_metrics)
+
+    async def _charge(self, done_metrics: dict) -> None:
+        """The tokens generated for this answer charged to its user's and key's budgets."""
+        if self.turn.owner.user_id is None:
+            return  # a visitor has no budget
+        try:
+            await answer_charge(
+                user_id=self.turn.owner.user_id,
+                api_key_id=self.turn.api_key_id,
+                policy=self.policy.slug,
+                tokens=self.new_tokens - self.tokens_before,
+                prompt_tokens=done_metrics.get("prompt_tokens") or 0,
+            )
+        except Exception:  # the answer is stored and goes out all the same
+            log.exception("could not charge the answer of %s", self.turn.request_id)
 
     async def _store(
         self,

@@ -32,6 +32,7 @@ from ..protocol.events import Finish
 from ..stores import storage
 from ..stores.partial import PartialSaver
 from ..stores.selectors import Owner
+from .budget import answer_charge
 from .finish import TurnFinish, Verdict, to_ms
 from .handle import Send, Turn
 from .journal import Journal
@@ -97,6 +98,7 @@ class TurnRun(TurnFinish):
         self.cancel_reason = ""
         self.retries = 0
         self.new_tokens = prepared.tokens_so_far
+        self.tokens_before = prepared.tokens_so_far
 
     def submit(self, request: GenerationRequest, *, expected: bool = False) -> int:
         """Queue `request` (the first attempt or a re-ask); its queue position."""
@@ -184,6 +186,17 @@ class TurnRun(TurnFinish):
                     "the answer could not be saved; it will not appear in your history",
                 )
             )
+        try:  # counted apart, charged nothing (chat/turns/budget.py)
+            await answer_charge(
+                user_id=turn.owner.user_id,
+                api_key_id=turn.api_key_id,
+                policy=self.policy.slug,
+                tokens=0,
+                prompt_tokens=cached_metrics["prompt_tokens"] or 0,
+                cached=True,
+            )
+        except Exception:
+            log.exception("could not record the cache hit of %s", turn.request_id)
 
     async def _run(self) -> None:
         policy = self.policy

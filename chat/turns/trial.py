@@ -96,6 +96,9 @@ class TrialRun(TurnRun):
     async def _account(self, *args) -> None:
         """Neither counted in the process's metrics nor cached."""
 
+    async def _charge(self, done_metrics: dict) -> None:
+        """Charged to nobody's budget: staff trying a draft."""
+
     async def _fail(self, event: Failed, partial_text: str) -> None:
         self.trial.text = partial_text
         self.trial.error = event.error

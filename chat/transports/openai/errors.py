@@ -3,6 +3,9 @@ that carries it with its HTTP status: every refusal on `/v1` is one of these."""
 
 from __future__ import annotations
 
+import math
+from datetime import UTC, datetime
+
 from pydantic import BaseModel
 
 from ...protocol import inputs
@@ -39,6 +42,7 @@ class OpenAIError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        self.headers: dict[str, str] = {}
 
     def body(self) -> dict:
         return error_body(self.message, type=self.type, param=self.param, code=self.code)
@@ -54,13 +58,20 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return OpenAIError(400, message, param=param, code=code)
 
 
-def turn_error(code: str, message: str) -> OpenAIError:
+def turn_error(code: str, message: str, resets_at: str | None = None) -> OpenAIError:
     """The OpenAI error for a refused turn's (or an `error` event's) `code`: its status, type,
-    param and OpenAI code from the one table in chat/protocol/errors.py."""
+    param and OpenAI code from the one table in chat/protocol/errors.py. A spent budget
+    (`resets_at` given) says when it resets, and that retrying sooner is pointless: the openai
+    package reads `x-should-retry` before its own retry rules."""
     known = error_code(code)
-    return OpenAIError(
+    error = OpenAIError(
         known.status, message, type=known.openai_type, param=known.param, code=known.openai
     )
+    if resets_at is not None:
+        reset = datetime.fromisoformat(resets_at.replace("Z", "+00:00"))
+        wait = max(1, math.ceil((reset - datetime.now(UTC)).total_seconds()))
+        error.headers = {"Retry-After": str(wait), "x-should-retry": "false"}
+    return error
 
 
 def input_error(exc: inputs.InputError) -> OpenAIError:
