@@ -6,18 +6,15 @@ from __future__ import annotations
 
 import json
 import threading
-import uuid
 
 import openai
-import psycopg
 import pytest
 
-from harness.liveserver import LiveServer
+from harness.liveserver import LiveServer, fresh_database_like
 from tests.conftest import LIVE_CACHE_URL
 
 pytestmark = pytest.mark.integration
 
-PG = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 MAX_TOKENS = 48  # one answer's most; the budgets below take a few answers each
 LONG = "Write a long story about a dragon who learns to bake bread, part {n}."
 
@@ -38,12 +35,8 @@ print(Usage.objects.filter(user__username={name!r}).aggregate(t=Sum("tokens"))["
 
 @pytest.fixture(scope="module")
 def database_url():
-    name = f"chat_budget_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    yield f"postgres://postgres@127.0.0.1:5432/{name}"
-    with psycopg.connect(PG, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    """A fresh PostgreSQL database for the two servers, dropped at the end of the session."""
+    return fresh_database_like("postgres://postgres@127.0.0.1:5432/chat")
 
 
 @pytest.fixture(scope="module")

@@ -7,31 +7,22 @@ import os
 import time
 import urllib.error
 import urllib.request
-import uuid
 from http.cookies import SimpleCookie
 
-import psycopg
 import pytest
 import websockets
 
-from harness.liveserver import LiveServer
+from harness.liveserver import LiveServer, fresh_database_like
 from tests.conftest import LIVE_CACHE_URL
 from tests.test_consumer import LONG, SHORT
 
 pytestmark = pytest.mark.integration
 
-PG = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
-
 
 @pytest.fixture(scope="module")
 def database_url():
-    """A fresh PostgreSQL database for the two servers, dropped at the end."""
-    name = f"chat_scale_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    yield f"postgres://postgres@127.0.0.1:5432/{name}"
-    with psycopg.connect(PG, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    """A fresh PostgreSQL database for the two servers, dropped at the end of the session."""
+    return fresh_database_like("postgres://postgres@127.0.0.1:5432/chat")
 
 
 @pytest.fixture(scope="module")
