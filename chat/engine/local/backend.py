@@ -117,6 +117,7 @@ class LocalBackend(SteppedBackend[Row]):
         self.prefix_store = PrefixStore(config.prefix_cache_mb * 1024 * 1024)
         self.threads = ThreadPlan.configured(config.threads, config.decode_threads)
         self._tokenizer_digest = tokenizer_digest(tokenizer)
+        self._identity: dict[str, str] | None = None
 
     @classmethod
     def from_folder(
@@ -175,6 +176,7 @@ class LocalBackend(SteppedBackend[Row]):
         progress("  " + quant_line)
         # The timing runs above stored KV of weights that may since have been replaced.
         backend.prefix_store.clear()
+        backend.forget_identity()
         progress(f"  model ready in {time.perf_counter() - started:.1f} s")
         return backend
 
@@ -205,7 +207,17 @@ class LocalBackend(SteppedBackend[Row]):
 
     def model_identity(self) -> dict[str, str]:
         """The weight files, how the linears compute them (quantization mode and kernels), the
-        dtype and device, and the tokenizer: processes that differ in any would answer differently."""
+        dtype and device, and the tokenizer: processes that differ in any would answer differently.
+        Read once (walking the modules costs about a millisecond, on every turn's cache key);
+        whatever swaps layers after that calls `forget_identity`."""
+        if self._identity is None:
+            self._identity = self._read_identity()
+        return self._identity
+
+    def forget_identity(self) -> None:
+        self._identity = None
+
+    def _read_identity(self) -> dict[str, str]:
         mode = quantized.weights_mode(self.model)
         return {
             "weights": self.fingerprint,
