@@ -237,7 +237,7 @@ async def test_a_usage_record_the_database_refused_is_written_once_it_is_back(mo
     assert await sync_to_async(spent_tokens)(user) == 0  # not yet in the database...
     with pytest.raises(TurnError):  # ...but counted
         await sync_to_async(budget_check)(user.pk, None)
-    await asyncio.gather(*budget._late_records)
+    await asyncio.gather(*storage._late_stores)
     assert await sync_to_async(spent_tokens)(user) == 12
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
+from functools import partial
 
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, connection, transaction
@@ -72,24 +74,31 @@ async def answer_store(*, message_id: int, request_id: str, **fields) -> bool:
             return True
         except DatabaseError as exc:
             log.warning("could not store the answer of %s: %s", request_id, exc)
-    task = asyncio.create_task(
-        _store_late(message_id, request_id, fields), name=f"store-{request_id}"
+    write_late(
+        partial(store_answer, message_id, **fields),
+        f"the answer of {request_id}",
+        given_up="it stays unfinished until the next start-up",
     )
-    _late_stores.add(task)
-    task.add_done_callback(_late_stores.discard)
     return False
 
 
-async def _store_late(message_id: int, request_id: str, fields: dict) -> None:
+def write_late(write: Callable[[], object], what: str, *, given_up: str = "") -> None:
+    """Retry `write` in the background over LATE_STORE_DELAYS (about five minutes), so what a
+    briefly unavailable database refused is not lost; `what` names it in the log, `given_up`
+    says there what follows when every attempt failed."""
+    task = asyncio.create_task(_write_late(write, what, given_up), name=f"late: {what}")
+    _late_stores.add(task)
+    task.add_done_callback(_late_stores.discard)
+
+
+async def _write_late(write: Callable[[], object], what: str, given_up: str) -> None:
     for delay in LATE_STORE_DELAYS:
         await asyncio.sleep(delay)
         try:
-            await sync_to_async(_store_answer_once)(message_id, **fields)
+            await sync_to_async(closing_on_error)(write)
         except DatabaseError as exc:
-            log.warning("still could not store the answer of %s: %s", request_id, exc)
+            log.warning("still could not store %s: %s", what, exc)
         else:
-            log.info("stored the answer of %s late, after the database came back", request_id)
+            log.info("stored %s late, after the database came back", what)
             return
-    log.error(
-        "gave up storing the answer of %s; it stays unfinished until the next start-up", request_id
-    )
+    log.error("gave up storing %s%s", what, f"; {given_up}" if given_up else "")

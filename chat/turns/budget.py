@@ -11,7 +11,6 @@ is charged nothing: the failure is the server's.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -148,26 +147,10 @@ def budget_charge(
     return late
 
 
-async def usage_record_late(record: dict) -> None:
-    """A usage record the database refused, written once it is back (about five minutes)."""
-    for delay in storage.LATE_STORE_DELAYS:
-        await asyncio.sleep(delay)
-        try:
-            await sync_to_async(storage.closing_on_error)(usage_record, **record)
-        except DatabaseError:
-            continue
-        log.info("recorded the usage of user %s late", record["user_id"])
-        return
-    log.error("gave up recording the usage of user %s: %s", record["user_id"], record)
-
-
 async def answer_charge(**charge) -> None:
     """`budget_charge` from a turn; a record the database refused is written in the background."""
     late = await sync_to_async(budget_charge)(**charge)
     if late is not None:
-        task = asyncio.create_task(usage_record_late(late), name="usage-late")
-        _late_records.add(task)
-        task.add_done_callback(_late_records.discard)
-
-
-_late_records: set[asyncio.Task] = set()  # strong references, so pending writes are not collected
+        storage.write_late(
+            lambda: usage_record(**late), f"the usage of user {late['user_id']} ({late})"
+        )
