@@ -67,10 +67,13 @@ class LiveServer:
         self, workdir: Path, *, database_url: str | None = None, serve: bool = False, **env: str
     ):
         settings_source = (ROOT / "project" / "settings.py").read_text()
+        # Settings reads each variable by its quoted name: a substring would let `CHAT_LIMIT` pass.
         stale = [
             k
             for k in env
-            if k.startswith("CHAT_") and not k.startswith("CHAT_TEST_") and k not in settings_source
+            if k.startswith("CHAT_")
+            and not k.startswith("CHAT_TEST_")
+            and f'"{k}"' not in settings_source
         ]
         if stale:  # a renamed setting would otherwise be ignored silently, and the test mean less
             raise ValueError(f"project/settings.py reads no {', '.join(stale)}")
