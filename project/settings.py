@@ -431,8 +431,9 @@ CHAT_MODEL_PATH = env("CHAT_MODEL_PATH", "") or None  # a local HF model folder;
 # What the engine measures or picks at start, with the overrides an operator may need: the
 # device and dtype (auto: fp32 on the CPU, bf16 on CUDA), the weight mode (auto times the modes
 # that passed the quality gates at load: docs/engine.md), torch's threads (0: torch's default;
-# a decode step gets one fewer), answers decoding together, and the KV memory the running batch
-# may reserve (the prefix store gets a quarter of it again).
+# a decode step gets one fewer), answers decoding together, the KV memory the running batch
+# may reserve (the prefix store gets a quarter of it again), and the decode step (fused: one C++
+# call where the model allows it; eager: transformers' forward, the fallback).
 ENGINE_DEFAULTS = {
     "device": "auto",
     "dtype": "auto",
@@ -440,6 +441,7 @@ ENGINE_DEFAULTS = {
     "threads": "0",
     "batch": "8",
     "kv_mb": "512",
+    "step": "fused",
 }
 _engine = envspec("CHAT_ENGINE", ENGINE_DEFAULTS)
 CHAT_MODEL_DEVICE = _engine["device"]
@@ -448,10 +450,12 @@ CHAT_MODEL_QUANT = _engine["quant"]
 CHAT_TORCH_THREADS = number("CHAT_ENGINE threads", _engine["threads"], int)
 CHAT_MAX_BATCH = number("CHAT_ENGINE batch", _engine["batch"], int, minimum=1)
 CHAT_KV_CACHE_MB = number("CHAT_ENGINE kv_mb", _engine["kv_mb"], int, minimum=1)
+CHAT_DECODE_STEP = _engine["step"]
 for _key, _allowed in (
     ("device", {"auto", "cpu", "cuda", "mps"}),
     ("dtype", {"auto", "bfloat16", "float16", "float32"}),
     ("quant", {"auto", "none", "int8", "int4", "gguf", "gguf-q8"}),
+    ("step", {"fused", "eager"}),
 ):
     if _engine[_key] not in _allowed:
         raise ImproperlyConfigured(

@@ -31,6 +31,7 @@ class Machine(ScriptedBackend):
             "dtype": "torch.float32",
             "device": "cpu",
             "kernels": "avx2",
+            "step": "fused",
             "tokenizer": "t",
             **identity,
         }
@@ -69,7 +70,7 @@ PARAM_CHANGES = {
     "json_schema": SCHEMA,
     "tool_grammar": TOOLS,
 }
-MODEL_CHANGES = ("weights", "mode", "dtype", "device", "kernels", "tokenizer")
+MODEL_CHANGES = ("weights", "mode", "dtype", "device", "kernels", "step", "tokenizer")
 POLICY_CHANGES = {
     "id": 2,
     "slug": "other",

@@ -1,4 +1,5 @@
-"""Threads per forward pass: every core for a prefill, one fewer for a decode step."""
+"""Threads per forward pass: every core for a prefill and a fused decode step, one fewer for
+transformers' decode step."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ def test_decode_steps_leave_a_core_and_prefills_take_them_all():
     assert (ThreadPlan.configured(1).prefill, ThreadPlan.configured(1).decode) == (1, 1)
     assert ThreadPlan.configured(4, decode=4).decode == 4  # CHAT_DECODE_THREADS overrides
     assert ThreadPlan.configured().prefill == TORCH_DEFAULT
+    # The fused step: its own thread and a helper per further core.
+    assert ThreadPlan.configured(4).step_helpers == 3
+    assert ThreadPlan.configured(1).step_helpers == 0
 
 
 @pytest.mark.unit
@@ -36,10 +40,11 @@ def test_a_forward_pass_gets_the_threads_its_size_asks_for(torch_threads):
 
 @pytest.mark.integration
 def test_the_running_batch_prefills_on_every_thread_and_decodes_on_fewer(backend, torch_threads):
-    """What each forward pass of a real batch ran on: the long prompt's prefill on the plan's
-    prefill threads, every decode step on its decode threads."""
+    """What each forward pass of a real batch ran on through transformers' forward: the long
+    prompt's prefill on the plan's prefill threads, every decode step on its decode threads."""
     batch = backend.new_batch()
     batch.threads = ThreadPlan(prefill=2, decode=1)
+    batch.fused_step = False  # the fused step's own threads: tests/test_llama_step.py
     seen: list[tuple[int, int]] = []
     forward = batch.model.forward
 

@@ -1,13 +1,16 @@
 """Profile decode steps of the running batch: where one step's time goes, by rows.
 
     DJANGO_SETTINGS_MODULE=project.settings_bench PYTHONPATH=. .venv/bin/python \
-        bench/scripts/step_profile.py [--steps 32] [--rows 1,8] [--rounds 3] [--top 0]
+        bench/scripts/step_profile.py [--steps 32] [--rows 1,8] [--rounds 3] [--top 0] [--eager]
 
 Prints, per batch size, the median (min-max) over rounds of: wall ms per step and its split into
-the block kernels (time inside BlockQuantLinear.forward), the rest of the model's forward
-(torch's other operators and the Python that calls them), choosing the tokens (argmax or the
-row's processors), a row's accept (stop strings, detokenizing, the stream callback, here a
-no-op) and the loop around them. `--top N` adds torch.profiler's top operators by self CPU time.
+the block kernels, the rest of the model's forward, choosing the tokens (argmax or the row's
+processors), a row's accept (stop strings, detokenizing, the stream callback, here a no-op) and
+the loop around them. The forward is the fused C++ step (chat/engine/local/llama_step.py) where
+the model allows it: its own counters split it into the kernels, the other operators (in C++)
+and the Python around the call. `--eager` profiles transformers' forward instead: the kernels
+are the time inside BlockQuantLinear.forward, the rest torch's other operators and the Python
+that calls them. `--top N` adds torch.profiler's top operators by self CPU time.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ def main() -> None:
     parser.add_argument("--rows", default="1,8")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--top", type=int, default=0)
+    parser.add_argument("--eager", action="store_true", help="transformers' forward, not fused")
     args = parser.parse_args()
     django.setup()
     from torch.profiler import ProfilerActivity, profile
@@ -57,10 +61,13 @@ def main() -> None:
 
     backend = load_backend(runtime.engine_config(), progress=lambda line: None)
     model = backend.model
-    print(f"dtype {model.dtype}, {backend.threads.describe()}")
+    print(
+        f"dtype {model.dtype}, {backend.threads.describe()}, {'eager' if args.eager else 'fused'}"
+    )
 
     def fill(rows: int):
         batch = backend.new_batch()
+        batch.fused_step = not args.eager
         requests = [
             backend.request(
                 [{"role": "user", "content": f"Tell me a long story, number {i}."}],
@@ -76,6 +83,10 @@ def main() -> None:
 
     def measure(rows: int) -> dict:
         batch = fill(rows)
+        fused = batch._llama_step._step if batch._llama_step is not None else None
+        if fused is not None:
+            fused.profiling = True
+            fused.profiled_steps = fused.profiled_ns = fused.profiled_matmul_ns = 0
         totals: dict = defaultdict(float)
         with (
             timing(BlockQuantLinear, "forward", totals, "kernels"),
@@ -88,10 +99,21 @@ def main() -> None:
                 batch.step()
             wall = time.perf_counter() - started
         n = args.steps
-        return {
-            "step": wall / n,
+        split = {
             "kernels": totals["kernels"] / n,
             "other ops + Python": (totals["forward"] - totals["kernels"]) / n,
+        }
+        if fused is not None:
+            fused.profiling = False
+            in_cpp, kernels = fused.profiled_ns / 1e9, fused.profiled_matmul_ns / 1e9
+            split = {
+                "kernels": kernels / n,
+                "other ops (in the C++ step)": (in_cpp - kernels) / n,
+                "Python around the C++ step": (totals["forward"] - in_cpp) / n,
+            }
+        return {
+            "step": wall / n,
+            **split,
             "choose": (totals["choose"] - totals["accept"]) / n,
             "accept (stop, detokenize, stream)": totals["accept"] / n,
             "loop": (wall - totals["forward"] - totals["choose"]) / n,

@@ -148,6 +148,8 @@ class EngineConfig:
         quant: "auto", "none", "int8" or "int4": weight-only quantized linears (quantized.py).
         prefix_cache_mb: KV of recent rows kept for reuse by prompts that start the same way
             (prefix_store.py); 0 turns reuse off.
+        step: "fused" runs a decode step in one C++ call where the model allows it
+            (llama_step.py); "eager" keeps transformers' forward for every pass.
     """
 
     model_path: str | None = None
@@ -161,6 +163,7 @@ class EngineConfig:
     prefill_chunk: int = 128
     quant: str = "auto"
     prefix_cache_mb: int = 128
+    step: str = "fused"
 
 
 @dataclass(eq=False)

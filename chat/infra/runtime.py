@@ -56,6 +56,7 @@ class Runtime:
             prefill_chunk=settings.CHAT_PREFILL_CHUNK,
             prefix_cache_mb=settings.CHAT_PREFIX_CACHE_MB,
             max_new_tokens_cap=settings.CHAT_MAX_NEW_TOKENS_CAP,
+            step=settings.CHAT_DECODE_STEP,
         )
 
     def start(self) -> None:

@@ -29,6 +29,8 @@ from ..weights.start_choices import START_CHOICES_FILE, StartChoices, machine_id
 from . import attention
 from .batching import Row
 from .decoding import RunningBatch, sampling_processors
+from .llama_step import prepare as prepare_llama_step
+from .llama_step import unsupported as fused_step_unsupported
 from .prefix_store import PrefixStore
 from .threads import ThreadPlan
 
@@ -174,11 +176,19 @@ class LocalBackend(SteppedBackend[Row]):
                 "  " + weight_major.choose(model, backend.time_decode_step, config.weight_major)
             )
         progress("  " + quant_line)
+        progress("  decode step: " + backend.describe_step())
         # The timing runs above stored KV of weights that may since have been replaced.
         backend.prefix_store.clear()
         backend.forget_identity()
         progress(f"  model ready in {time.perf_counter() - started:.1f} s")
         return backend
+
+    def describe_step(self) -> str:
+        """How a decode step runs on this model: fused and on how many threads, or eager and why."""
+        if self.config.step != "fused":
+            return "transformers' forward (CHAT_ENGINE step=eager)"
+        step, why = prepare_llama_step(self.model, self.threads.step_helpers)
+        return why if step is not None else f"transformers' forward ({why})"
 
     def time_decode_step(self, rows: int = 4, steps: int = 3) -> float:
         """Seconds of one decode step of `rows` short answers (best of `steps`), for tuning."""
@@ -225,6 +235,11 @@ class LocalBackend(SteppedBackend[Row]):
             "dtype": str(self.model.dtype),
             "device": str(self.device),
             "kernels": blockquant.kernels().isa() if "BlockQuantLinear" in mode else "",
+            # The fused step sums in another order than transformers' forward: a near tie may
+            # pick another token, so the two never share answers.
+            "step": "fused"
+            if self.config.step == "fused" and not fused_step_unsupported(self.model)
+            else "eager",
             "tokenizer": self._tokenizer_digest,
         }
 
@@ -305,6 +320,7 @@ class LocalBackend(SteppedBackend[Row]):
             prefill_chunk=self.config.prefill_chunk,
             prefix_store=self.prefix_store,
             threads=self.threads,
+            fused_step=self.config.step == "fused",
         )
 
     def row(self, request: GenerationRequest, on_text: OnText) -> Row:

@@ -38,6 +38,8 @@ from transformers import (
 
 from .batching import Row, left_pad
 from .kv_cache import GrowingCache
+from .llama_step import LlamaStep
+from .llama_step import prepare as prepare_llama_step
 from .penalties import penalty_processors
 from .prefix_store import PrefixEntry, PrefixStore, common_prefix
 from .threads import ThreadPlan
@@ -53,6 +55,8 @@ class RunningBatch:
         prefill_chunk: while rows decode, a newcomer's prompt is prefilled this many tokens a step.
         prefix_store: KV of recent rows to reuse and to add to; None prefills every prompt whole.
         threads: torch threads per forward pass by its size (threads.py).
+        fused_step: decode steps in one C++ call where the model allows it (llama_step.py);
+            False keeps transformers' forward for every pass.
     """
 
     # Newcomers arriving together prefill a prefix they share once, if it is at least this long.
@@ -67,6 +71,7 @@ class RunningBatch:
         prefill_chunk: int = 0,
         prefix_store: PrefixStore | None = None,
         threads: ThreadPlan | None = None,
+        fused_step: bool = True,
     ):
         self.model = model
         self.pad_id = pad_id
@@ -79,6 +84,10 @@ class RunningBatch:
         self.mask: torch.Tensor | None = None  # [rows, width], 0 on padding
         self.pending: list[_Prefill] = []  # newcomers prefilled a chunk per step, oldest first
         self.forward_calls = 0  # prefills and decode steps; tests count what a row costs
+        self.fused_step = fused_step
+        # The fused step is built for the modules it reads: rebuilt when they are swapped.
+        self._llama_step: LlamaStep | None = None
+        self._weights: tuple[tuple[int, bool | None], ...] = ()
 
     def __len__(self) -> int:
         return len(self.rows) + sum(len(prefill.rows) for prefill in self.pending)
@@ -96,6 +105,7 @@ class RunningBatch:
             return []
         for row in rows:
             row.prepare(self.stop_criteria)
+        self._use_weights()
         prefill = self._reusing_prefill(list(rows))
         ids, mask = prefill.ids, prefill.mask
         if self.prefill_chunk and (self.rows or self.pending) and ids.shape[1] > self.prefill_chunk:
@@ -114,6 +124,20 @@ class RunningBatch:
         self._remember([row for row in prefill.rows if row.reason is None])
         return done
 
+    def _use_weights(self) -> None:
+        """Notice modules swapped since the last newcomers (quantizing or wrapping linears, at
+        load or in tests): the fused step reads the old ones' tensors, so it is built again."""
+        weights = tuple(
+            (id(module), getattr(module, "int8_activations", None))
+            for module in self.model.modules()
+        )
+        if weights != self._weights:
+            self._weights = weights
+            helpers = self.threads.step_helpers if self.threads is not None else 0
+            self._llama_step = (
+                prepare_llama_step(self.model, helpers)[0] if self.fused_step else None
+            )
+
     # -- prefix reuse -----------------------------------------------------------
 
     def _reusing_prefill(self, rows: list[Row]) -> _Prefill:
@@ -130,7 +154,7 @@ class RunningBatch:
                 self.store.count(computed=sum(len(p) for p in prompts), reused=0)
             return _Prefill(rows, ids, mask)
         # Quantizing or wrapping linears swaps modules: KV computed before must not be read.
-        self.store.use_weights(tuple(id(module) for module in self.model.modules()))
+        self.store.use_weights(self._weights)
         self._share_prefixes(prompts, [row.request.tag for row in rows])
         # At least the last id is always fed: its logits pick the first token.
         found = [self.store.longest(p, len(p) - 1) for p in prompts]
@@ -286,6 +310,10 @@ class RunningBatch:
         self.forward_calls += 1
         if self.threads is not None:
             self.threads.use(ids.numel())
+        if ids.shape[1] == 1 and self._llama_step is not None:
+            logits = self._llama_step(ids, mask, cache)
+            if logits is not None:
+                return logits
         out = self.model(
             input_ids=ids,
             attention_mask=mask,

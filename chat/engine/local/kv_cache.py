@@ -81,6 +81,19 @@ class GrowingLayer(DynamicLayer):
         self._key_length = self._value_length = start + added
         return self._key_buffer[:, :, : start + added], self._value_buffer[:, :, : start + added]
 
+    def buffers_with_room(self, added: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The key and value buffers (contiguous), grown if `added` more columns would not fit
+        past the filled part: for a step that writes them itself (llama_step.py) and then calls
+        `filled`."""
+        assert self._key_buffer is not None and self._value_buffer is not None
+        if self._key_length + added > self._key_buffer.shape[-2]:
+            self._grow(self._key_length + added)
+        return self._key_buffer, self._value_buffer
+
+    def filled(self, added: int) -> None:
+        """`added` columns past the filled part were written into the buffers."""
+        self._key_length = self._value_length = self._key_length + added
+
     def _grow(self, needed: int) -> None:
         assert self._key_buffer is not None and self._value_buffer is not None
         capacity = needed + max(HEADROOM, needed // 4)

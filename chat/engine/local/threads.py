@@ -38,6 +38,13 @@ class ThreadPlan:
         prefill = threads or TORCH_DEFAULT
         return cls(prefill, decode or prefill - 1)
 
+    @property
+    def step_helpers(self) -> int:
+        """Threads beside the engine's own that share a fused decode step's work (llama_step.py):
+        one per core beyond the first, which it claims a chunk at a time, so a helper held off
+        its core by the event loop delays nothing but the chunk it took."""
+        return self.prefill - 1
+
     def use(self, tokens: int) -> None:
         """Before a forward pass over `tokens` ids (rows x columns)."""
         wanted = self.decode if tokens <= DECODE_TOKENS else self.prefill

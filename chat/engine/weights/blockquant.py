@@ -35,9 +35,11 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("kernels") / "blockquant.cpp"
+KERNELS = Path(__file__).with_name("kernels")
+# The extension's sources: the block matmuls, and the decode step built on them (llama_step.py).
+SOURCES = (KERNELS / "blockquant.cpp", KERNELS / "llama_step.cpp")
 # Bump when the C++ interface changes, so an old build is never imported.
-EXTENSION = "chat_blockquant_v4"
+EXTENSION = "chat_blockquant_v5"
 # The AVX-512 subsets the AVX-512 kernels are compiled for (cpuinfo names; -mavx512f and so on).
 AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq")
 ISA_LEVELS = ("avx2", "avx512", "avx512-vnni")
@@ -89,7 +91,7 @@ def isa_level(flags: list[str] | None = None, wanted: str = "") -> str:
 
 
 def compiler_flags(level: str) -> list[str]:
-    flags = ["-O3", "-mavx2", "-mfma", "-mf16c"]
+    flags = ["-O3", "-fopenmp", "-mavx2", "-mfma", "-mf16c"]
     if level.startswith("avx512"):
         flags += [f"-m{flag.replace('_', '')}" for flag in AVX512_FLAGS]
     if level == "avx512-vnni":
@@ -141,8 +143,11 @@ def build(level: str, progress: Callable[[str], None] = log.info) -> Any:
     started = time.perf_counter()
     module = cpp_extension.load(
         name,
-        [str(SOURCE)],
+        [str(source) for source in SOURCES],
         extra_cflags=compiler_flags(level),
+        # at::parallel_for is inline: without OpenMP it runs serially whatever torch's thread
+        # count. libgomp is the runtime torch itself loads (one soname, one thread pool).
+        extra_ldflags=["-fopenmp"],
         build_directory=str(directory),
         verbose=False,
     )

@@ -133,7 +133,9 @@ def choose(
             "(CHAT_ENGINE quant=gguf, int4 or int8 forces one)"
         )
     key = {**(machine or {}), "candidates": list(AUTO_CANDIDATES), "margin": MARGIN}
-    key["kernels"] = hashlib.sha256(blockquant.SOURCE.read_bytes()).hexdigest()[:16]
+    key["kernels"] = hashlib.sha256(
+        b"".join(source.read_bytes() for source in blockquant.SOURCES)
+    ).hexdigest()[:16]
     if remembered is not None:
         line = _remembered_choice(model, remembered.get("quant", key), gguf_path, progress)
         if line is not None:

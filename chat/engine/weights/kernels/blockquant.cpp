@@ -18,6 +18,9 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include "blockquant.h"
+#include "llama_step.h"
+
 #include <algorithm>
 #include <type_traits>
 #include <vector>
@@ -73,20 +76,29 @@ inline void row_groups(int64_t M, Fn&& fn) {
 // Runs kernel.tile<R, C>(r, n) over the M x N output: N split over torch's threads, each chunk in
 // panels of kPanel weight rows, each panel once per row group, in tiles of C = columns<R> weight
 // rows (then single ones).
+// Runs kernel.tile<R, C>(r, n) over output columns [n0, n1) of all M rows, in panels of kPanel
+// weight rows, each panel once per row group, in tiles of C = columns<R> weight rows (then single
+// ones).
 template <typename Kernel>
-void run_tiles(const Kernel& kernel, int64_t M, int64_t N, int64_t grain) {
-  at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
-    for (int64_t p0 = n0; p0 < n1; p0 += kPanel) {
-      const int64_t p1 = std::min(n1, p0 + kPanel);
-      row_groups(M, [&](auto rows, int64_t r) {
-        constexpr int R = decltype(rows)::value;
-        constexpr int C = Kernel::template columns<R>();
-        int64_t n = p0;
-        for (; n + C <= p1; n += C) kernel.template tile<R, C>(r, n);
-        for (; n < p1; ++n) kernel.template tile<R, 1>(r, n);
-      });
-    }
-  });
+void tile_range(const Kernel& kernel, int64_t M, int64_t n0, int64_t n1) {
+  for (int64_t p0 = n0; p0 < n1; p0 += kPanel) {
+    const int64_t p1 = std::min(n1, p0 + kPanel);
+    row_groups(M, [&](auto rows, int64_t r) {
+      constexpr int R = decltype(rows)::value;
+      constexpr int C = Kernel::template columns<R>();
+      int64_t n = p0;
+      for (; n + C <= p1; n += C) kernel.template tile<R, C>(r, n);
+      for (; n < p1; ++n) kernel.template tile<R, 1>(r, n);
+    });
+  }
+}
+
+// The M x N output over torch's threads (n1 < 0), or columns [n0, n1) in the calling thread.
+template <typename Kernel>
+void run_tiles(const Kernel& kernel, int64_t M, int64_t N, int64_t grain, int64_t n0 = 0,
+               int64_t n1 = -1) {
+  if (n1 >= 0) return tile_range(kernel, M, n0, n1);
+  at::parallel_for(0, N, grain, [&](int64_t a, int64_t b) { tile_range(kernel, M, a, b); });
 }
 
 // -- fp32 activations ---------------------------------------------------------------------------
@@ -497,48 +509,58 @@ constexpr int64_t kGrain = 32;
 
 }  // namespace
 
+namespace blockquant {
+
+void q4_1_matmul(const float* X, int64_t M, int64_t K, const uint8_t* Q, const float* D,
+                 const float* L, float* O, int64_t N, bool int8_activations, int64_t n0,
+                 int64_t n1) {
+  const int64_t blocks = K / kBlock;
+  if (int8_activations) {
+    const QuantizedRows rows = quantize_rows(X, M, K);
+    run_tiles(Q4_1Int8{&rows, Q, D, L, O, K, N, blocks}, M, N, kGrain, n0, n1);
+  } else {
+#if BLOCKQUANT_AVX512
+    run_tiles(Q4_1Fp32{X, Q, D, L, O, K, N, blocks}, M, N, kGrain, n0, n1);
+#else
+    const std::vector<float> xsum = block_sums(X, M, K);
+    run_tiles(Q4_1Fp32{X, xsum.data(), Q, D, L, O, K, N, blocks}, M, N, kGrain, n0, n1);
+#endif
+  }
+}
+
+void q8_0_matmul(const float* X, int64_t M, int64_t K, const int8_t* Q, const float* D, float* O,
+                 int64_t N, bool int8_activations, int64_t n0, int64_t n1) {
+  const int64_t blocks = K / kBlock;
+  if (int8_activations) {
+    const QuantizedRows rows = quantize_rows(X, M, K);
+    run_tiles(Q8_0Int8{&rows, Q, D, O, K, N, blocks}, M, N, kGrain, n0, n1);
+  } else {
+    run_tiles(Q8_0Fp32{X, Q, D, O, K, N, blocks}, M, N, kGrain, n0, n1);
+  }
+}
+
+}  // namespace blockquant
+
 // x [M, K] fp32; qs uint8 [N, K / 32 * 16]; d, m fp32 [N, K / 32]. Returns x @ W.T, [M, N].
 torch::Tensor q4_1_mm(torch::Tensor x, torch::Tensor qs, torch::Tensor d, torch::Tensor m,
                       bool int8_activations) {
   check(x, qs, d, 16);
   TORCH_CHECK(m.sizes() == d.sizes() && m.scalar_type() == torch::kFloat32 && m.is_contiguous(),
               "block offsets do not match the block scales");
-  const int64_t M = x.size(0), K = x.size(1), N = qs.size(0), blocks = K / kBlock;
+  const int64_t M = x.size(0), K = x.size(1), N = qs.size(0);
   auto out = torch::empty({M, N}, x.options());
-  const float* X = x.data_ptr<float>();
-  const uint8_t* Q = qs.data_ptr<uint8_t>();
-  const float* D = d.data_ptr<float>();
-  const float* L = m.data_ptr<float>();
-  float* O = out.data_ptr<float>();
-  if (int8_activations) {
-    const QuantizedRows rows = quantize_rows(X, M, K);
-    run_tiles(Q4_1Int8{&rows, Q, D, L, O, K, N, blocks}, M, N, kGrain);
-  } else {
-#if BLOCKQUANT_AVX512
-    run_tiles(Q4_1Fp32{X, Q, D, L, O, K, N, blocks}, M, N, kGrain);
-#else
-    const std::vector<float> xsum = block_sums(X, M, K);
-    run_tiles(Q4_1Fp32{X, xsum.data(), Q, D, L, O, K, N, blocks}, M, N, kGrain);
-#endif
-  }
+  blockquant::q4_1_matmul(x.data_ptr<float>(), M, K, qs.data_ptr<uint8_t>(), d.data_ptr<float>(),
+                          m.data_ptr<float>(), out.data_ptr<float>(), N, int8_activations);
   return out;
 }
 
 // x [M, K] fp32; qs int8 [N, K]; d fp32 [N, K / 32]. Returns x @ W.T, [M, N].
 torch::Tensor q8_0_mm(torch::Tensor x, torch::Tensor qs, torch::Tensor d, bool int8_activations) {
   check(x, qs, d, kBlock);
-  const int64_t M = x.size(0), K = x.size(1), N = qs.size(0), blocks = K / kBlock;
+  const int64_t M = x.size(0), K = x.size(1), N = qs.size(0);
   auto out = torch::empty({M, N}, x.options());
-  const float* X = x.data_ptr<float>();
-  const int8_t* Q = qs.data_ptr<int8_t>();
-  const float* D = d.data_ptr<float>();
-  float* O = out.data_ptr<float>();
-  if (int8_activations) {
-    const QuantizedRows rows = quantize_rows(X, M, K);
-    run_tiles(Q8_0Int8{&rows, Q, D, O, K, N, blocks}, M, N, kGrain);
-  } else {
-    run_tiles(Q8_0Fp32{X, Q, D, O, K, N, blocks}, M, N, kGrain);
-  }
+  blockquant::q8_0_matmul(x.data_ptr<float>(), M, K, qs.data_ptr<int8_t>(), d.data_ptr<float>(),
+                          out.data_ptr<float>(), N, int8_activations);
   return out;
 }
 
@@ -568,4 +590,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              pybind11::arg("int8_activations") = false, release_gil());
   module.def("block_sums", &block_sums_of, "each block of 32's sum of x, [M, K / 32]");
   module.def("isa", &isa, "the instruction set compiled: avx512-vnni, avx512 or avx2");
+  bind_llama_step(module);
 }
