@@ -1,18 +1,19 @@
-"""How many torch threads a forward pass gets: every core for a prefill, one fewer for decode.
+"""How many threads a forward pass gets: every core for a prefill and for a fused decode step,
+one fewer for a decode step through transformers' forward.
 
-A decode step is a few hundred small operators, each of which, when torch runs it on several
-threads, starts a parallel region: the sleeping OpenMP workers are woken (they sleep between
-regions: OMP_WAIT_POLICY=PASSIVE, chat/engine/__init__.py) and the step waits for the slowest
-of them, however briefly the web tier, a streamer or another process held its core. A prefill
-is a few large matmuls, where more threads pay. Measured on a 2-core EPYC (docs/engine.md, "How
-many threads"): a one-row step took 19-22 ms on 1 thread and 26-31 ms on 2 with the machine
-otherwise idle; over `/v1` on a live daphne one stream gave 40 tok/s against 29, and 8 users
-96-100 tok/s against 90-94, while a 256-token prefill matmul took twice as long on 1 thread.
+Through transformers' forward a decode step is a few hundred small operators, each of which,
+when torch runs it on several threads, starts a parallel region: the sleeping OpenMP workers are
+woken (they sleep between regions: OMP_WAIT_POLICY=PASSIVE, chat/engine/__init__.py) and the
+step waits for the slowest of them, however briefly the web tier, a streamer or another process
+held its core. So such a step runs on one thread fewer (at least one), the core left over
+serving the event loop, while a prefill (a few large matmuls, more than DECODE_TOKENS tokens)
+runs on every thread torch was given. Switching costs about 0.2 ms, paid only when a prefill and
+decode steps alternate.
 
-So a forward pass of more than DECODE_TOKENS tokens (a prefill chunk, what the block kernels
-hand to the float GEMM) runs on every thread torch was given, and a decode step on one thread
-fewer (at least one): the core left over serves the event loop and the streaming. Switching
-costs about 0.2 ms, paid only when a prefill and decode steps alternate.
+The fused decode step (llama_step.py) has no such regions: its own thread and `step_helpers`
+helpers, one per further core, claim its matmuls' chunks one at a time, so a helper held off its
+core delays only the chunk it took. On the 2-core EPYC (docs/engine.md, "The fused decode
+step"), one stream over `/v1` went from 68-80 tok/s on one thread to 95-113 with a helper.
 """
 
 from __future__ import annotations
@@ -52,4 +53,7 @@ class ThreadPlan:
             torch.set_num_threads(wanted)
 
     def describe(self) -> str:
-        return f"{self.prefill} thread(s) for a prefill, {self.decode} for a decode step"
+        return (
+            f"{self.prefill} thread(s) for a prefill and a fused decode step, "
+            f"{self.decode} for transformers' decode step"
+        )
