@@ -11,7 +11,6 @@ from playwright.sync_api import expect
 from websockets.sync.client import connect
 
 from harness.liveserver import LiveServer
-from project import settings as project_settings
 from tests.a11y import axe_context, serious_violations
 from tests.conftest import LIVE_CACHE_URL
 from tests.test_browser import open_chat
@@ -21,7 +20,9 @@ pytestmark = pytest.mark.browser
 PROMPT = "Write a short story about a lighthouse keeper and a storm."
 LONG = "Write a very long story about a dragon who learns to bake bread."
 # Greedy and uncached: a second asking generates again, so the two answers can be compared.
-POLICY = {"name": "Resume", "mode": "stream", "max_new_tokens": 80, "cache_enabled": False}
+# 240 tokens, about 2 s at this machine's speed: a reload right after the first text lands
+# mid-answer.
+POLICY = {"name": "Resume", "mode": "stream", "max_new_tokens": 240, "cache_enabled": False}
 
 
 def raw_text(answer) -> str:
@@ -104,12 +105,12 @@ def test_five_seconds_offline_mid_answer_then_the_answer_resumes(page, daphne_se
     assert raw_text(answer) == reference["text"]
 
 
-def test_a_closed_tab_stops_its_answer_after_the_grace_period(browser, daphne_server):
+def test_a_closed_tab_stops_its_answer_after_the_grace_period(browser, short_grace_server):
     """Close the tab while a long answer streams: the answer goes on through the grace period
-    (CHAT_TIMEOUTS resume, the same default as the server's), then stops within a decode step
-    and is stored cancelled, reason no_listener."""
-    grace = project_settings.CHAT_RESUME_GRACE_S  # the server's; the tests' own settings set 0
-    # Long enough to outlast the grace period on a quiet machine (eos aside, about 400 tokens).
+    (CHAT_TIMEOUTS resume), then stops within a decode step and is stored cancelled, reason
+    no_listener."""
+    daphne_server, grace = short_grace_server
+    # Long enough to outlast the grace period (eos aside, about 400 tokens: 4 s at 100 tok/s).
     daphne_server.policy(
         "linger", name="Linger", mode="stream", max_new_tokens=1024, cache_enabled=False
     )
@@ -138,6 +139,15 @@ def test_a_closed_tab_stops_its_answer_after_the_grace_period(browser, daphne_se
 
 
 @pytest.fixture
+def short_grace_server(tmp_path):
+    """A daphne whose grace period (3 s) a long answer outlasts however fast this machine
+    decodes (the default 10 s is about 1,000 tokens here, the most an answer may have)."""
+    server = LiveServer(tmp_path, CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL, CHAT_TIMEOUTS="resume=3")
+    yield server.start(), 3.0
+    server.stop()
+
+
+@pytest.fixture
 def own_server(tmp_path):
     """A daphne of this test's own: killing the shared one would disturb other tests."""
     server = LiveServer(tmp_path, CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL).start()
@@ -150,13 +160,19 @@ def test_a_killed_server_keeps_what_was_streamed_and_continue_finishes_it(page, 
     answer interrupted, with at least the text it showed more than 1 s before the kill, and
     Continue; Continue writes the rest into the same answer."""
     server = own_server
-    server.policy("kill", name="Kill", mode="stream", max_new_tokens=120, cache_enabled=False)
+    # Room for several seconds of answer at this machine's speed (over 100 tok/s on 2 cores):
+    # the kill comes 1.5 s after the first text, while it still streams.
+    server.policy("kill", name="Kill", mode="stream", max_new_tokens=400, cache_enabled=False)
     answer = ask(page, server, LONG, "kill")
     shown = []  # (when, the text shown then)
-    started = time.monotonic()
-    while time.monotonic() - started < 2.5:
-        shown.append((time.monotonic(), raw_text(answer)))
+    first = None
+    while first is None or time.monotonic() - first < 1.5:
+        text = raw_text(answer)
+        if text and first is None:
+            first = time.monotonic()
+        shown.append((time.monotonic(), text))
         page.wait_for_timeout(100)
+    assert answer.get_attribute("data-state") == "streaming", "the answer ended before the kill"
     server.process.kill()
     killed = time.monotonic()
     server.process.wait()

@@ -32,6 +32,9 @@ def servers(database_url, tmp_path_factory):
         "CHAT_CACHE_REDIS_URL": LIVE_CACHE_URL,
         "CHAT_ENGINE": "threads=1",
         "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+        # A dropped client stops its answer at once: within the default 10 s of grace the model
+        # finishes a long answer here, and these tests are about cancels, not resuming.
+        "CHAT_TIMEOUTS": "resume=0",
     }
     workdir = tmp_path_factory.mktemp("scaleout")
     started = []
