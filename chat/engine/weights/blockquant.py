@@ -142,7 +142,7 @@ def build(level: str, progress: Callable[[str], None] = log.info) -> Any:
     built = any(directory.glob(f"{name}*.so"))
     if not built:
         progress(
-            f"  compiling the block-quant kernels for {level} (once per machine, 1-2 minutes)..."
+            f"  compiling the block-quant kernels for {level} (once per machine and checkout, 1-2 minutes)..."
         )
     started = time.perf_counter()
     module = cpp_extension.load(
