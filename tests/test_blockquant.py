@@ -9,6 +9,9 @@ kernels on an AVX-512 CPU.
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -71,7 +74,11 @@ def test_the_kernels_are_built_for_the_instruction_set_the_cpu_has(kernels):
     if all(flag in flags for flag in ("avx512f", "avx512bw", "avx512vl", "avx512dq")):
         expected = "avx512-vnni" if "avx512_vnni" in flags else "avx512"
     assert kernels.isa() == expected == blockquant.isa_level()
-    assert blockquant.build_directory().name.endswith(expected)
+    assert f"-{expected}-" in blockquant.build_directory().name
+    # One build per checkout: another checkout's sources are another build, not a rebuild.
+    assert blockquant.build_directory().name.endswith(
+        hashlib.sha256(str(blockquant.KERNELS.resolve()).encode()).hexdigest()[:8]
+    )
 
 
 def test_isa_level_reads_the_flags_and_never_rises_above_them():
@@ -237,3 +244,59 @@ def test_the_files_blocks_are_kept_beside_the_model_and_read_back_the_same(
     for name, layer in first.items():
         assert (again[name].kind, again[name].in_features) == (layer.kind, layer.in_features)
         assert torch.equal(again[name].weight_float(), layer.weight_float())
+
+
+def test_a_model_built_around_the_kept_blocks_is_the_float_model_swapped(float_backend, kernels):
+    """around_blocks.py: the same tensors, name for name, and the same logits bit for bit as the
+    float model with its linears swapped for the file's blocks, without the float linears."""
+    from transformers import AutoModelForCausalLM
+
+    from chat.engine.local import attention
+    from chat.engine.weights.around_blocks import load_around_blocks
+
+    folder = float_backend.model.config._name_or_path
+    gguf_blocks.gguf_block_layers(bundled_gguf_path(), float_backend.model)  # kept, if not yet
+    built = load_around_blocks(
+        folder,
+        gguf_path=bundled_gguf_path(),
+        dtype=torch.float32,
+        attn_implementation=attention.NAME,
+    )
+    assert built is not None
+    lean, from_file = built
+    assert from_file == 211
+    swapped = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation=attention.NAME
+    ).eval()
+    gguf_blocks.quantize_blocks(swapped, gguf_path=bundled_gguf_path())
+    ours, theirs = lean.state_dict(), swapped.state_dict()
+    assert ours.keys() == theirs.keys()
+    for name, tensor in ours.items():
+        assert torch.equal(tensor, theirs[name]), name
+    assert not any(type(module) is torch.nn.Linear for module in lean.modules())
+    assert lean.generation_config.eos_token_id == swapped.generation_config.eos_token_id
+    ids = torch.tensor([float_backend.encode([{"role": "user", "content": "Name a river."}])])
+    with torch.inference_mode():
+        assert torch.equal(lean(input_ids=ids).logits, swapped(input_ids=ids).logits)
+
+
+def test_without_kept_blocks_the_model_is_loaded_whole(float_backend, kernels, tmp_path):
+    """A folder whose blocks were never kept (or a model the blocks do not cover): None, and the
+    loader reads the float model and the GGUF as before."""
+    import shutil
+
+    from chat.engine.local import attention
+    from chat.engine.weights.around_blocks import load_around_blocks
+
+    folder = Path(float_backend.model.config._name_or_path)
+    copy = tmp_path / folder.name
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("gguf-blocks-*"))
+    options = {"dtype": torch.float32, "attn_implementation": attention.NAME}
+    assert load_around_blocks(copy, gguf_path=bundled_gguf_path(), **options) is None
+    kept = gguf_blocks.block_cache_path(bundled_gguf_path(), folder)
+    assert kept is not None and kept.exists()
+    # Blocks kept for fewer projections than the model has: not a partial model either.
+    parts = torch.load(kept, weights_only=True)
+    parts.pop("lm_head")
+    torch.save(parts, gguf_blocks.block_cache_path(bundled_gguf_path(), copy))
+    assert load_around_blocks(copy, gguf_path=bundled_gguf_path(), **options) is None

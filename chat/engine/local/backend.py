@@ -25,6 +25,7 @@ from ..types import (
     SteppedBackend,
 )
 from ..weights import blockquant, quant_choice, quantized, weight_major
+from ..weights.around_blocks import load_around_blocks
 from ..weights.start_choices import START_CHOICES_FILE, StartChoices, machine_identity
 from . import attention
 from .batching import Row
@@ -146,30 +147,62 @@ class LocalBackend(SteppedBackend[Row]):
         # On a CPU, decode steps' attention as plain matmuls (attention.py): torch's flash
         # kernel costs several times more for one query token.
         attn = attention.register() if device == "cpu" else None
-        model = (
-            AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, attn_implementation=attn)
-            .to(device)
-            .eval()
+        remembered = StartChoices(Path(config.data_dir) / START_CHOICES_FILE)
+        machine = {
+            "cpu": machine_identity(),
+            "torch": torch.__version__,
+            "threads": threads.describe(),
+            "dtype": str(dtype),
+            "weights": fingerprint,
+            "gguf": str(gguf),
+        }
+        # Where the weights will be the GGUF file's blocks anyway, the model is built around the
+        # blocks kept by an earlier start, without loading the float linears (around_blocks.py).
+        decided = (
+            quant_choice.decided_block_mode(
+                config.quant, remembered=remembered, machine=machine, progress=progress
+            )
+            if device == "cpu" and gguf is not None
+            else None
         )
-        backend = cls(model, tokenizer, config, model_id=folder.name, fingerprint=fingerprint)
-        # Weights first: a block mode leaves no float linear for weight-major to time, which
-        # saves seconds of start-up; the float model keeps weight-major's choice as before.
-        quant_line = quant_choice.choose(
-            model,
-            config.quant,
-            backend.time_quant_steps,
-            gguf_path=gguf,
-            progress=progress,
-            remembered=StartChoices(Path(config.data_dir) / START_CHOICES_FILE),
-            machine={
-                "cpu": machine_identity(),
-                "torch": torch.__version__,
-                "threads": backend.threads.describe(),
-                "dtype": str(dtype),
-                "weights": fingerprint,
-                "gguf": str(gguf),
-            },
+        built = (
+            load_around_blocks(
+                folder,
+                gguf_path=gguf,
+                dtype=dtype,
+                attn_implementation=attn,
+                int8_activations=decided[0] == "gguf-q8",
+            )
+            if decided is not None and gguf is not None
+            else None
         )
+        if decided is not None and built is not None:
+            model, from_gguf = built
+            backend = cls(model, tokenizer, config, model_id=folder.name, fingerprint=fingerprint)
+            quant_line = (
+                f"weights {decided[0]} ({decided[1]}), {from_gguf} layers from the GGUF file's "
+                "own blocks, kept beside the model (the float linears were not loaded)"
+            )
+        else:
+            model = (
+                AutoModelForCausalLM.from_pretrained(
+                    str(folder), dtype=dtype, attn_implementation=attn
+                )
+                .to(device)
+                .eval()
+            )
+            backend = cls(model, tokenizer, config, model_id=folder.name, fingerprint=fingerprint)
+            # Weights first: a block mode leaves no float linear for weight-major to time, which
+            # saves seconds of start-up; the float model keeps weight-major's choice as before.
+            quant_line = quant_choice.choose(
+                model,
+                config.quant,
+                backend.time_quant_steps,
+                gguf_path=gguf,
+                progress=progress,
+                remembered=remembered,
+                machine=machine,
+            )
         float_linears = any(type(module) is nn.Linear for module in model.modules())
         if device == "cpu" and config.weight_major != "off" and float_linears:
             progress(

@@ -20,6 +20,7 @@ into a scratch matrix and calling the float GEMM, whose blocking wins there.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -100,11 +101,14 @@ def compiler_flags(level: str) -> list[str]:
 
 
 def build_directory(level: str | None = None) -> Path:
-    """Where the compiled kernels are kept: one build per instruction set and torch version, so
-    two CPUs sharing a home directory never load each other's build."""
-    base = Path.home() / ".cache" / "chat-kernels"  # one build per machine, whatever the checkout
+    """Where the compiled kernels are kept: one build per instruction set, torch version and
+    checkout, so two CPUs sharing a home directory never load each other's build, and two
+    checkouts on one machine never rebuild over each other (the build names its sources' paths:
+    a build for another checkout's sources is a rebuild)."""
+    base = Path.home() / ".cache" / "chat-kernels"
     tag = f"torch-{torch.__version__.split('+')[0]}"
-    path = Path(base) / tag / f"{EXTENSION}-{level or isa_level()}"
+    checkout = hashlib.sha256(str(KERNELS.resolve()).encode()).hexdigest()[:8]
+    path = Path(base) / tag / f"{EXTENSION}-{level or isa_level()}-{checkout}"
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -138,7 +142,7 @@ def build(level: str, progress: Callable[[str], None] = log.info) -> Any:
     built = any(directory.glob(f"{name}*.so"))
     if not built:
         progress(
-            f"  compiling the block-quant kernels for {level} (once per machine, 1-2 minutes)..."
+            f"  compiling the block-quant kernels for {level} (once per machine and checkout, 1-2 minutes)..."
         )
     started = time.perf_counter()
     module = cpp_extension.load(

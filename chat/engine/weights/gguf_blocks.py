@@ -64,17 +64,9 @@ def gguf_block_layers(gguf_path: str | Path, model: nn.Module) -> dict[str, nn.M
     file's and the folder's weights' sizes and times, so a changed file is read afresh.
     """
     cache = _block_cache_path(gguf_path, model)
-    if cache is not None and cache.exists():
-        try:
-            saved = torch.load(cache, weights_only=True)
-            return {
-                name: blockquant.BlockQuantLinear(
-                    part["kind"], part["in"], part["out"], part["qs"], part["d"], part["m"]
-                )
-                for name, part in saved.items()
-            }
-        except Exception as error:  # a torn or foreign file: read the GGUF again
-            log.info("re-reading the GGUF blocks: %s unreadable (%s)", cache, error)
+    kept = kept_block_layers(gguf_path, str(getattr(model.config, "_name_or_path", "")))
+    if kept is not None:
+        return kept
     layers = _read_gguf_block_layers(gguf_path, model)
     if cache is not None and layers:
         parts = {
@@ -97,8 +89,33 @@ def gguf_block_layers(gguf_path: str | Path, model: nn.Module) -> dict[str, nn.M
     return layers
 
 
+def kept_block_layers(gguf_path: str | Path, folder: str | Path) -> dict[str, nn.Module] | None:
+    """The blocks an earlier start read from `gguf_path` for the model in `folder` and kept beside
+    it, by module name; None where none are kept (or they are unreadable)."""
+    cache = block_cache_path(gguf_path, folder)
+    if cache is None or not cache.exists():
+        return None
+    try:
+        saved = torch.load(cache, weights_only=True)
+        return {
+            name: blockquant.BlockQuantLinear(
+                part["kind"], part["in"], part["out"], part["qs"], part["d"], part["m"]
+            )
+            for name, part in saved.items()
+        }
+    except Exception as error:  # a torn or foreign file: the caller reads the GGUF again
+        log.info("the kept GGUF blocks %s are unreadable (%s)", cache, error)
+        return None
+
+
 def _block_cache_path(gguf_path: str | Path, model: nn.Module) -> Path | None:
-    folder = Path(str(getattr(model.config, "_name_or_path", "")))
+    return block_cache_path(gguf_path, str(getattr(model.config, "_name_or_path", "")))
+
+
+def block_cache_path(gguf_path: str | Path, folder: str | Path) -> Path | None:
+    """Where the blocks read from `gguf_path` for the model in `folder` are kept: named after the
+    file's and the folder's weights' sizes and times, so a changed file is read afresh."""
+    folder = Path(folder)
     if not folder.is_dir():
         return None
     identity = [Path(gguf_path)] + sorted(folder.glob("*.safetensors"))

@@ -132,10 +132,7 @@ def choose(
             "weights not quantized (auto): no mode has yet matched fp32's quality "
             "(CHAT_ENGINE quant=gguf, int4 or int8 forces one)"
         )
-    key = {**(machine or {}), "candidates": list(AUTO_CANDIDATES), "margin": MARGIN}
-    key["kernels"] = hashlib.sha256(
-        b"".join(source.read_bytes() for source in blockquant.SOURCES)
-    ).hexdigest()[:16]
+    key = _auto_key(machine)
     if remembered is not None:
         line = _remembered_choice(model, remembered.get("quant", key), gguf_path, progress)
         if line is not None:
@@ -144,6 +141,42 @@ def choose(
     if remembered is not None and decisive(timings):
         remembered.put("quant", key, {"mode": best, "timings": timings})
     return line
+
+
+def _auto_key(machine: dict[str, Any] | None) -> dict[str, Any]:
+    """What auto's remembered choice is filed under: the machine, the candidates, the kernels."""
+    key = {**(machine or {}), "candidates": list(AUTO_CANDIDATES), "margin": MARGIN}
+    key["kernels"] = hashlib.sha256(
+        b"".join(source.read_bytes() for source in blockquant.SOURCES)
+    ).hexdigest()[:16]
+    return key
+
+
+def decided_block_mode(
+    mode: str,
+    *,
+    remembered: StartChoices | None = None,
+    machine: dict[str, Any] | None = None,
+    progress: Callable[[str], None] = log.info,
+) -> tuple[str, str] | None:
+    """(block mode, why) when the weights will be GGUF blocks before anything is timed: forced,
+    or `auto`'s choice remembered for this machine, with the kernels built; else None. The
+    loader then builds the model around the kept blocks (around_blocks.py)."""
+    why = f"CHAT_ENGINE quant={mode}"
+    if mode == "auto" and remembered is not None:
+        choice = remembered.get("quant", _auto_key(machine)) or {}
+        mode, timings = str(choice.get("mode")), choice.get("timings")
+        if not isinstance(timings, dict):
+            return None
+        figures = ", ".join(
+            f"{name} {float(seconds) * 1000:.0f} ms" for name, seconds in timings.items()
+        )
+        why = f"auto, as measured before on this machine: decode steps {figures}"
+        if mode not in AUTO_CANDIDATES:
+            return None
+    if mode not in ("gguf", "gguf-q8") or _unavailable(mode, progress):
+        return None
+    return mode, why
 
 
 def _remembered_choice(

@@ -367,7 +367,13 @@ class LlamaStep {
     // Phases a layer: q, k and v; then rotary, the cache's new column and attention, a
     // (row, KV head) pair a chunk; o; gate and up with SiLU; down. The norms and residual adds
     // between them are a few thousand floats, left to this thread.
-    crew_.begin();
+    // The helpers go back to sleep however the step ends (an allocation may throw between
+    // phases; the phases themselves never throw, as a helper may hold a chunk of one).
+    struct Stepping {
+      Crew& crew;
+      explicit Stepping(Crew& c) : crew(c) { crew.begin(); }
+      ~Stepping() { crew.end(); }
+    } stepping(crew_);
     const int64_t q_chunks = chunks_of(Q), kv_chunks = chunks_of(KV);
     for (int64_t l = 0; l < layers_; ++l) {
       const Layer& layer = layers[l];
@@ -407,7 +413,6 @@ class LlamaStep {
     auto logits = torch::empty({R, head_.out}, torch::dtype(torch::kFloat32));
     float* out = logits.data_ptr<float>();
     matmuls(chunks_of(head_.out), [&](int64_t c) { head_.apply_chunk(h.data(), R, out, c); });
-    crew_.end();
     if (profiling) {
       ++profiled_steps;
       profiled_ns += now() - started;
