@@ -4,6 +4,9 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# The venv's tools first, as an activated venv has them: the kernels' build runs its `ninja`
+# (project/settings.py does the same for a process started without make).
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 STAMP := $(VENV)/.installed
 
 .PHONY: run test test-unit lint setup benchmark loadtest llama-peer clean

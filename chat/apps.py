@@ -11,10 +11,13 @@ class ChatConfig(AppConfig):
         # checks registers the system checks; erasure and evictions their post_delete receivers;
         # audit its receiver that fills in every audit record's actor and event.
         from .infra import audit, checks  # noqa: F401
+        from .policy.http import use_secrets
         from .stores import erasure, evictions  # noqa: F401
         from .stores.budgets import budget_default_apply
         from .stores.recovery import on_post_migrate
 
+        # A hook's api_key_env names a variable of the environment settings hand over.
+        use_secrets(settings.CHAT_HOOK_SECRETS)
         # Start-up migrates before serving: answers a previous process left streaming are closed then.
         post_migrate.connect(on_post_migrate, sender=self, dispatch_uid="chat-interrupted-answers")
         # A new account gets the default budget (chat/stores/budgets.py).

@@ -8,7 +8,9 @@ fails at start-up, naming the variable, not later.
 
 import os
 import re
+import shutil
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
@@ -17,6 +19,18 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+
+# The process's environment for the engine's native parts, set here because every product
+# process reads these settings before it loads torch:
+# - OpenMP's threads sleep between parallel regions instead of spinning on the core that the
+#   event loop, the streamer and the fused step's helper need (PASSIVE cut streaming overhead
+#   from ~30 % to ~3 % on 2 cores); libgomp reads it once, when torch loads it.
+# - torch's extension builder runs `ninja` from PATH; the pinned one lives beside this
+#   interpreter, which is not on PATH when the venv's python runs without the venv activated.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+_interpreter_bin = Path(sys.executable).parent
+if shutil.which("ninja") is None and (_interpreter_bin / "ninja").exists():
+    os.environ["PATH"] = f"{_interpreter_bin}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
 def env(name: str, default: str = "") -> str:
@@ -422,6 +436,11 @@ LOGGING = {
 # -- the chat itself -----------------------------------------------------------
 # local: the model in this process; openai: an OpenAI-compatible inference server (CHAT_REMOTE);
 # none: pages and admin without a model.
+# Where a moderation hook's `api_key_env` is looked up: the process environment itself (a live
+# view, not a copy), so a key is a variable staff name per hook and never sits in a policy
+# (docs/configuration.md). The chat app hands it to chat/policy/http.py at start-up.
+CHAT_HOOK_SECRETS = os.environ
+
 CHAT_BACKEND = env("CHAT_BACKEND", "local")
 if CHAT_BACKEND not in {"local", "openai", "none"}:
     raise ImproperlyConfigured(f"CHAT_BACKEND={CHAT_BACKEND!r}: use local, openai or none")

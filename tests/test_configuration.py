@@ -3,6 +3,7 @@ docs/configuration.md and nothing documented there that is not read, 30 at most;
 variables parse as documented and a malformed one stops start-up."""
 
 import ast
+import os
 import re
 from pathlib import Path
 
@@ -15,10 +16,9 @@ pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parent.parent
 HELPERS = {"env", "envbool", "envint", "envfloat", "envlist", "envspec"}
-# Read or set outside settings, and not settings of this product: the interpreter's search path
-# (blockquant puts the venv's ninja on it), OpenMP's wait policy (the engine's default for
-# OpenMP), and Django's own pointer to the settings module.
-NOT_SETTINGS = {"PATH", "OMP_WAIT_POLICY", "DJANGO_SETTINGS_MODULE"}
+# Read or set outside settings, and not a setting of this product: Django's own pointer to the
+# settings module (the launcher and the ASGI entry point set it).
+NOT_SETTINGS = {"DJANGO_SETTINGS_MODULE"}
 
 
 def read_in_settings() -> set[str]:
@@ -83,6 +83,25 @@ def test_the_product_reads_the_environment_in_settings_only():
             continue
         stray = environ_names(path) - allowed
         assert stray == set(), f"{path.relative_to(ROOT)} reads {sorted(stray)}"
+
+
+def test_chat_touches_no_environment_at_all():
+    """Not even by a name chosen at run time: a hook's API key comes from the settings'
+    CHAT_HOOK_SECRETS, OpenMP's wait policy and the venv's PATH are set in settings."""
+    for path in (ROOT / "chat").rglob("*.py"):
+        source = path.read_text()
+        assert "os.environ" not in source and "getenv" not in source, path.relative_to(ROOT)
+
+
+def test_a_hook_finds_its_key_in_the_environment_settings_hand_over(monkeypatch):
+    from django.conf import settings
+
+    from chat.policy.http import bearer
+
+    assert settings.CHAT_HOOK_SECRETS is os.environ
+    monkeypatch.setenv("HOOK_TEST_KEY", "sk-test")
+    assert bearer("HOOK_TEST_KEY") == {"Authorization": "Bearer sk-test"}
+    assert bearer("") == {} and bearer("HOOK_TEST_UNSET") == {}
 
 
 def test_a_spec_takes_known_keys_only_and_a_rate_its_documented_forms():

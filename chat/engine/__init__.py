@@ -11,11 +11,7 @@ Usable from plain Python::
     backend = load_backend()
     req = backend.request([{"role": "user", "content": "Hi"}], max_new_tokens=20)
     result = backend.generate(req, on_text=print)
+
+It reads no environment: project/settings.py reads the configuration, and sets what the native
+parts take from the process (OpenMP's wait policy, the venv's ninja on PATH) before torch loads.
 """
-
-import os
-
-# Spin-waiting OpenMP threads steal the core the event loop and the streamer
-# need; PASSIVE cuts streaming overhead from ~30 % to ~3 % on 2 cores. It only
-# takes effect if set before torch loads its OpenMP runtime, hence here.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -4,14 +4,14 @@ exception type with a reason staff can read."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["ServiceError", "post_json", "check_url", "check_env_name", "bearer"]
+__all__ = ["ServiceError", "post_json", "check_url", "check_env_name", "bearer", "use_secrets"]
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Enough for any moderation or guard reply; a larger one is a misconfigured URL.
@@ -35,9 +35,20 @@ def check_env_name(name: object) -> str:
     return name
 
 
+# Where `api_key_env` names are looked up: the settings' CHAT_HOOK_SECRETS (the process
+# environment), handed over by the chat app at start-up; until then no key is found.
+_secrets: Mapping[str, str] = {}
+
+
+def use_secrets(secrets: Mapping[str, str]) -> None:
+    """Look hooks' API keys up in `secrets` from now on."""
+    global _secrets
+    _secrets = secrets
+
+
 def bearer(api_key_env: str) -> dict[str, str]:
     """The Authorization header from the named variable; none when unnamed or unset."""
-    key = os.environ.get(api_key_env, "") if api_key_env else ""
+    key = _secrets.get(api_key_env, "") if api_key_env else ""
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 

@@ -3,7 +3,7 @@ one fewer for a decode step through transformers' forward.
 
 Through transformers' forward a decode step is a few hundred small operators, each of which,
 when torch runs it on several threads, starts a parallel region: the sleeping OpenMP workers are
-woken (they sleep between regions: OMP_WAIT_POLICY=PASSIVE, chat/engine/__init__.py) and the
+woken (they sleep between regions: OMP_WAIT_POLICY=PASSIVE, project/settings.py) and the
 step waits for the slowest of them, however briefly the web tier, a streamer or another process
 held its core. So such a step runs on one thread fewer (at least one), the core left over
 serving the event loop, while a prefill (a few large matmuls, more than DECODE_TOKENS tokens)

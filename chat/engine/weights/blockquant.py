@@ -22,9 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import shutil
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -136,7 +133,6 @@ def build(level: str, progress: Callable[[str], None] = log.info) -> Any:
     """Compile (or load the build of) the kernels for one instruction set; raises if it fails."""
     from torch.utils import cpp_extension
 
-    _put_venv_ninja_on_path()
     name = f"{EXTENSION}_{level.replace('-', '_')}"
     directory = build_directory(level)
     built = any(directory.glob(f"{name}*.so"))
@@ -158,14 +154,6 @@ def build(level: str, progress: Callable[[str], None] = log.info) -> Any:
     if not built:
         progress(f"  kernels compiled in {time.perf_counter() - started:.0f} s")
     return module
-
-
-def _put_venv_ninja_on_path() -> None:
-    """torch's builder runs `ninja` from PATH; the pinned one lives beside this interpreter,
-    which is not on PATH when the venv's python is run without activating the venv."""
-    here = str(Path(sys.executable).parent)
-    if shutil.which("ninja") is None and (Path(here) / "ninja").exists():
-        os.environ["PATH"] = here + os.pathsep + os.environ.get("PATH", "")
 
 
 def failure() -> str | None:
