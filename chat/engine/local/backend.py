@@ -30,7 +30,7 @@ from ..weights.start_choices import START_CHOICES_FILE, StartChoices, machine_id
 from . import attention
 from .batching import Row
 from .decoding import RunningBatch, sampling_processors
-from .llama_step import prepare as prepare_llama_step
+from .llama_step import describe as describe_fused_step
 from .llama_step import unsupported as fused_step_unsupported
 from .prefix_store import PrefixStore
 from .threads import ThreadPlan
@@ -158,31 +158,23 @@ class LocalBackend(SteppedBackend[Row]):
         }
         # Where the weights will be the GGUF file's blocks anyway, the model is built around the
         # blocks kept by an earlier start, without loading the float linears (around_blocks.py).
-        decided = (
-            quant_choice.decided_block_mode(
-                config.quant, remembered=remembered, machine=machine, progress=progress
+        around = (
+            _around_kept_blocks(
+                folder,
+                config.quant,
+                gguf,
+                dtype=dtype,
+                attn=attn,
+                remembered=remembered,
+                machine=machine,
+                progress=progress,
             )
             if device == "cpu" and gguf is not None
             else None
         )
-        built = (
-            load_around_blocks(
-                folder,
-                gguf_path=gguf,
-                dtype=dtype,
-                attn_implementation=attn,
-                int8_activations=decided[0] == "gguf-q8",
-            )
-            if decided is not None and gguf is not None
-            else None
-        )
-        if decided is not None and built is not None:
-            model, from_gguf = built
+        if around is not None:
+            model, quant_line = around
             backend = cls(model, tokenizer, config, model_id=folder.name, fingerprint=fingerprint)
-            quant_line = (
-                f"weights {decided[0]} ({decided[1]}), {from_gguf} layers from the GGUF file's "
-                "own blocks, kept beside the model (the float linears were not loaded)"
-            )
         else:
             model = (
                 AutoModelForCausalLM.from_pretrained(
@@ -220,8 +212,12 @@ class LocalBackend(SteppedBackend[Row]):
         """How a decode step runs on this model: fused and on how many threads, or eager and why."""
         if self.config.step != "fused":
             return "transformers' forward (CHAT_ENGINE step=eager)"
-        step, why = prepare_llama_step(self.model, self.threads.step_helpers)
-        return why if step is not None else f"transformers' forward ({why})"
+        why = fused_step_unsupported(self.model)
+        return (
+            f"transformers' forward ({why})"
+            if why
+            else describe_fused_step(self.threads.step_helpers)
+        )
 
     def time_decode_step(self, rows: int = 4, steps: int = 3) -> float:
         """Seconds of one decode step of `rows` short answers (best of `steps`), for tuning."""
@@ -428,3 +424,39 @@ class LocalBackend(SteppedBackend[Row]):
                     self._stop_criteria.popitem(last=False)
             self._stop_criteria.move_to_end(stop_strings)
             return criteria
+
+
+def _around_kept_blocks(
+    folder: Path,
+    quant: str,
+    gguf: str | Path,
+    *,
+    dtype: torch.dtype,
+    attn: str | None,
+    remembered: StartChoices,
+    machine: dict[str, str],
+    progress: Progress,
+) -> tuple[nn.Module, str] | None:
+    """The model built around the GGUF blocks an earlier start kept, and its start-up line, where
+    the weight mode is a block mode before anything is timed; None otherwise (the caller loads
+    the float model and lets quant_choice decide)."""
+    decided = quant_choice.decided_block_mode(
+        quant, remembered=remembered, machine=machine, progress=progress
+    )
+    if decided is None:
+        return None
+    mode, why = decided
+    built = load_around_blocks(
+        folder,
+        gguf_path=gguf,
+        dtype=dtype,
+        attn_implementation=attn,
+        int8_activations=mode == "gguf-q8",
+    )
+    if built is None:
+        return None
+    model, from_gguf = built
+    return model, (
+        f"weights {mode} ({why}), {from_gguf} layers from the GGUF file's own blocks, kept "
+        "beside the model (the float linears were not loaded)"
+    )

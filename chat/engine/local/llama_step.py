@@ -79,11 +79,7 @@ def prepare(model: nn.Module, helpers: int = 0) -> tuple[LlamaStep | None, str]:
         return None, "the block-quant kernels are unavailable"
     config, inner = model.config, model.model
     rotary = inner.rotary_emb
-    linears = [
-        _parts(getattr(getattr(layer, part), name))
-        for layer in inner.layers
-        for part, name in PROJECTIONS
-    ]
+    linears = [_parts(linear) for linear in _projections(inner)]
     attention = inner.layers[0].self_attn
     step = compiled.LlamaStep(
         embed=inner.embed_tokens.weight.detach().contiguous(),
@@ -101,8 +97,21 @@ def prepare(model: nn.Module, helpers: int = 0) -> tuple[LlamaStep | None, str]:
         attention_scale=float(attention.scaling),
         helpers=helpers,
     )
-    threads = f"on {helpers + 1} threads" if helpers else "on one thread"
-    return LlamaStep(step, len(inner.layers)), f"one C++ call a decode step, {threads}"
+    return LlamaStep(step, len(inner.layers)), describe(helpers)
+
+
+def describe(helpers: int) -> str:
+    """The start-up log's line for a fused step with `helpers` helpers."""
+    return "one C++ call a decode step, " + (
+        f"on {helpers + 1} threads" if helpers else "on one thread"
+    )
+
+
+def _projections(inner: Any) -> list[Any]:
+    """Every layer's seven projections, in the order the C++ step takes them."""
+    return [
+        getattr(getattr(layer, part), name) for layer in inner.layers for part, name in PROJECTIONS
+    ]
 
 
 def _parts(linear: BlockQuantLinear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool, bool]:
@@ -125,10 +134,7 @@ def unsupported(model: nn.Module) -> str:
         return f"rotary type {inner.rotary_emb.rope_type!r} changes with the length"
     if type(inner.embed_tokens) is not nn.Embedding:
         return "the embedding is not a plain table"
-    modules = [model.lm_head] + [
-        getattr(getattr(layer, part), name) for layer in inner.layers for part, name in PROJECTIONS
-    ]
-    if not all(type(module) is BlockQuantLinear for module in modules):
+    if not all(type(m) is BlockQuantLinear for m in [model.lm_head, *_projections(inner)]):
         return "the linears are not GGUF blocks (CHAT_ENGINE quant=gguf)"
     for layer in inner.layers:
         if type(layer).__name__ != "LlamaDecoderLayer" or getattr(

@@ -57,11 +57,7 @@ def load_around_blocks(
         layer = blocks[qualified]
         layer.int8_activations = int8_activations
         setattr(parent, name, layer)
-    wanted = {
-        name
-        for name, tensor in [*model.named_parameters(), *model.named_buffers()]
-        if tensor.is_meta
-    }
+    wanted = set(_still_meta(model))
     state: dict[str, torch.Tensor] = {}
     for path in sorted(folder.glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as weights:
@@ -70,11 +66,7 @@ def load_around_blocks(
                     state[name] = weights.get_tensor(name).to(dtype)
     model.load_state_dict(state, strict=False, assign=True)
     _rebuild_rotary(model)
-    left = [
-        name
-        for name, tensor in [*model.named_parameters(), *model.named_buffers()]
-        if tensor.is_meta
-    ]
+    left = _still_meta(model)
     if left:
         log.info("no weights in %s for %s: loading the model whole", folder, ", ".join(left[:3]))
         return None
@@ -82,6 +74,12 @@ def load_around_blocks(
     if generation.exists():
         model.generation_config = GenerationConfig.from_pretrained(str(folder))
     return model.eval(), len(blocks)
+
+
+def _still_meta(model: nn.Module) -> list[str]:
+    """The parameters and buffers not materialised yet."""
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    return [name for name, tensor in tensors if tensor.is_meta]
 
 
 def _rebuild_rotary(model: Any) -> None:

@@ -64,7 +64,7 @@ def gguf_block_layers(gguf_path: str | Path, model: nn.Module) -> dict[str, nn.M
     file's and the folder's weights' sizes and times, so a changed file is read afresh.
     """
     cache = _block_cache_path(gguf_path, model)
-    kept = kept_block_layers(gguf_path, str(getattr(model.config, "_name_or_path", "")))
+    kept = _read_kept(cache)
     if kept is not None:
         return kept
     layers = _read_gguf_block_layers(gguf_path, model)
@@ -92,7 +92,10 @@ def gguf_block_layers(gguf_path: str | Path, model: nn.Module) -> dict[str, nn.M
 def kept_block_layers(gguf_path: str | Path, folder: str | Path) -> dict[str, nn.Module] | None:
     """The blocks an earlier start read from `gguf_path` for the model in `folder` and kept beside
     it, by module name; None where none are kept (or they are unreadable)."""
-    cache = block_cache_path(gguf_path, folder)
+    return _read_kept(block_cache_path(gguf_path, folder))
+
+
+def _read_kept(cache: Path | None) -> dict[str, nn.Module] | None:
     if cache is None or not cache.exists():
         return None
     try:

@@ -163,20 +163,33 @@ def decided_block_mode(
     or `auto`'s choice remembered for this machine, with the kernels built; else None. The
     loader then builds the model around the kept blocks (around_blocks.py)."""
     why = f"CHAT_ENGINE quant={mode}"
-    if mode == "auto" and remembered is not None:
-        choice = remembered.get("quant", _auto_key(machine)) or {}
-        mode, timings = str(choice.get("mode")), choice.get("timings")
-        if not isinstance(timings, dict):
+    if mode == "auto":
+        choice = _valid_choice(remembered.get("quant", _auto_key(machine)) if remembered else None)
+        if choice is None:
             return None
-        figures = ", ".join(
-            f"{name} {float(seconds) * 1000:.0f} ms" for name, seconds in timings.items()
-        )
-        why = f"auto, as measured before on this machine: decode steps {figures}"
-        if mode not in AUTO_CANDIDATES:
-            return None
+        mode, why = choice[0], _remembered_why(choice[1])
     if mode not in ("gguf", "gguf-q8") or _unavailable(mode, progress):
         return None
     return mode, why
+
+
+def _valid_choice(choice: dict[str, Any] | None) -> tuple[str, dict[str, Any]] | None:
+    """(mode, timings) of a remembered auto choice this version can apply, or None."""
+    if choice is None:
+        return None
+    best, timings = choice.get("mode"), choice.get("timings")
+    if best not in ("none", *AUTO_CANDIDATES) or not isinstance(timings, dict):
+        return None
+    return str(best), timings
+
+
+def _remembered_why(timings: dict[str, Any]) -> str:
+    return f"auto, as measured before on this machine: decode steps {_figures(timings)}"
+
+
+def _figures(timings: dict[str, Any]) -> str:
+    """Each mode's decode-step time, as the start-up log prints them."""
+    return ", ".join(f"{name} {float(seconds) * 1000:.0f} ms" for name, seconds in timings.items())
 
 
 def _remembered_choice(
@@ -186,21 +199,16 @@ def _remembered_choice(
     progress: Callable[[str], None],
 ) -> str | None:
     """Apply a remembered auto choice; None when there is none usable (then auto measures)."""
-    if choice is None:
+    valid = _valid_choice(choice)
+    if valid is None:
         return None
-    best, timings = choice.get("mode"), choice.get("timings")
-    if best not in ("none", *AUTO_CANDIDATES) or not isinstance(timings, dict):
-        return None
+    best, timings = valid
     if best != "none":
         if _unavailable(best, progress):
             return None
         _, from_gguf = _apply(model, best, gguf_path)
-    figures = ", ".join(
-        f"{name} {float(seconds) * 1000:.0f} ms" for name, seconds in timings.items()
-    )
-    return (
-        f"weights {'not quantized' if best == 'none' else best} (auto, as measured before on this "
-        f"machine: decode steps {figures})" + (_source(best, from_gguf) if best != "none" else "")
+    return f"weights {'not quantized' if best == 'none' else best} ({_remembered_why(timings)})" + (
+        _source(best, from_gguf) if best != "none" else ""
     )
 
 
@@ -268,7 +276,7 @@ def _apply(
 
 
 def _auto_line(best: str, timings: dict[str, float], notes: list[str]) -> str:
-    figures = ", ".join(f"{name} {seconds * 1000:.0f} ms" for name, seconds in timings.items())
+    figures = _figures(timings)
     return (
         f"weights {'not quantized' if best == 'none' else best} (auto)"
         + (f": decode steps {figures}" if timings else "")
