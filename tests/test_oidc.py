@@ -318,7 +318,7 @@ def test_a_provider_that_signs_without_kid_signs_users_in(settings, empty_cache,
 def independent_provider(settings, empty_cache, monkeypatch):
     """oidc-provider-mock (authlib in a thread here): a provider written by others, whose one
     RS256 key has no kid, in its JWKS or in the ID tokens it signs."""
-    from oidc_provider_mock import run_server_in_thread
+    from oidc_provider_mock import run_server_in_thread  # type: ignore[import-untyped]
 
     monkeypatch.setenv("AUTHLIB_INSECURE_TRANSPORT", "1")  # it serves plain http on loopback
     with run_server_in_thread(require_nonce=True) as server:

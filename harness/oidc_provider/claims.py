@@ -2,9 +2,7 @@
 as a `groups` claim (under the `groups` scope), as Keycloak's group mapper does; optionally ID
 tokens signed without a `kid` in their header, as providers with one key may."""
 
-import json
-
-from jwcrypto import jwt
+import jwt
 from oauth2_provider.oauth2_validators import OAuth2Validator
 
 
@@ -23,11 +21,7 @@ class GroupsClaimValidator(OAuth2Validator):
 class GroupsClaimValidatorWithoutKid(GroupsClaimValidator):
     def finalize_id_token(self, id_token, token, token_handler, request):
         """The ID token django-oauth-toolkit signs, signed again with a header without `kid`."""
-        key = request.client.jwk_key
-        signed = jwt.JWT(
-            jwt=super().finalize_id_token(id_token, token, token_handler, request), key=key
-        )
-        header = {name: value for name, value in json.loads(signed.header).items() if name != "kid"}
-        again = jwt.JWT(header=json.dumps(header), claims=signed.claims)
-        again.make_signed_token(key)
-        return again.serialize()
+        signed = super().finalize_id_token(id_token, token, token_handler, request)
+        claims = jwt.decode(signed, options={"verify_signature": False})
+        pem = request.client.jwk_key.export_to_pem(private_key=True, password=None)
+        return jwt.encode(claims, pem, algorithm="RS256", headers={"typ": "JWT"})
