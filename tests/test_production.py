@@ -128,6 +128,6 @@ def test_the_deployed_daphne_does_not_take_the_clients_forwarded_for(tmp_path, d
         rows = server.query(
             "SELECT remote_addr FROM auditlog_logentry WHERE object_repr = ?", ("forger",)
         )
-        assert rows and {row["remote_addr"] for row in rows} == {"127.0.0.1"}, rows
+        assert rows and {str(row["remote_addr"]) for row in rows} == {"127.0.0.1"}, rows
     finally:
         server.stop()
