@@ -60,11 +60,18 @@ class LiveServer:
     Give `database_url` (and the same Redis in `env`) to several servers to run
     them as one site spread over processes; `env` sets any further variables.
     With `serve`, it runs `python -m project.serve` (what `make run` runs: with REDIS_URL
-    unset, the checkout's embedded Redis) instead of daphne alone.
+    unset, the checkout's embedded Redis) instead of daphne alone; `daphne_flags` are passed to
+    daphne besides its address and port (a deploy file's, say).
     """
 
     def __init__(
-        self, workdir: Path, *, database_url: str | None = None, serve: bool = False, **env: str
+        self,
+        workdir: Path,
+        *,
+        database_url: str | None = None,
+        serve: bool = False,
+        daphne_flags: tuple[str, ...] = (),
+        **env: str,
     ):
         settings_source = (ROOT / "project" / "settings.py").read_text()
         # Settings reads each variable by its quoted name: a substring would let `CHAT_LIMIT` pass.
@@ -90,6 +97,7 @@ class LiveServer:
             **env,
         }
         self.serve = serve
+        self.daphne_flags = list(daphne_flags)
         self.process: subprocess.Popen | None = None
         self.ready_s: float | None = None
 
@@ -100,7 +108,10 @@ class LiveServer:
             [sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=self.env, check=True
         )
         log = self.log_path.open("ab")
-        daphne = ["daphne", "-b", "127.0.0.1", "-p", str(self.port), "project.asgi:application"]
+        daphne = [
+            *("daphne", "-b", "127.0.0.1", "-p", str(self.port), *self.daphne_flags),
+            "project.asgi:application",
+        ]
         self.process = subprocess.Popen(
             [sys.executable, "-m", *(["project.serve"] if self.serve else daphne)],
             cwd=ROOT,

@@ -39,12 +39,11 @@ def main(argv: list[str]) -> None:
 
 
 def serve_defaults(data_dir: Path) -> None:
-    """DEBUG off unless asked for; then a secret key kept in `data_dir`. Only variables that
-    project/settings.py reads (and docs/configuration.md lists) are read or set here."""
+    """DEBUG off unless asked for; a secret key kept in `data_dir` unless one is given (with
+    DEBUG too: settings have no fallback key). Only variables that project/settings.py reads
+    (and docs/configuration.md lists) are read or set here."""
     if not os.environ.get("DEBUG"):
         os.environ["DEBUG"] = "0"
-    if os.environ["DEBUG"].lower() in {"1", "true", "yes", "on"}:
-        return
     if not os.environ.get("SECRET_KEY"):
         os.environ["SECRET_KEY"] = kept_secret_key(data_dir / "secret_key")
 

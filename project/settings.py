@@ -104,12 +104,16 @@ def rate(name: str, value: str) -> tuple[int, float]:
     return int(count), float(int(span or 1) * UNITS[unit])
 
 
-DEBUG = envbool("DEBUG", True)
+# Off unless asked for: a bare `daphne` or a systemd unit must not serve tracebacks.
+DEBUG = envbool("DEBUG", False)
+# No fallback in any mode: a key anyone can read lets them forge sessions. `make run` makes one
+# (project/serve.py), the test settings make their own (project/settings_bench.py).
 SECRET_KEY = env("SECRET_KEY", "")
 if not SECRET_KEY:
-    if not DEBUG:
-        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off")
-    SECRET_KEY = "insecure-development-key-set-SECRET_KEY-in-production"
+    raise ImproperlyConfigured(
+        "SECRET_KEY must be set (a long random string, e.g. python -c 'import secrets; "
+        "print(secrets.token_urlsafe(50))'); `make run` makes one in var/ by itself"
+    )
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", "")
 CSRF_FAILURE_VIEW = (

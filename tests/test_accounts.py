@@ -202,7 +202,8 @@ def test_a_form_with_errors_does_not_count_against_the_address(monkeypatch):
 
 def test_confirm_mode_mails_a_link_and_the_account_opens_only_through_it(settings):
     """CHAT_SIGNUP=confirm: the account is inactive (cannot sign in) until the mailed link is
-    followed; the link signs in, adopts the browser's chats, and works once."""
+    followed and its button pressed; in the browser that signed up that signs in, adopts the
+    browser's chats, and works once."""
     settings.CHAT_SIGNUP = "confirm"
     client = browser()
     conversation = visitor_with_a_conversation(client)
@@ -217,7 +218,7 @@ def test_confirm_mode_mails_a_link_and_the_account_opens_only_through_it(setting
     assert len(mail.outbox) == 1 and mail.outbox[0].to == ["rosa@example.org"]
     link = re.search(r"http://testserver(/accounts/confirm/\S+/)", mail.outbox[0].body).group(1)
     assert client.get(link.replace("/confirm/", "/confirm/x")).status_code == 400
-    opened = client.get(link)
+    opened = client.post(link)
     assert opened.status_code == 302 and opened["Location"] == "/"
     user.refresh_from_db()
     conversation.refresh_from_db()
@@ -225,6 +226,49 @@ def test_confirm_mode_mails_a_link_and_the_account_opens_only_through_it(setting
     assert 'id="signed-in-as">rosa<' in client.get("/").content.decode()
     assert browser().get(link).status_code == 400  # used once
     assert browser().login(username="rosa", password=PASSWORD)
+
+
+def mailed_link() -> str:
+    return re.search(r"http://testserver(/accounts/confirm/\S+/)", mail.outbox[-1].body).group(1)
+
+
+def test_opening_the_link_is_a_page_with_a_button_not_a_sign_in(settings):
+    """A GET (a mail scanner, a prefetch, a link someone else sent) opens nothing: the page has
+    a form that POSTs with the CSRF token; a POST without the token is refused."""
+    settings.CHAT_SIGNUP = "confirm"
+    client = browser()
+    sign_up(client, "nell", email="nell@example.org")
+    page = client.get(mailed_link())
+    assert page.status_code == 200
+    assert re.search(
+        rb'<form method="post"[^>]*>\s*<input type="hidden" name="csrfmiddlewaretoken"',
+        page.content,
+    )
+    assert not User.objects.get(username="nell").is_active
+    assert "_auth_user_id" not in client.session
+    forged = Client(enforce_csrf_checks=True, REMOTE_ADDR="10.14.250.1")
+    assert forged.post(mailed_link()).status_code == 403
+    assert not User.objects.get(username="nell").is_active
+
+
+def test_a_link_confirmed_in_another_browser_opens_the_account_but_takes_nothing(settings):
+    """An attacker signs up, then sends a victim the unopened link: pressing its button in the
+    victim's browser opens the attacker's account, but neither signs the victim in nor moves the
+    victim's chats into it; the account's owner signs in with the password."""
+    settings.CHAT_SIGNUP = "confirm"
+    attacker = browser()
+    sign_up(attacker, "mallory", email="mallory@example.org")
+    victim = browser()
+    victims_chat = visitor_with_a_conversation(victim)
+    done = victim.post(mailed_link())
+    assert done.status_code == 200 and b"mallory" in done.content
+    assert User.objects.get(username="mallory").is_active
+    assert "_auth_user_id" not in victim.session
+    victims_chat.refresh_from_db()
+    assert victims_chat.user is None and victims_chat.session_key == victim.session.session_key
+    assert 'id="signed-in-as"' not in victim.get("/").content.decode()
+    assert victim.post(mailed_link()).status_code == 400  # used
+    assert browser().login(username="mallory", password=PASSWORD)
 
 
 @pytest.mark.parametrize("uid", ["MTIz", "wrI", "OTk5OTk5OTk5OTk5OTk5OTk5OTk5OTk5", "%%%"])

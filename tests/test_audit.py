@@ -285,6 +285,26 @@ def test_the_failed_sign_in_that_trips_the_throttle_is_recorded_once(login_path)
     assert trail.new() == []
 
 
+def test_a_name_that_is_no_account_is_not_kept_it_may_be_a_password():
+    """People type their password in the name field: a throttled attempt under a name that is
+    no account's keeps a marker, never what was typed; an account's name is kept."""
+    User.objects.create_user("kept-name", password=PASSWORD)
+    client = Client(REMOTE_ADDR="10.20.30.42")
+    trail = Trail()
+    for n in range(signin_address_limiter.limit - 1):
+        client.post("/accounts/login/", {"username": f"guess{n}", "password": "wrong"})
+    client.post("/accounts/login/", {"username": "Tr0ub4dor&3-secret", "password": "wrong"})
+    tripped = trail.one("user.signin_throttled")
+    record = json.dumps([tripped.object_repr, tripped.changes, tripped.additional_data])
+    assert "Tr0ub4dor" not in record and tripped.object_repr == "(no such account)"
+    assert tripped.additional_data["username"] == ""
+    throttled = Client(REMOTE_ADDR="10.20.30.43")
+    for _ in range(signin_account_limiter.limit):
+        throttled.post("/accounts/login/", {"username": "kept-name", "password": "wrong"})
+    named = trail.one("user.signin_throttled")
+    assert named.object_repr == "kept-name" and named.additional_data["username"] == "kept-name"
+
+
 def test_one_address_tripping_its_limit_over_many_names_is_recorded_once():
     client = Client(REMOTE_ADDR="10.20.30.41")
     trail = Trail()
@@ -293,7 +313,7 @@ def test_one_address_tripping_its_limit_over_many_names_is_recorded_once():
     tripped = trail.one("user.signin_throttled")
     assert tripped.additional_data["limits"] == ["signin-address"]
     assert tripped.additional_data["address"] == "10.20.30.41"
-    assert tripped.object_pk == "" and tripped.object_repr == f"guess{n}"  # no such account
+    assert tripped.object_pk == "" and tripped.object_repr == "(no such account)"
     client.post("/accounts/login/", {"username": "guess0", "password": "wrong"})
     assert trail.new() == []
 

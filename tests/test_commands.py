@@ -2,11 +2,17 @@
 
 import io
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from django.core.management import call_command
 
 from chat.engine.text.eos import eos_report
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.unit
@@ -94,7 +100,40 @@ def test_production_refuses_to_start_without_a_secret_key():
     done = subprocess.run(
         [sys.executable, "manage.py", "check"], env=env, capture_output=True, text=True
     )
-    assert done.returncode != 0 and "SECRET_KEY must be set when DEBUG is off" in done.stderr
+    assert done.returncode != 0 and "SECRET_KEY must be set" in done.stderr
+
+
+def product_settings(**env: str | None) -> subprocess.CompletedProcess:
+    """The product's own settings (not the suite's) loaded in a child process with `env`
+    changed (None: unset), as a bare `daphne` or a systemd unit loads them; prints DEBUG."""
+    changed = {**os.environ, "DJANGO_SETTINGS_MODULE": "project.settings"}
+    for name, value in env.items():
+        if value is None:
+            changed.pop(name, None)
+        else:
+            changed[name] = value
+    code = "import django; from django.conf import settings; django.setup(); print(settings.DEBUG)"
+    return subprocess.run(
+        [sys.executable, "-c", code], env=changed, capture_output=True, text=True, cwd=ROOT
+    )
+
+
+@pytest.mark.unit
+def test_no_secret_key_stops_start_up_with_debug_on_too():
+    """No public fallback key in any mode: a key in the source would let anyone forge a session."""
+    for debug in ("1", None):
+        done = product_settings(DEBUG=debug, SECRET_KEY=None)
+        assert done.returncode != 0, done.stdout
+        assert "SECRET_KEY must be set" in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.unit
+def test_debug_is_off_unless_asked_for():
+    """A bare daphne or systemd unit (no `make run`, DEBUG unset) serves no tracebacks."""
+    unset = product_settings(DEBUG=None, SECRET_KEY="k" * 50)
+    assert unset.returncode == 0 and unset.stdout.strip() == "False", unset.stderr[-2000:]
+    asked = product_settings(DEBUG="1", SECRET_KEY="k" * 50)
+    assert asked.stdout.strip() == "True", asked.stderr[-2000:]
 
 
 @pytest.mark.integration

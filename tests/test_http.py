@@ -103,6 +103,25 @@ def test_healthz_reports_redis_unavailable_as_degraded(runtime, settings):
 
 
 @pytest.mark.unit
+@pytest.mark.django_db
+def test_public_healthz_says_unavailable_and_logs_the_detail(settings, caplog, monkeypatch):
+    """A stranger learns that Redis is down, not its address, password or the driver's error:
+    those go to the log for the operator (once per change: a fresh process here)."""
+    from chat.transports import health
+
+    monkeypatch.setattr(health, "_logged", {})
+    settings.REDIS_URL = "redis://:hunter2-redis-pass@127.0.0.1:1/0"
+    with caplog.at_level("WARNING", logger="chat.transports.health"):
+        response = Client().get("/healthz")
+    body = response.json()
+    assert set(body) >= {"status", "model", "redis", "database"}
+    assert body["redis"] == "unavailable" and body["database"] == "ok"
+    assert "127.0.0.1:1" not in response.content.decode()
+    assert "hunter2" not in response.content.decode()
+    assert "healthz redis: unavailable" in caplog.text
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize("debug", [True, False])
 def test_metrics_are_off_without_a_token_even_with_debug(settings, debug):
     """No CHAT_METRICS_TOKEN: /metrics is a 404 that says how to turn it on, DEBUG or not (a bare

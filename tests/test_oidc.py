@@ -282,3 +282,67 @@ def test_an_account_deactivated_here_stays_out(oidc):
     for _ in range(signin_account_limiter.limit - 1):
         sign_in(browser(), "bob")
     assert signin_account_limiter.wait("bob") > 0
+
+
+def use_provider(settings, spec: str) -> None:
+    for name, value in chat_settings(spec).items():
+        setattr(settings, name, value)
+    settings.AUTHENTICATION_BACKENDS = [MODEL_BACKEND, OIDC_BACKEND]
+    settings.REDIS_URL = TEST_CACHE_URL
+    oidc_provider.forget()
+
+
+def test_a_provider_that_signs_without_kid_signs_users_in(settings, empty_cache, tmp_path):
+    """OpenID Connect Core lets a provider with one key leave `kid` out of the ID token's
+    header; the library's key lookup then raised KeyError, a 500 at every sign-in."""
+    provider = OidcProvider(tmp_path, kid=False).start()
+    try:
+        provider.client(
+            "chat",
+            SECRET,
+            redirect_uris=["http://testserver/accounts/oidc/callback/"],
+            post_logout_uris=["http://testserver/"],
+        )
+        provider.user("kit", PASSWORD, email="kit@example.com")
+        use_provider(settings, provider.spec("chat", SECRET))
+        client = browser()
+        response = sign_in(client, "kit")
+        assert response.status_code == 302 and response["Location"] == "/", response.content[:500]
+        assert 'id="signed-in-as">kit<' in client.get("/").content.decode()
+    finally:
+        provider.stop()
+        oidc_provider.forget()
+
+
+@pytest.fixture
+def independent_provider(settings, empty_cache, monkeypatch):
+    """oidc-provider-mock (authlib in a thread here): a provider written by others, whose one
+    RS256 key has no kid, in its JWKS or in the ID tokens it signs."""
+    from oidc_provider_mock import run_server_in_thread  # type: ignore[import-untyped]
+
+    monkeypatch.setenv("AUTHLIB_INSECURE_TRANSPORT", "1")  # it serves plain http on loopback
+    with run_server_in_thread(require_nonce=True) as server:
+        issuer = f"http://localhost:{server.server_port}"
+        use_provider(settings, f"issuer={issuer},client_id=chat,secret={SECRET},name=Mock")
+        yield issuer
+    oidc_provider.forget()
+
+
+def independent_sign_in(client: Client, subject: str):
+    start = client.get("/accounts/oidc/start/")
+    assert start.status_code == 302, start.content
+    consent = requests.post(start["Location"], data={"sub": subject}, allow_redirects=False)
+    assert consent.status_code == 302, consent.text[:500]
+    return client.get(consent.headers["Location"].removeprefix("http://testserver"))
+
+
+def test_an_independent_provider_signs_users_in(independent_provider):
+    """The whole code flow against a provider this suite did not write: the account is made,
+    linked to the issuer and subject, and signed in."""
+    client = browser()
+    response = independent_sign_in(client, "lin@example.com")
+    assert response.status_code == 302 and response["Location"] == "/", response.content[:500]
+    identity = OidcIdentity.objects.get(subject="lin@example.com")
+    assert identity.issuer == independent_provider
+    assert identity.user.email == "lin@example.com"
+    assert client.session["_auth_user_id"] == str(identity.user.pk)

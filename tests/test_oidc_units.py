@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from django.core.exceptions import ImproperlyConfigured, SuspiciousOperation
 
 from chat.stores.oidc_accounts import groups_of
-from chat.transports.oidc_backend import OidcBackend
+from chat.transports.oidc_backend import OidcBackend, signing_key
 from project import settings as product
 
 pytestmark = pytest.mark.unit
@@ -113,3 +113,41 @@ def test_a_password_sign_in_never_reaches_the_provider(oidc_backend, rf):
     attempt, even on a URL carrying code and state, is not its business."""
     request = rf.get("/accounts/login/?code=x&state=y")
     assert oidc_backend.authenticate(request, username="ada", password="pw") is None
+
+
+def public_jwk(key, **fields) -> dict:
+    return {**jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key(), as_dict=True), **fields}
+
+
+def test_a_token_without_kid_is_checked_against_the_one_key_of_its_algorithm(key):
+    """OpenID Connect Core 10.1: no kid is fine while the JWKS holds one signing key of the
+    token's algorithm; two such keys, or none, refuse the token rather than guess."""
+    other = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    header = {"alg": "RS256"}
+    one = {"keys": [public_jwk(key), public_jwk(other, use="enc"), {"kty": "EC", "crv": "P-256"}]}
+    assert signing_key(one, header)["n"] == public_jwk(key)["n"]
+    for jwks in ({"keys": [public_jwk(key), public_jwk(other)]}, {"keys": []}, {}):
+        with pytest.raises(SuspiciousOperation):
+            signing_key(jwks, header)
+    two = {"keys": [public_jwk(key, kid="a"), public_jwk(other, kid="b")]}
+    assert signing_key(two, {"alg": "RS256", "kid": "b"})["kid"] == "b"
+    with pytest.raises(SuspiciousOperation):
+        signing_key(two, {"alg": "RS256", "kid": "c"})
+    with pytest.raises(SuspiciousOperation):  # a key marked for another algorithm
+        signing_key({"keys": [public_jwk(key, alg="RS512")]}, header)
+
+
+@pytest.mark.django_db
+def test_a_userinfo_about_another_subject_is_refused(oidc_backend, monkeypatch):
+    """OpenID Connect Core 5.3.4: the userinfo must describe the ID token's subject, or its
+    claims (name, e-mail address, groups) would be another person's."""
+    from django.contrib.auth.models import User
+
+    payload = {"iss": ISSUER, "sub": "u1", "aud": "chat"}
+    answers = {"sub": "u2", "email": "mallory@example.com", "preferred_username": "mallory"}
+    monkeypatch.setattr(oidc_backend, "get_userinfo", lambda *args: answers)
+    with pytest.raises(SuspiciousOperation, match="another subject"):
+        oidc_backend.get_or_create_user("access", "id", payload)
+    assert not User.objects.exists()
+    answers["sub"] = "u1"  # the same answer about the right subject makes the account
+    assert oidc_backend.get_or_create_user("access", "id", payload).username == "mallory"

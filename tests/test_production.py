@@ -1,11 +1,13 @@
 """Production settings for real: DEBUG off, static files collected and served by WhiteNoise from daphne."""
 
 import re
+import shlex
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+import requests
 
 from harness.liveserver import LiveServer
 
@@ -67,3 +69,65 @@ def test_with_debug_off_the_page_links_hashed_static_files_that_daphne_serves(pr
     for path in ("/static/chat/missing.js", "/no-such-page/"):
         status, _, body = get(server.url + path)
         assert status == 404 and b"DEBUG = True" not in body and b"Traceback" not in body
+
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+
+
+def deployed_daphne_flags(command: str) -> tuple[str, ...]:
+    """The flags a deploy file's command line gives daphne, its address and port left out (the
+    test serves on a free loopback port)."""
+    words = shlex.split(command)
+    start = next(i for i, word in enumerate(words) if word.endswith("daphne")) + 1
+    end = words.index("project.asgi:application")
+    flags, words = [], words[start:end]
+    while words:
+        word = words.pop(0)
+        if word in {"-b", "--bind", "-p", "--port"}:
+            words.pop(0)
+        else:
+            flags.append(word)
+    return tuple(flags)
+
+
+def deploy_commands() -> dict[str, str]:
+    procfile = (DEPLOY / "Procfile").read_text()
+    unit = (DEPLOY / "systemd" / "chat-web@.service").read_text()
+    return {
+        "Procfile": re.search(r"^web:(.*)$", procfile, re.MULTILINE).group(1),
+        "chat-web@.service": re.search(r"^ExecStart=(.*)$", unit, re.MULTILINE).group(1),
+    }
+
+
+@pytest.mark.parametrize("deploy_file", ["Procfile", "chat-web@.service"])
+def test_the_deployed_daphne_does_not_take_the_clients_forwarded_for(tmp_path, deploy_file):
+    """daphne started as the deploy file starts it: an X-Forwarded-For the client writes does
+    not become its address, for the rate limits or the audit trail (CHAT_TRUSTED_PROXIES, 0 by
+    default, is the only way to trust the header)."""
+    flags = deployed_daphne_flags(deploy_commands()[deploy_file])
+    server = LiveServer(tmp_path, daphne_flags=flags, CHAT_BACKEND="none")
+    server.start(wait_for_model=False)
+    try:
+        browser = requests.Session()
+        forged = {"X-Forwarded-For": "203.0.113.9"}
+        browser.get(server.url + "/accounts/signup/", headers=forged, timeout=30)
+        password = "a-long-pass-phrase-42"
+        signed_up = browser.post(
+            server.url + "/accounts/signup/",
+            data={
+                "csrfmiddlewaretoken": browser.cookies["csrftoken"],
+                "username": "forger",
+                "password1": password,
+                "password2": password,
+            },
+            headers=forged,
+            allow_redirects=False,
+            timeout=30,
+        )
+        assert signed_up.status_code == 302, signed_up.text[:2000]
+        rows = server.query(
+            "SELECT remote_addr FROM auditlog_logentry WHERE object_repr = ?", ("forger",)
+        )
+        assert rows and {str(row["remote_addr"]) for row in rows} == {"127.0.0.1"}, rows
+    finally:
+        server.stop()

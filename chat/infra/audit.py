@@ -169,25 +169,26 @@ def audit_record(instance, event: str, *, changes: dict, actor=None, **fields) -
 
 def audit_signin_throttled(*, username: str, address: str, limits: list[str]) -> LogEntry:
     """A failed sign-in that tripped `limits` (account, address): about the account, if there
-    is one by that name; the name as typed otherwise."""
+    is one by that name. A name that is no account's is not kept: people type their password in
+    the name field, and the trail is read by staff and kept for a year."""
     user_model = get_user_model()
     user = (
         user_model._default_manager.filter(**{user_model.USERNAME_FIELD: username}).first()
         if username
         else None
     )
-    typed = username[:150]
+    named = user.get_username() if user else ""
     return LogEntry.objects.create(
         content_type=ContentType.objects.get_for_model(user_model),
         object_pk=str(user.pk) if user else "",
         object_id=user.pk if user else None,
-        object_repr=typed or "(no username)",
+        object_repr=named or ("(no such account)" if username else "(no username)"),
         action=LogEntry.Action.ACCESS,
         changes={},
         additional_data={
             "event": SIGNIN_THROTTLED,
             "limits": limits,
-            "username": typed,
+            "username": named,
             "address": address,  # the limit's key: an IPv6 client's /64
         },
     )

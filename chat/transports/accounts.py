@@ -117,6 +117,10 @@ def signup_open() -> bool:
     return settings.CHAT_LOCAL_ACCOUNTS and settings.CHAT_SIGNUP in {"open", "confirm"}
 
 
+# The session key under which a browser keeps the account it signed up for (CHAT_SIGNUP=confirm).
+PENDING_SIGNUP = "signup_pending"
+
+
 class ConfirmedSignUpForm(UserCreationForm):
     """Sign-up with CHAT_SIGNUP=confirm: the e-mail address the confirmation link goes to."""
 
@@ -155,6 +159,8 @@ def sign_up(request):
             user.save()
             signup_count(request)
             if confirm:
+                # Only this browser's confirmation signs in and takes its chats.
+                request.session[PENDING_SIGNUP] = user.pk
                 _confirmation_send(request, user)
                 return render(request, "accounts/signup_sent.html", {"email": user.email})
             visitor_session = request.session.session_key
@@ -185,9 +191,13 @@ def _confirmation_send(request, user) -> None:
     )
 
 
+@csrf_protect
 @never_cache
 def sign_up_confirm(request, uidb64: str, token: str):
-    """The mailed link: the account opens, is signed in, and takes this browser's chats."""
+    """The mailed link shows a button; pressing it (a POST) opens the account. Only the browser
+    that signed up is signed in and has its chats moved in: a link opened elsewhere (one an
+    attacker sent a victim, say) must not sign that browser into someone else's account and hand
+    over its chats, so there the account opens and its owner signs in with the password."""
     try:
         user_id = id_parse(urlsafe_base64_decode(uidb64).decode("ascii"))
     except (ValueError, UnicodeDecodeError):
@@ -195,9 +205,14 @@ def sign_up_confirm(request, uidb64: str, token: str):
     user = get_user_model().objects.filter(pk=user_id).first() if user_id else None
     if user is None or user.is_active or not default_token_generator.check_token(user, token):
         return render(request, "accounts/signup_confirm_failed.html", status=400)
+    if request.method != "POST":
+        return render(request, "accounts/signup_confirm.html", {"username": user.get_username()})
     user.is_active = True
     user.save(update_fields=["is_active"])
+    if request.session.get(PENDING_SIGNUP) != user.pk:
+        return render(request, "accounts/signup_confirmed.html", {"username": user.get_username()})
     visitor_session = request.session.session_key
     auth.login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+    request.session.pop(PENDING_SIGNUP, None)
     adopt_conversations(session_key=visitor_session, user=user)
     return redirect(settings.LOGIN_REDIRECT_URL)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, cast
 
 import redis
@@ -14,6 +15,12 @@ from ..stores.cache import completion_cache
 
 if TYPE_CHECKING:
     from ..engine.remote.openai_backend import OpenAIBackend
+
+log = logging.getLogger(__name__)
+
+# Parts whose full status carries a driver's error text, a host or the upstream server's URL.
+PARTS = ("redis", "database", "cache", "rate_limit", "upstream_status")
+_logged: dict[str, str] = {}
 
 
 def redis_status() -> str:
@@ -72,3 +79,18 @@ def health() -> tuple[bool, dict]:
     ):
         report["status"] = "degraded"
     return ready, report
+
+
+def public(report: dict) -> dict:
+    """What anyone may read: each part ok or unavailable, without the upstream's URL. The
+    detail goes to the log, once per change, for the operator."""
+    shown = {key: value for key, value in report.items() if key != "upstream"}
+    for part in PARTS:
+        if part not in report:
+            continue
+        status = report[part]
+        if _logged.get(part, "ok") != status:
+            _logged[part] = status
+            log.warning("healthz %s: %s", part, status)
+        shown[part] = "ok" if status == "ok" else "unavailable"
+    return shown

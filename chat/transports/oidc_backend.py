@@ -10,11 +10,15 @@ Written by hand, and why:
   no issuer), and the userinfo must describe the ID token's subject (OpenID Connect Core 5.3.4).
 - The account is found by (issuer, subject), not by e-mail address as the library does
   (chat/stores/oidc_accounts.py).
+- The signing key: the library requires a `kid` in the token and in every key (a KeyError, so
+  a 500, from a provider that signs without one, which OpenID Connect Core 10.1 allows when its
+  JWKS holds a single key).
 """
 
 from __future__ import annotations
 
 import jwt
+import requests
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import ModelBackend
@@ -26,6 +30,29 @@ from ..stores.oidc_accounts import account_for
 
 # Claims an ID token must carry (OpenID Connect Core 2).
 REQUIRED_CLAIMS = ["iss", "sub", "aud", "exp", "iat"]
+# The JWK key type each family of JWS algorithms signs with (RFC 7518 3.1).
+KEY_TYPES = {"RS": "RSA", "PS": "RSA", "ES": "EC", "Ed": "OKP"}
+
+
+def signing_key(jwks: dict, header: dict) -> dict:
+    """The JWKS key that signed a token with this header: the one of its `kid`; without a kid,
+    the only signing key of its algorithm. None or several: SuspiciousOperation."""
+    algorithm = header.get("alg")
+    keys = [
+        key
+        for key in jwks.get("keys", [])
+        if isinstance(key, dict)
+        and key.get("use", "sig") == "sig"
+        and key.get("alg", algorithm) == algorithm
+        and key.get("kty") == KEY_TYPES.get(str(algorithm)[:2])
+    ]
+    if "kid" in header:
+        keys = [key for key in keys if key.get("kid") == header["kid"]]
+    if len(keys) != 1:
+        raise SuspiciousOperation(
+            f"{len(keys)} keys in the provider's JWKS for an ID token with header {header}"
+        )
+    return keys[0]
 
 
 class OidcBackend(OIDCAuthenticationBackend):
@@ -47,6 +74,15 @@ class OidcBackend(OIDCAuthenticationBackend):
         self.OIDC_OP_USER_ENDPOINT = provider["userinfo_endpoint"]
         self.OIDC_OP_JWKS_ENDPOINT = provider["jwks_uri"]
         return super().authenticate(request, nonce=nonce, code_verifier=code_verifier)
+
+    def retrieve_matching_jwk(self, token):
+        response = requests.get(self.OIDC_OP_JWKS_ENDPOINT, timeout=settings.OIDC_TIMEOUT)
+        response.raise_for_status()
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.PyJWTError as exc:
+            raise SuspiciousOperation(f"ID token refused: {exc}") from exc
+        return jwt.PyJWK(signing_key(response.json(), header))
 
     def get_payload_data(self, token, key):
         """The ID token's claims once its signature, algorithm, audience, issuer and lifetime

@@ -113,6 +113,9 @@ class OidcCallback(OIDCAuthenticationCallbackView):
             return _unavailable(request, OidcUnavailable(exc.__class__.__name__))
         except OidcUnavailable as exc:
             return _unavailable(request, exc)
+        except Exception:  # an answer no check foresaw (a claim of the wrong type, say): no 500
+            log.exception("OIDC sign-in failed")
+            return self.login_failure()
 
     def _username(self) -> str:
         user = getattr(self, "user", None)

@@ -20,7 +20,7 @@ from ..stores.conversations import (
     export_json,
     export_markdown,
 )
-from .health import health
+from .health import health, public
 from .page_constants import page_constants
 
 
@@ -169,4 +169,4 @@ def metrics(request):
 @require_GET
 def healthz(request):  # noqa: ARG001 (Django's signature)
     ready, report = health()
-    return JsonResponse(report, status=200 if ready else 503)
+    return JsonResponse(public(report), status=200 if ready else 503)

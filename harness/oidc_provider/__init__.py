@@ -36,7 +36,7 @@ def rsa_private_key_pem() -> str:
 
 
 class OidcProvider:
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, *, kid: bool = True):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.issuer = f"{self.url}/o"
@@ -48,6 +48,7 @@ class OidcProvider:
             "OIDC_PROVIDER_KEY": rsa_private_key_pem(),
             "OIDC_PROVIDER_ISSUER": self.issuer,
             "PYTHONUNBUFFERED": "1",
+            **({} if kid else {"OIDC_PROVIDER_NO_KID": "1"}),  # ID tokens signed without one
         }
         self.process: subprocess.Popen | None = None
 

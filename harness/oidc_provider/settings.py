@@ -64,5 +64,10 @@ OAUTH2_PROVIDER = {
         "profile": "user name",
         "groups": "group membership",
     },
-    "OAUTH2_VALIDATOR_CLASS": "harness.oidc_provider.claims.GroupsClaimValidator",
+    "OAUTH2_VALIDATOR_CLASS": "harness.oidc_provider.claims."
+    + (
+        "GroupsClaimValidatorWithoutKid"
+        if os.environ.get("OIDC_PROVIDER_NO_KID")
+        else "GroupsClaimValidator"
+    ),
 }
