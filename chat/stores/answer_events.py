@@ -137,7 +137,7 @@ class StreamWriter:
                 log.exception("could not write the events of %s", self.key)
 
     def _write(self, batch: list[tuple[int, str]], fresh: bool) -> None:
-        events = [part for seq, payload in batch for part in (seq, payload)]
+        events = [part for seq, payload in batch for part in (str(seq), payload)]
         _guard.call(
             "append",
             lambda r: r.eval(
@@ -145,8 +145,8 @@ class StreamWriter:
                 2,
                 self.key,
                 self.erased_key,
-                int(fresh),
-                STREAM_TTL_SECONDS,
+                "1" if fresh else "0",
+                str(STREAM_TTL_SECONDS),
                 *events,
             ),
         )
