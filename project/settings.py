@@ -298,6 +298,9 @@ RATE_LIMIT_DEFAULTS = {
     "signup_address": "5/1h",
     "signin_account": "5/15m",
     "signin_address": "20/15m",
+    # A page coming back sends one `resume` per unfinished answer as it reconnects.
+    "resume": "120/1m",
+    "resume_socket": "30/1m",
 }
 _rates = envspec("CHAT_RATE_LIMITS", RATE_LIMIT_DEFAULTS)
 _rates["prompt_address"] = _rates["prompt_address"] or _rates["prompt"]

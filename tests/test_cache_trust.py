@@ -134,6 +134,43 @@ async def test_a_v1_answer_continued_over_the_socket_never_reaches_a_stranger(
     await assert_nothing_of_it_is_shared(application, continued, first)
 
 
+async def test_a_v1_answer_with_its_own_settings_continued_is_never_cached_under_them(
+    application, make_policy, make_client
+):
+    """A /v1 answer made with the request's own max_tokens and stop (greedy, so shared under an
+    identity that names them), cut on length, then continued: the server keeps no such settings,
+    so the continuation cannot be made with them; what it makes is never cached, nor shared,
+    under the identity that named them."""
+    await sync_to_async(make_policy)(
+        slug="tally", max_new_tokens=24, stop_strings=["\n"], cache_enabled=True
+    )
+    session, key = await sync_to_async(signed_in)("uma")
+    response, first = await post(
+        key,
+        {
+            "model": "smollm2:tally",
+            "messages": [{"role": "user", "content": QUESTION}],
+            "max_tokens": 2,
+            "stop": ["zebra"],
+        },
+    )
+    assert response.status_code == 200 and first["choices"][0]["finish_reason"] == "length"
+    identity = (await Message.objects.aget(pk=first["message_id"])).identity
+    assert identity  # greedy, with no context of the client's: shareable
+    chat = await make_client(session_key=session)
+    for attempt in range(4):
+        request_id = f"c{attempt}"
+        await chat.send(
+            {"type": "continue", "request_id": request_id, "message": first["message_id"]}
+        )
+        continued = (await chat.receive_until("done", request_id))[-1]
+        if continued["finish_reason"] != "length":
+            break
+    assert continued["finish_reason"] in ("stop_string", "eos"), continued  # it ended well
+    assert not await CachedAnswer.objects.filter(key=identity).aexists()
+    assert (await Message.objects.aget(pk=first["message_id"])).identity == ""
+
+
 async def test_a_sample_without_a_seed_is_generated_every_time(alice, runtime, example_policies):
     """temperature 1.2 and no seed, asked twice under the caching `chat` policy: generated both
     times, never cached or shared."""

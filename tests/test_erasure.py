@@ -44,7 +44,7 @@ from chat.stores.apikeys import apikey_authenticate, apikey_create
 from chat.stores.cache import KEY_PREFIX, completion_cache
 from harness.liveserver import free_port
 from harness.scripted import Answer, ScriptedBackend
-from tests.conftest import TEST_CACHE_URL, ChatClient
+from tests.conftest import LIVE_CACHE_URL, TEST_CACHE_URL, ChatClient
 from tests.test_cache import RedisServer
 
 ws_db = pytest.mark.django_db(transaction=True)
@@ -63,6 +63,29 @@ def cached_keys(url: str = TEST_CACHE_URL) -> set[str]:
         return {k.decode().removeprefix(KEY_PREFIX) for k in client.keys(KEY_PREFIX + "*")}
     finally:
         client.close()
+
+
+def redis_holding(*texts: str) -> list[str]:
+    """The keys of the tests' Redis databases whose value holds any of `texts`, whatever its type."""
+    read = {
+        b"string": lambda c, k: c.get(k),
+        b"hash": lambda c, k: c.hgetall(k),
+        b"list": lambda c, k: c.lrange(k, 0, -1),
+        b"set": lambda c, k: c.smembers(k),
+        b"zset": lambda c, k: c.zrange(k, 0, -1),
+        b"stream": lambda c, k: c.xrange(k),
+    }
+    holding = []
+    for url in (TEST_CACHE_URL, LIVE_CACHE_URL):
+        client = redis.Redis.from_url(url)
+        try:
+            for key in client.scan_iter():
+                value = repr(read[client.type(key)](client, key)).encode().decode("unicode_escape")
+                if any(text in value for text in texts):
+                    holding.append(key.decode())
+        finally:
+            client.close()
+    return holding
 
 
 def count(model, **filters) -> int:
@@ -310,6 +333,75 @@ async def test_an_answer_that_ends_normally_after_its_conversation_was_deleted_i
         await chat.close()
     finally:
         chat_logger.removeHandler(caplog.handler)
+        gate.set()
+        stack.close()
+
+
+ANSWER_SECRET = "the code is K-2718281"
+
+
+@pytest.mark.integration
+@ws_db
+async def test_a_deleted_conversation_leaves_no_text_of_its_prompt_or_answer_in_redis(
+    scripted_ready,
+):
+    """The answer's event stream (kept for a page coming back) goes with the conversation, at
+    once: no key of Redis holds the prompt or the answer after the deletion."""
+    scripted_ready(Answer(("Noted: ", ANSWER_SECRET, ".")))
+    http = await visitor()
+    done = await ask(http)
+    assert ANSWER_SECRET in done["text"] and redis_holding(ANSWER_SECRET)
+    assert await delete(http, await conversation_of(done)) == 204
+    assert redis_holding(PASSPORT, ANSWER_SECRET) == []
+
+
+@pytest.mark.integration
+@ws_db
+async def test_a_deleted_account_leaves_no_text_of_its_prompts_or_answers_in_redis(
+    scripted_ready,
+):
+    scripted_ready(Answer(("Noted: ", ANSWER_SECRET, ".")))
+    http, user = await signed_in("erin")
+    done = await ask(http)
+    assert ANSWER_SECRET in done["text"] and redis_holding(ANSWER_SECRET)
+    response = await http.post("/account/delete/", {"password": PASSWORD})
+    assert response.status_code == 302 and await acount(User, pk=user.pk) == 0
+    assert redis_holding(PASSPORT, ANSWER_SECRET) == []
+
+
+@pytest.mark.integration
+@ws_db
+async def test_an_answer_ending_after_its_conversation_was_deleted_writes_no_events_again(
+    runtime, example_policies, monkeypatch
+):
+    """The cancel lost (another process, the bus down): the turn's last events come after the
+    deletion erased its stream, and are not written."""
+    from chat.infra.runtime import runtime as chat_runtime
+
+    gate = threading.Event()
+    backend = GatedBackend(gate)
+    stack = build_stack(backend, StackConfig(max_running=2))
+    monkeypatch.setattr(chat_runtime, "backend", backend)
+    monkeypatch.setattr(chat_runtime, "stack", stack)
+    monkeypatch.setattr(erasure, "_answers_stop", lambda running: None)  # the cancel is lost
+    try:
+        http = await visitor()
+        chat = await socket_of(http)
+        request_id = await chat.prompt(SECRET)
+        accepted = await chat.receive()
+        await chat.receive_until("chunk", request_id)
+        await asyncio.sleep(0.3)  # its first events are in Redis
+        stream = f"chat:answer-events:{accepted['message']}"
+        assert redis.Redis.from_url(TEST_CACHE_URL).exists(stream)
+        assert await delete(http, accepted["conversation"]) == 204
+        gate.set()
+        done = (await chat.receive_until("done", request_id))[-1]
+        assert done["text"] == "OK."
+        await asyncio.sleep(0.5)  # whatever the turn writes after its `done`
+        assert not redis.Redis.from_url(TEST_CACHE_URL).exists(stream)
+        assert redis_holding(PASSPORT, "OK.") == []
+        await chat.close()
+    finally:
         gate.set()
         stack.close()
 
@@ -705,5 +797,5 @@ def test_deleting_many_conversations_sweeps_once_after_the_commit(
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
         assert erasure.conversations_erase(conversations=Conversation.objects.all()) == 3
         assert sweeps == [] and forgotten == []  # not before the commit
-    # One sweep, and the engine told once about all three.
-    assert len(callbacks) == 2 and sweeps == [1] and [set(f) for f in forgotten] == [ids]
+    # One sweep, the engine told once about all three, their answers' streams erased at once.
+    assert len(callbacks) == 3 and sweeps == [1] and [set(f) for f in forgotten] == [ids]

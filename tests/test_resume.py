@@ -92,6 +92,30 @@ async def test_an_ended_answer_resumed_gets_only_its_done_and_another_visitor_no
     assert "text" not in error and error["request_id"] is None  # nothing of it is told
 
 
+async def test_resume_frames_are_limited_per_socket_and_per_owner(
+    make_client, settings, monkeypatch
+):
+    """Each resume reads the database and Redis: past a socket's limit, then past its owner's
+    over every socket, a resume is refused with `rate_limited` before anything is read."""
+    from chat.infra import ratelimit
+
+    settings.CHAT_RATE_LIMITS = {**settings.CHAT_RATE_LIMITS, "resume_socket": (3, 60.0)}
+    monkeypatch.setattr(ratelimit.resume_limiter, "limit", 5)
+    key = await new_session_key()
+
+    async def codes(chat, n: int) -> list[str]:
+        for _ in range(n):
+            await chat.send({"type": "resume", "message": 999_999_999, "after": 0})
+        return [(await chat.receive())["code"] for _ in range(n)]
+
+    first = await make_client(session_key=key)
+    assert await codes(first, 4) == ["unknown_request"] * 3 + ["rate_limited"]
+    second = await make_client(session_key=key)  # the owner's two more, over every socket
+    assert await codes(second, 3) == ["unknown_request"] * 2 + ["rate_limited"]
+    stranger = await make_client()  # another owner's count is their own
+    assert await codes(stranger, 1) == ["unknown_request"]
+
+
 async def test_an_answer_nobody_comes_back_to_stops_after_the_grace_period(make_client, settings):
     """A closed socket no longer stops the answer at once: it runs on for the grace period, then
     stops (cancelled, reason no_listener) and is counted in /metrics."""

@@ -402,6 +402,36 @@ def test_only_an_approved_record_or_a_pending_one_without_review_is_served(
     assert not review.entry_servable(key=open_record.key, entry=review.cache_entry(open_record))
 
 
+@pytest.mark.unit
+@real_db
+def test_a_cached_answer_whose_policy_was_deleted_is_served_only_once_approved():
+    """No policy left to say the answer needs no review: pending, it is not served (its entry
+    leaves Redis), an edit of it waits for approval, and an approval serves it again."""
+    open_policy = policy(review_required=False)
+    record = remember(open_policy, FIRST)
+    entry = review.cache_entry(record)
+    assert review.entry_servable(key=KEY, entry=entry) and in_redis() is not None
+    open_policy.delete()
+    record.refresh_from_db()
+    assert record.policy is None and record.status == CachedAnswer.Status.PENDING
+
+    assert not review.entry_servable(key=KEY, entry=entry)
+    assert in_redis() is None  # a hit on it is a miss, and its entry goes
+    staff = User.objects.create_user("editor")
+    edited = review.answer_edit(
+        record_id=record.pk, text=SECOND, seen_digest=review.record_digest(record), by=staff
+    )
+    record.refresh_from_db()
+    assert edited is review.Edit.AWAITS_APPROVAL and in_redis() is None
+    assert not review.entry_servable(key=KEY, entry=review.cache_entry(record))
+
+    approval = review.answer_approve(
+        record_id=record.pk, seen_digest=review.record_digest(record), by=staff
+    )
+    assert approval is review.Approval.PUBLISHED and in_redis()["text"] == SECOND
+    assert review.entry_servable(key=KEY, entry=review.cache_entry(record))
+
+
 # -- the real model over the socket --------------------------------------------------------
 
 

@@ -75,6 +75,7 @@ def test_a_web_process_on_the_openai_backend_serves_a_turn_without_torch(fake, t
 
 
 @pytest.mark.unit
+@pytest.mark.timeout(600)  # the child converts the bundled model, up to 300 s
 def test_make_run_in_front_of_a_server_prepares_the_tokenizer_folder_in_a_child_process():
     """`python -m project.serve` converts the bundled model (the tokenizer for token counts) in
     a child process on CHAT_BACKEND=openai, so the serving process stays torch-free."""

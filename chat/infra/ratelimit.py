@@ -1,7 +1,7 @@
 """Every throttle, one mechanism: a sliding window of recent hits per key, counted in Redis.
 
-Prompts (per owner and per visitor address), sign-ups per address and failed sign-ins per account
-and per address are all a SharedRateLimiter, sized by CHAT_RATE_LIMITS. Counted in Redis, so
+Prompts (per owner and per visitor address), resumes per owner, sign-ups per address and failed
+sign-ins per account and per address are all a SharedRateLimiter, sized by CHAT_RATE_LIMITS. Counted in Redis, so
 every server process shares one window per key (N processes behind a balancer do not allow N
 times the limit); while Redis is unreachable each process counts on its own, says so in /healthz,
 and goes back to the shared count when Redis answers again: an outage neither locks everyone
@@ -215,6 +215,13 @@ def limiter(name: str, rate: str) -> SharedRateLimiter:
     return SharedRateLimiter(name, limit, window)
 
 
+def connection_limiter(rate: str) -> RateLimiter:
+    """A limit of one connection's own, sized by CHAT_RATE_LIMITS' `rate`: counted in this
+    process, where the connection lives, and gone with it."""
+    limit, window = settings.CHAT_RATE_LIMITS[rate]
+    return RateLimiter(limit, window)
+
+
 # One limit for every transport: WebSocket prompts and the HTTP API count together.
 prompt_limiter = limiter("prompt", "prompt")
 # Visitors without an account also count per address: dropping the session cookie gains nothing.
@@ -224,10 +231,13 @@ signup_limiter = limiter("signup", "signup_address")
 # Failed sign-ins per account and per address (signin_throttle.py).
 signin_account_limiter = limiter("signin-account", "signin_account")
 signin_address_limiter = limiter("signin-address", "signin_address")
+# Resumes per owner, over every socket and Last-Event-ID (and per socket: connection_limiter).
+resume_limiter = limiter("resume", "resume")
 ALL = (
     prompt_limiter,
     address_limiter,
     signup_limiter,
     signin_account_limiter,
     signin_address_limiter,
+    resume_limiter,
 )

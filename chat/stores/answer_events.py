@@ -5,6 +5,9 @@ same process reads; the stream is what outlives that memory: the last number of 
 ended, for the `done` a returning page gets. Writes leave the event loop through a worker
 thread, one batch (a pipeline) at a time per answer, so a slow Redis delays no chunk; while
 Redis is down nothing is written and the chat goes on.
+
+Erasing an answer (its conversation or account deleted: chat/stores/erasure.py) deletes its
+stream at once and leaves a marker that no later write of a turn still ending crosses.
 """
 
 from __future__ import annotations
@@ -28,6 +31,18 @@ LISTENING_MS = 3000
 # How long an answer's stream is kept after its last event: long enough for a phone that
 # wakes a tab, short enough that finished answers do not pile up.
 STREAM_TTL_SECONDS = 15 * 60
+# Left by an erasure, as long as a stream would live: a turn still ending writes nothing more.
+ERASED_PREFIX = "chat:answer-erased:"
+
+# One batch, atomic with the erasure's marker: skipped once the answer was erased. KEYS: the
+# stream, the marker; ARGV: fresh (a first batch replaces the stream), ttl, then seq, event pairs.
+_APPEND = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+if ARGV[1] == '1' then redis.call('DEL', KEYS[1]) end
+for i = 3, #ARGV, 2 do redis.call('XADD', KEYS[1], '0-' .. ARGV[i], 'event', ARGV[i + 1]) end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
 
 _guard = RedisGuard(
     "answer event streams",
@@ -74,8 +89,18 @@ def listening_elsewhere(message_id: int) -> bool:
     return bool(_guard.call("listening", lambda r: r.exists(f"{LISTENING_PREFIX}{message_id}"))[1])
 
 
-def stream_delete(message_id: int) -> None:
-    _guard.call("delete", lambda r: r.delete(_key(message_id)))
+def streams_erase(message_ids: list[int]) -> bool:
+    """Delete the streams of erased answers now, and bar any later write to them; False when
+    Redis could not be reached (they then expire within STREAM_TTL_SECONDS)."""
+
+    def erase(r):
+        pipe = r.pipeline(transaction=False)
+        for message_id in message_ids:
+            pipe.set(f"{ERASED_PREFIX}{message_id}", 1, ex=STREAM_TTL_SECONDS)
+            pipe.delete(_key(message_id), f"{LISTENING_PREFIX}{message_id}")
+        return pipe.execute()
+
+    return not message_ids or _guard.call("erase", erase)[0]
 
 
 class StreamWriter:
@@ -87,6 +112,7 @@ class StreamWriter:
 
     def __init__(self, message_id: int):
         self.key = _key(message_id)
+        self.erased_key = f"{ERASED_PREFIX}{message_id}"
         self._pending: list[tuple[int, str]] = []
         self._flushing: asyncio.Task | None = None
         self._fresh = True
@@ -111,13 +137,16 @@ class StreamWriter:
                 log.exception("could not write the events of %s", self.key)
 
     def _write(self, batch: list[tuple[int, str]], fresh: bool) -> None:
-        def write(r):
-            pipe = r.pipeline(transaction=False)
-            if fresh:
-                pipe.delete(self.key)
-            for seq, payload in batch:
-                pipe.xadd(self.key, {"event": payload}, id=f"0-{seq}")
-            pipe.expire(self.key, STREAM_TTL_SECONDS)
-            return pipe.execute()
-
-        _guard.call("append", write)
+        events = [part for seq, payload in batch for part in (str(seq), payload)]
+        _guard.call(
+            "append",
+            lambda r: r.eval(
+                _APPEND,
+                2,
+                self.key,
+                self.erased_key,
+                "1" if fresh else "0",
+                str(STREAM_TTL_SECONDS),
+                *events,
+            ),
+        )

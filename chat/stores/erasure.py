@@ -8,6 +8,8 @@ page's Delete, the admin, an account's deletion, retention, a visitor's ended se
   in the same transaction (`on_delete=SET_NULL`, so the fact survives a crash);
 - answers still generating in it are cancelled after the commit; whatever they end with is never
   cached (chat/stores/review.py re-checks the conversation under a lock before recording anything);
+- after the commit, every answer's event stream (which holds its whole text, for a page coming
+  back) leaves Redis, and a turn still ending writes none again (chat/stores/answer_events.py);
 - after the commit, `sources_sweep` erases each cached answer that no live conversation holds:
   its row is deleted and its key evicted from Redis (chat/stores/evictions.py: durable and retried), or,
   if staff approved it as a shared answer, the row is kept and served with its prompt redacted.
@@ -41,6 +43,7 @@ from .. import turns
 from ..infra import audit
 from ..models import ApiKey, Budget, CachedAnswer, CachedAnswerSource, Conversation, Message
 from ..protocol import CONVERSATION_DELETED
+from .answer_events import streams_erase
 from .apikeys import apikeys_revoke
 from .evictions import evictions_retry, on_commit_once
 from .selectors import Owner
@@ -77,6 +80,12 @@ def conversations_erase(*, conversations: QuerySet[Conversation]) -> int:
         )
         if running:
             transaction.on_commit(partial(_answers_stop, running), robust=True)
+        answers = list(
+            Message.objects.filter(
+                conversation_id__in=ids, role=Message.Role.ASSISTANT
+            ).values_list("pk", flat=True)
+        )
+        transaction.on_commit(partial(_streams_erase, answers), robust=True)
         # Their prefix KV in every process, and their shared generations' events in Redis.
         transaction.on_commit(partial(turns.conversations_forget, ids), robust=True)
         Conversation.objects.filter(pk__in=ids).delete()
@@ -96,6 +105,11 @@ def _answers_stop(running: list[tuple[int, int | None, str]]) -> None:
         except Exception as exc:
             # It then runs to its end for nobody; it is still never stored or cached.
             log.warning("could not cancel answer %s of a deleted conversation: %s", message_id, exc)
+
+
+def _streams_erase(answers: list[int]) -> None:
+    if not streams_erase(answers):
+        log.warning("could not erase the event streams of %d answer(s) now", len(answers))
 
 
 @receiver(post_delete, sender=Conversation, dispatch_uid="chat-erase-released-answers")

@@ -61,6 +61,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         super().__init__(*args, **kwargs)
         self.turns: dict[str, turns.Turn] = {}
         self.following: set[asyncio.Task] = set()  # answers of other processes, resumed here
+        self.resumes = turns.socket_resume_limiter()
 
     async def __call__(self, scope, receive, send):
         """However the socket ends (a close, a crash in a handler, daphne cancelling it), its answer stops.
@@ -149,7 +150,9 @@ class ChatConsumer(AsyncWebsocketConsumer):
     async def resume(self, command: Resume):
         """The events of one of the owner's answers after `command.after`, then the live ones."""
         try:
-            turn = await turns.turn_resume(owner=self.owner, resume=command, send=self.send_event)
+            turn = await turns.turn_resume(
+                owner=self.owner, resume=command, send=self.send_event, socket=self.resumes
+            )
         except turns.TurnError as exc:
             await self.send_event(Error(None, exc.code, exc.message))
             return

@@ -22,7 +22,7 @@ handed; none touches the model or the database itself. The modules, in a turn's 
 from .admit import admit
 from .cancel_bus import CancelAnswer
 from .handle import Turn
-from .limits import turn_rate_check
+from .limits import socket_resume_limiter, turn_rate_check
 from .prepare import Given
 from .refusals import TurnError
 from .resume import Following, turn_resume
@@ -46,6 +46,7 @@ __all__ = [
     "cancel_bus",
     "conversations_forget",
     "running_turns",
+    "socket_resume_limiter",
     "turn_cancel",
     "turn_rate_check",
     "turn_resume",

@@ -11,6 +11,7 @@ from ..models import Message
 from ..protocol import CONTINUABLE, Prompt
 from ..stores import policy_store
 from ..stores.selectors import Owner, answer_history, conversations_for
+from .identity import answer_identity
 from .prepare import Prepared
 from .prompting import fit_prompt, request_for
 from .refusals import TurnError
@@ -30,10 +31,13 @@ def prepare_continue(owner: Owner, prompt: Prompt, backend: Backend) -> Prepared
     """The rest of an answer cut off at the token limit, or interrupted, written into the same
     message.
 
-    It keeps the identity the answer was given when it was first prepared (identity.py), never
-    one worked out again from what the database holds now: when it ends well, the whole answer
-    is cached under it, so a repeat of that prompt gets all of it. An answer with no identity
-    (sampled, or from a context only the client held) stays unshared, continued or not.
+    It keeps the identity the answer was given when it was first prepared (identity.py): when it
+    ends well, the whole answer is cached under it, so a repeat of that prompt gets all of it.
+    Only while that identity is what the stored policy makes of the prompt now: one that named a
+    request's own settings (a /v1 request's stop, max_tokens, tools...), which the server does not
+    keep, or a policy changed since, would cache text made otherwise under it, so the answer is
+    then no longer shared. An answer with no identity (sampled, or from a context only the
+    client held) stays unshared, continued or not.
     """
     with transaction.atomic():
         answer = (
@@ -72,20 +76,26 @@ def prepare_continue(owner: Owner, prompt: Prompt, backend: Backend) -> Prepared
             messages, _rendered, input_ids = fit_prompt(
                 backend, policy, history, asked.text, answer_so_far=answer.text
             )
+            # The review record shows the prompt's model input, as if the answer was made at once.
+            asked_messages, asked_rendered, asked_ids = fit_prompt(
+                backend, policy, history, asked.text
+            )
         except EngineError as exc:
             raise TurnError(exc.code, str(exc)) from None
+        made_now = request_for(backend, policy, asked_ids, prompt.request_id, asked_messages)
         answer.status = Message.Status.STREAMING
         answer.error = ""
         answer.request_id = prompt.request_id
         answer.instance = settings.CHAT_INSTANCE
-        if (answer.policy_id, answer.policy_version) != (policy.id, policy.version or None):
-            answer.identity = ""  # the policy changed since: the whole is no longer what it named
+        if (answer.policy_id, answer.policy_version) != (policy.id, policy.version or None) or (
+            answer.identity
+            and answer_identity(backend, policy, made_now, client_context=False) != answer.identity
+        ):
+            answer.identity = ""  # the whole would no longer be what it named
         answer.save(
             update_fields=["status", "error", "request_id", "instance", "identity", "updated_at"]
         )
     request = request_for(backend, policy, input_ids, prompt.request_id, messages)
-    # The review record shows the prompt's model input, as if the answer was made at once.
-    _messages, asked_rendered, _ids = fit_prompt(backend, policy, history, asked.text)
     return Prepared(
         conversation=conversation,
         assistant=answer,

@@ -17,12 +17,14 @@ from dataclasses import dataclass
 
 from asgiref.sync import sync_to_async
 
+from ..infra.ratelimit import RateLimiter
 from ..models import Message
 from ..protocol import Resume
 from ..protocol.events import Done, Error, Event, Finish, event_from_fields
 from ..stores.answer_events import stream_follow, stream_last
 from ..stores.selectors import Owner, answers_for
 from .handle import Send, Turn
+from .limits import resume_rate_check
 from .refusals import TurnError
 from .running import running_turns
 
@@ -40,13 +42,17 @@ class Following:
     task: asyncio.Task
 
 
-async def turn_resume(*, owner: Owner, resume: Resume, send: Send) -> Turn | Following | None:
+async def turn_resume(
+    *, owner: Owner, resume: Resume, send: Send, socket: RateLimiter | None = None
+) -> Turn | Following | None:
     """Send `send` what it missed of the owner's answer `resume.message`, then its live events.
 
     Returns the running turn it attached to, the following of an answer another process
     generates, or None when the answer had ended (its final event was sent). Raises TurnError
-    `unknown_request` for an answer that is not the owner's.
+    `unknown_request` for an answer that is not the owner's, `rate_limited` past the owner's or
+    the `socket`'s limit (limits.py).
     """
+    resume_rate_check(owner=owner, socket=socket)
     message = await sync_to_async(_answer)(owner, resume.message)
     if message is None:
         raise TurnError("unknown_request", f"you have no answer {resume.message}")
