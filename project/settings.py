@@ -290,17 +290,23 @@ AUTHENTICATION_BACKENDS = [
     *(["chat.transports.oidc_backend.OidcBackend"] if CHAT_OIDC else []),
 ]
 # Every throttle in one spec (chat/infra/ratelimit.py counts them all the same way): prompts per
-# user or visitor session, prompts per client address for visitors without an account, sign-ups
-# per address, failed sign-ins per account and per address. `0` turns one off.
+# user or visitor session, prompts per client address for visitors without an account, ratings
+# per account or visitor session, sign-ups per address, failed sign-ins per account and per
+# address, and visitors' token budgets per session and per address. `0` turns one off.
 RATE_LIMIT_DEFAULTS = {
     "prompt": "30/1m",
     "prompt_address": "",  # empty: as `prompt`
+    "feedback": "60/1h",
     "signup_address": "5/1h",
     "signin_account": "5/15m",
     "signin_address": "20/15m",
     # A page coming back sends one `resume` per unfinished answer as it reconnects.
     "resume": "120/1m",
     "resume_socket": "30/1m",
+    # Visitors' budget (they have no Budget row): tokens generated in a sliding window, per
+    # session and per client address (chat/stores/visitor_spending.py).
+    "visitor_tokens": "20000/1d",
+    "visitor_address_tokens": "100000/1d",
 }
 _rates = envspec("CHAT_RATE_LIMITS", RATE_LIMIT_DEFAULTS)
 _rates["prompt_address"] = _rates["prompt_address"] or _rates["prompt"]

@@ -196,11 +196,15 @@ def fast_password_hashing(settings):
 
 @pytest.fixture(autouse=True)
 def fresh_rate_limits():
-    """Every test starts with empty rate-limit windows: all test clients share one address."""
+    """Every test starts with empty rate-limit windows and visitor budgets: all test clients share
+    one address."""
     from chat.infra import ratelimit
+    from chat.stores import visitor_spending
 
     for limiter in ratelimit.ALL:
         limiter.clear()
+    for spending in visitor_spending.ALL:
+        spending.clear()
 
 
 @pytest.fixture(scope="session")

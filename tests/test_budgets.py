@@ -166,11 +166,10 @@ def test_a_keys_budget_limits_that_key_and_the_users_limits_every_key():
     assert f"resets on {first_of_next_month:%-d %B} at 00:00 UTC" in refused.value.message
 
 
-def test_visitors_and_users_without_a_budget_are_never_refused():
+def test_users_without_a_budget_are_never_refused():
     user = User.objects.create_user("free")
     usage_record(user_id=user.pk, api_key_id=None, policy="chat", tokens=10**9, answers=10**6)
     budget_check(user.pk, None)
-    budget_check(None, None)
 
 
 def test_without_redis_checks_read_the_database_and_missed_charges_are_reconciled(settings):
@@ -393,3 +392,70 @@ def test_an_error_event_carries_left_and_resets_at_only_when_a_budget_refused():
         Error("r", "quota_exceeded", "spent", left={"daily_tokens": 0}, resets_at="Z")
     )
     assert '"left": {"daily_tokens": 0}, "resets_at": "Z"' in body
+
+
+async def cookieless_socket(address: str) -> ChatClient:
+    """A visitor with no cookie: a session of its own, from `address`."""
+    from project.asgi import application
+
+    chat = ChatClient(application)
+    chat.communicator.scope["client"] = (address, 40000)
+    return await chat.connect()
+
+
+async def spend_until_refused(chat: ChatClient) -> tuple[list[int], dict]:
+    """Prompts until one is refused: the tokens each answer generated, and the refusal."""
+    generated: list[int] = []
+    for n in range(12):
+        request_id = await chat.prompt(f"Name an animal, number {n}.", policy="tiny")
+        event = await chat.receive()
+        if event["type"] == "error":
+            return generated, event
+        events = [event, *await chat.receive_until("done", request_id)]
+        generated.append(events[-1]["metrics"]["new_tokens"])
+    raise AssertionError(f"never refused after {generated}")
+
+
+async def test_a_visitor_has_a_budget_per_session_and_per_address(runtime, settings):
+    """A user whose budget is spent used to sign out and go on as a visitor, without limit.
+    Visitors now spend a budget per session and one per client address (a new cookie is free),
+    and are refused as users are: `quota_exceeded` with what is left and when it frees up."""
+    from chat.models import OutputPolicy
+
+    await sync_to_async(OutputPolicy.objects.create)(name="tiny", slug="tiny", max_new_tokens=6)
+    settings.CHAT_RATE_LIMITS = {
+        **settings.CHAT_RATE_LIMITS,
+        "visitor_tokens": (10, 86400.0),
+        "visitor_address_tokens": (18, 86400.0),
+    }
+    first = await cookieless_socket("203.0.113.7")
+    try:
+        generated, refusal = await spend_until_refused(first)
+    finally:
+        await first.close()
+    assert generated and sum(generated[:-1]) < 10 <= sum(generated)
+    assert refusal["code"] == "quota_exceeded"
+    assert refusal["left"]["visitor_tokens"] == 0 and refusal["resets_at"].endswith("Z")
+    assert "sign in" in refusal["message"]
+
+    # A new session from the same address goes on only until the address's budget is spent.
+    second = await cookieless_socket("203.0.113.7")
+    try:
+        more, refusal = await spend_until_refused(second)
+    finally:
+        await second.close()
+    assert sum(generated) + sum(more[:-1]) < 18 <= sum(generated) + sum(more)
+    assert refusal["code"] == "quota_exceeded" and refusal["left"]["visitor_address_tokens"] == 0
+    assert "this address" in refusal["message"]
+
+    # /api refuses a visitor from that address with 429; another address is still served.
+    response = await sync_to_async(Client(REMOTE_ADDR="203.0.113.7").post)(
+        "/api/chat", {"text": "Hi."}, content_type="application/json"
+    )
+    assert response.status_code == 429 and response.json()["code"] == "quota_exceeded"
+    elsewhere = await cookieless_socket("198.51.100.9")
+    try:
+        request_id = await elsewhere.prompt("Name a colour.", policy="tiny")
+        assert (await elsewhere.receive_until("done", request_id))[-1]["metrics"]["new_tokens"]
+    finally:
+        await elsewhere.close()

@@ -97,7 +97,7 @@ def test_a_different_key_or_prompt_never_joins(backend, scheduler):
 def test_a_joiners_cancel_leaves_the_others_and_the_last_one_stops_the_generation(
     backend, scheduler
 ):
-    coalescer = Coalescer()
+    coalescer = Coalescer(count_tokens=backend.token_count)
     listeners = [Listener() for _ in range(3)]
     views = [coalescer.sharing(scheduler, "key") for _ in listeners]
     tickets = [
@@ -107,8 +107,11 @@ def test_a_joiners_cancel_leaves_the_others_and_the_last_one_stops_the_generatio
     assert listeners[0].first_chunk.wait(120)
     views[1].cancel(tickets[1])
     assert listeners[1].done.is_set() and listeners[1].result.finish_reason == "cancelled"
+    # It leaves with the tokens of the text it received, which its turn charges.
+    assert listeners[1].result.new_tokens >= backend.token_count(listeners[1].text) > 0
     views[0].cancel(tickets[0])
     assert listeners[0].result.finish_reason == "cancelled"
+    assert listeners[0].result.new_tokens >= listeners[1].result.new_tokens
     assert not listeners[2].done.is_set() and scheduler.running == 1  # still generating for it
     views[2].cancel(tickets[2])
     assert listeners[2].done.wait(60)
@@ -117,12 +120,12 @@ def test_a_joiners_cancel_leaves_the_others_and_the_last_one_stops_the_generatio
     assert scheduler.submitted == 1 and coalescer.in_flight() == 0
 
 
-def two_processes() -> tuple[Coalescer, Coalescer]:
+def two_processes(count_tokens=None) -> tuple[Coalescer, Coalescer]:
     """Two Coalescers on one Redis, as two daphne processes have (tests/test_coalescing_across.py
     runs two real ones)."""
     processes = Coalescer(), Coalescer()
     for process in processes:
-        process.across = AcrossProcesses(lambda: TEST_CACHE_URL)
+        process.across = AcrossProcesses(lambda: TEST_CACHE_URL, count_tokens=count_tokens)
     return processes
 
 
@@ -141,6 +144,72 @@ def test_a_second_process_follows_the_first_ones_generation(backend, scheduler):
     assert first.text == second.text == first.result.text == second.result.text
     assert second.result.finish_reason == "length" and second.result.new_tokens == 30
     assert a.in_flight() == b.in_flight() == 0
+
+
+def test_a_follower_or_owner_leaving_a_generation_shared_across_processes_has_its_tokens(
+    backend, scheduler
+):
+    a, b = two_processes(backend.token_count)
+    first, second = Listener(), Listener()
+    views = a.sharing(scheduler, "key"), b.sharing(scheduler, "key")
+    tickets = [
+        view.submit(backend.request(STORY, max_new_tokens=200, min_new_tokens=200), listener)[0]
+        for view, listener in zip(views, (first, second), strict=True)
+    ]
+    assert second.first_chunk.wait(120)
+    views[0].cancel(tickets[0])  # the owner's listener leaves; the follower still listens
+    assert first.done.wait(10) and first.result.finish_reason == "cancelled"
+    assert first.result.new_tokens >= backend.token_count(first.text) > 0
+    views[1].cancel(tickets[1])  # then the follower
+    assert second.done.wait(10) and second.result.finish_reason == "cancelled"
+    assert second.result.new_tokens >= backend.token_count(second.text) > 0
+    assert scheduler.submitted == 1
+
+
+def signed_in_session(name: str) -> tuple[object, str]:
+    """A user of their own and a session key signed in as them."""
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    user = User.objects.create_user(name, password="pw")
+    client = Client()
+    client.force_login(user)
+    return user, client.cookies["sessionid"].value
+
+
+@ws_db
+async def test_a_listener_that_leaves_a_shared_generation_early_is_charged_what_it_received(
+    make_client, runtime, make_policy, monkeypatch
+):
+    from chat.models import Usage
+
+    await sync_to_async(make_policy)(slug="long", max_new_tokens=200)
+    calls = []
+    original = runtime.scheduler.submit
+    monkeypatch.setattr(
+        runtime.scheduler, "submit", lambda *a, **k: (calls.append(1), original(*a, **k))[1]
+    )
+    (stays, stays_key), (leaves, leaves_key) = [
+        await sync_to_async(signed_in_session)(name) for name in ("stays", "leaves")
+    ]
+    first = await make_client(session_key=stays_key)
+    second = await make_client(session_key=leaves_key)
+    prompt = "Write a long story about a dragon, a lighthouse and a storm."
+    first_id = await first.prompt(prompt, policy="long")
+    await first.receive_until("chunk", first_id)
+    second_id = await second.prompt(prompt, policy="long")
+    await second.receive_until("chunk", second_id)  # joined: the text so far
+    await second.send({"type": "cancel", "request_id": second_id})
+    left = (await second.receive_until("done", second_id))[-1]
+    assert left["finish_reason"] == "cancelled" and left["text"]
+    assert left["metrics"]["new_tokens"] > 0
+    kept = (await first.receive_until("done", first_id))[-1]
+    assert len(calls) == 1  # one generation, shared
+    usage = await sync_to_async(Usage.objects.get)(user=leaves)
+    assert 0 < usage.tokens <= kept["metrics"]["new_tokens"] and usage.answers == 1
+    assert (await sync_to_async(Usage.objects.get)(user=stays)).tokens == kept["metrics"][
+        "new_tokens"
+    ]
 
 
 @ws_db

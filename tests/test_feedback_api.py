@@ -26,8 +26,22 @@ def visitor(**kwargs) -> Client:
     return client
 
 
+def member(*, age: timedelta = timedelta(days=2), **kwargs) -> Client:
+    """A client signed in to an account made `age` ago."""
+    user = User.objects.create_user(f"member{User.objects.count()}", password="pw")
+    User.objects.filter(pk=user.pk).update(date_joined=timezone.now() - age)
+    client = Client(**kwargs)
+    client.force_login(user)
+    return client
+
+
 def answer_of(client: Client, *, cached: CachedAnswer | None = None, **fields) -> Message:
-    conversation = Conversation.objects.create(session_key=client.session.session_key)
+    user_id = client.session.get("_auth_user_id")
+    conversation = (
+        Conversation.objects.create(user_id=int(user_id))
+        if user_id
+        else Conversation.objects.create(session_key=client.session.session_key)
+    )
     Message.objects.create(conversation=conversation, role="user", text="Tell me about owls")
     return Message.objects.create(
         conversation=conversation,
@@ -168,7 +182,7 @@ def test_thumbs_down_from_enough_users_send_a_cached_answer_back_to_review(
 ):
     policy = OutputPolicy.objects.create(name="p", slug="p", feedback_downs_to_review=2)
     record = record_of(policy, status="approved")
-    first, second = visitor(), visitor()
+    first, second = member(), member()
     rate(first, answer_of(first, cached=record).pk, {"rating": -1, "comment": "Owls sleep."})
     # The same user again, on another hit: still one user.
     rate(first, answer_of(first, cached=record).pk, {"rating": -1})
@@ -184,7 +198,9 @@ def test_thumbs_down_from_enough_users_send_a_cached_answer_back_to_review(
     assert completion_cache.get(record.key) is None  # evicted from Redis
     assert not review.servable(status=record.status, review_required=False, sent_back=True)
     (trail,) = LogEntry.objects.filter(additional_data__event="cachedanswer.send_back")
-    assert trail.actor is None and trail.changes == {"status": ["approved", "pending"]}
+    # The account whose thumbs-down reached the threshold.
+    assert trail.actor_id == int(second.session["_auth_user_id"])
+    assert trail.changes == {"status": ["approved", "pending"]}
 
     # Approved after reading the comments: served again, and the downs it was sent back for do
     # not send it back a second time; new ones on answers served after the approval do.
@@ -196,17 +212,60 @@ def test_thumbs_down_from_enough_users_send_a_cached_answer_back_to_review(
     )
     record.refresh_from_db()
     assert served(record) and record.sent_back_at is None and feedback.downs_counted(record) == 0
-    later = visitor()
+    later = member()
     rate(later, answer_of(later, cached=record).pk, {"rating": -1})
     record.refresh_from_db()
     assert record.sent_back_at is None and served(record)
+
+
+def test_visitors_and_new_accounts_rate_but_never_send_an_answer_back():
+    """A visitor's session and a fresh account cost nothing to make: their thumbs-down are
+    stored, shown to them and to reviewers, and counted toward nothing."""
+    policy = OutputPolicy.objects.create(name="v", slug="v", feedback_downs_to_review=3)
+    record = record_of(policy, status="approved")
+    strangers = [visitor() for _ in range(3)] + [member(age=timedelta(hours=1)) for _ in range(3)]
+    for client in strangers:
+        message = answer_of(client, cached=record)
+        response = rate(client, message.pk, {"rating": -1, "comment": "Bad."})
+        assert response.status_code == 200 and response.json()["cached"] is True
+        shown = client.get(f"/api/conversations/{message.conversation_id}/").json()
+        assert shown["messages"][-1]["feedback"] == {"rating": -1, "comment": "Bad."}
+    assert Feedback.objects.filter(rating=-1).count() == 6
+    record.refresh_from_db()
+    assert record.sent_back_at is None and served(record) and feedback.downs_counted(record) == 0
+    # Three accounts of a day's standing do count, through an API key as through a session.
+    for n in range(3):
+        client = member()
+        user = User.objects.get(pk=client.session["_auth_user_id"])
+        _, key = apikeys.apikey_create(user=user)
+        auth = {"HTTP_AUTHORIZATION": f"Bearer {key}"} if n == 0 else {}
+        response = rate(client, answer_of(client, cached=record).pk, {"rating": -1}, **auth)
+        assert response.status_code == 200
+    record.refresh_from_db()
+    assert record.sent_back_at is not None and not served(record)
+
+
+def test_ratings_are_rate_limited_per_account_with_a_clear_429(monkeypatch):
+    from chat.infra.ratelimit import feedback_limiter
+
+    monkeypatch.setattr(feedback_limiter, "limit", 2)
+    client, other = member(), member()
+    messages = [answer_of(client) for _ in range(3)]
+    assert rate(client, messages[0].pk, {"rating": -1}).status_code == 200
+    assert client.delete(f"/api/messages/{messages[0].pk}/feedback").status_code == 204
+    refused = rate(client, messages[1].pk, {"rating": -1})
+    assert refused.status_code == 429 and refused.json()["code"] == "rate_limited"
+    assert "too many ratings: at most 2 an hour" in refused.json()["message"]
+    assert 0 < int(refused["Retry-After"]) <= 3600
+    assert not Feedback.objects.filter(message=messages[1]).exists()
+    assert rate(other, answer_of(other).pk, {"rating": 1}).status_code == 200  # per account
 
 
 def test_a_threshold_of_zero_never_sends_back_and_rejected_answers_stay_rejected():
     never = OutputPolicy.objects.create(name="n", slug="n", feedback_downs_to_review=0)
     record = record_of(never)
     for _ in range(3):
-        client = visitor()
+        client = member()
         rate(client, answer_of(client, cached=record).pk, {"rating": -1})
     record.refresh_from_db()
     assert record.sent_back_at is None and served(record)
@@ -311,7 +370,7 @@ def test_the_review_list_sorts_by_thumbs_down_and_hits():
         )
         records.append(record)
         for _ in range(downs):
-            client = visitor()
+            client = member()
             rate(client, answer_of(client, cached=record).pk, {"rating": -1, "comment": f"c{n}"})
 
     def order(query: str) -> list[int]:

@@ -4,10 +4,13 @@ the next identical prompt is generated afresh; the review shows the comments and
 signals apart."""
 
 import json
+from datetime import timedelta
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.contrib.auth.models import User
 from django.test import Client
+from django.utils import timezone
 
 from chat.models import CachedAnswer, Feedback, OutputPolicy
 from chat.stores.cache import completion_cache
@@ -26,6 +29,20 @@ def visitor() -> Client:
 async def visitor_socket(make_client):
     """A visitor: their HTTP client and their socket, one session."""
     http = await sync_to_async(visitor)()
+    return http, await make_client(session_key=http.cookies["sessionid"].value)
+
+
+async def member_socket(make_client):
+    """A signed-in account of two days' standing: its HTTP client and its socket, one session."""
+
+    def signed_in() -> Client:
+        user = User.objects.create_user(f"member{User.objects.count()}", password="pw")
+        User.objects.filter(pk=user.pk).update(date_joined=timezone.now() - timedelta(days=2))
+        client = Client()
+        client.force_login(user)
+        return client
+
+    http = await sync_to_async(signed_in)()
     return http, await make_client(session_key=http.cookies["sessionid"].value)
 
 
@@ -52,7 +69,7 @@ async def test_thumbs_down_send_a_cached_answer_back_to_review_and_it_is_generat
 
     comments = ("It stops at nine.", "Numbers are missing.")
     for number, comment in enumerate(comments):
-        http, chat = await visitor_socket(make_client)
+        http, chat = await member_socket(make_client)
         hit = (await ask(chat))[-1]
         assert hit["cached"] and hit["text"] == generated[-1]["text"]
         if number == 0:
@@ -81,6 +98,31 @@ async def test_thumbs_down_send_a_cached_answer_back_to_review_and_it_is_generat
     page = (await reviewer.get(f"/admin/chat/cachedanswer/{record.pk}/change/")).content.decode()
     assert all(comment in page for comment in comments)
     assert "stopped 1 and regenerated 0 time(s)" in page
+
+
+@pytest.mark.integration
+@ws_db
+async def test_visitors_thumbs_down_never_take_a_shared_answer_out_of_service(
+    make_client, runtime, example_policies
+):
+    """Three cookie-less visitors rating a popular answer down: stored, and the next asker is
+    still served it from the cache."""
+    await sync_to_async(OutputPolicy.objects.filter(slug="chat").update)(feedback_downs_to_review=3)
+    _, first = await visitor_socket(make_client)
+    generated = await ask(first)
+    assert not generated[-1]["cached"]
+    for _ in range(3):
+        http, chat = await visitor_socket(make_client)
+        hit = (await ask(chat))[-1]
+        assert hit["cached"]
+        assert (await rate(http, hit["message"], -1, "Wrong."))["cached"] is True
+    assert await sync_to_async(Feedback.objects.filter(rating=-1).count)() == 3
+    record = await sync_to_async(CachedAnswer.objects.get)()
+    assert record.sent_back_at is None
+
+    _, later = await visitor_socket(make_client)
+    again = (await ask(later))[-1]
+    assert again["cached"] and again["text"] == generated[-1]["text"]
 
 
 @pytest.mark.integration

@@ -117,7 +117,13 @@ def build_stack(backend: Backend, config: StackConfig) -> SchedulerStack:
             max_waiting=config.max_waiting,
             admission=admission,
         )
+    # A listener that leaves a shared generation is charged the tokens of what it received.
+    count_tokens = backend.token_count
     across = None
     if config.share_across is not None:
-        across = AcrossProcesses(config.share_across, lease_seconds=config.share_lease_seconds)
-    return SchedulerStack(base, Coalescer(across=across))
+        across = AcrossProcesses(
+            config.share_across,
+            lease_seconds=config.share_lease_seconds,
+            count_tokens=count_tokens,
+        )
+    return SchedulerStack(base, Coalescer(across=across, count_tokens=count_tokens))

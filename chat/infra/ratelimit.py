@@ -1,9 +1,9 @@
 """Every throttle, one mechanism: a sliding window of recent hits per key, counted in Redis.
 
-Prompts (per owner and per visitor address), resumes per owner, sign-ups per address and failed
-sign-ins per account and per address are all a SharedRateLimiter, sized by CHAT_RATE_LIMITS. Counted in Redis, so
-every server process shares one window per key (N processes behind a balancer do not allow N
-times the limit); while Redis is unreachable each process counts on its own, says so in /healthz,
+Prompts (per owner and per visitor address), resumes and ratings per owner, sign-ups per
+address and failed sign-ins per account and per address are all a SharedRateLimiter, sized by
+CHAT_RATE_LIMITS. Counted in Redis, so every server process shares one window per key (N
+processes behind a balancer do not allow N times the limit); while Redis is unreachable each process counts on its own, says so in /healthz,
 and goes back to the shared count when Redis answers again: an outage neither locks everyone
 out nor lets everyone through.
 """
@@ -226,6 +226,8 @@ def connection_limiter(rate: str) -> RateLimiter:
 prompt_limiter = limiter("prompt", "prompt")
 # Visitors without an account also count per address: dropping the session cookie gains nothing.
 address_limiter = limiter("address", "prompt_address")
+# Ratings (and taking them back) per account or visitor session (transports/feedback_api.py).
+feedback_limiter = limiter("feedback", "feedback")
 # Accounts made per address: each account has its own prompt limit (signup_throttle.py).
 signup_limiter = limiter("signup", "signup_address")
 # Failed sign-ins per account and per address (signin_throttle.py).
@@ -236,6 +238,7 @@ resume_limiter = limiter("resume", "resume")
 ALL = (
     prompt_limiter,
     address_limiter,
+    feedback_limiter,
     signup_limiter,
     signin_account_limiter,
     signin_address_limiter,

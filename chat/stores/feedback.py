@@ -2,9 +2,12 @@
 signals of a Stop or a Regenerate soon after a cache hit.
 
 A rating of an answer served from the cache counts on its review record: once as many distinct
-users as its policy's `feedback_downs_to_review` rated it down, the record is sent back to review
-(chat/stores/review.py, `answer_send_back`): no longer served, evicted from Redis, pending with
-the comments. Implicit signals are stored and shown apart, and never send anything back.
+accounts as its policy's `feedback_downs_to_review` rated it down, the record is sent back to
+review (chat/stores/review.py, `answer_send_back`): no longer served, evicted from Redis, pending
+with the comments. Only signed-in accounts at least `SEND_BACK_ACCOUNT_AGE` old count: a visitor's
+session, or an account made minutes ago, costs nothing to make, so three of them could take any
+shared answer out of service. Their ratings are stored and shown all the same. Implicit signals
+are stored and shown apart, and never send anything back.
 """
 
 from __future__ import annotations
@@ -29,6 +32,11 @@ MAX_COMMENT = 2000
 IMPLICIT_WINDOW = timedelta(seconds=10)
 # A record whose policy was deleted uses the field's default.
 DEFAULT_DOWNS = OutputPolicy._meta.get_field("feedback_downs_to_review").default
+# An account younger than this does not count toward a send-back: sign-up is throttled per
+# address (5 an hour by default), so without it one address could make the threshold's
+# accounts within the hour; with it, the accounts must be made a day ahead, and the audit
+# trail has them all by then.
+SEND_BACK_ACCOUNT_AGE = timedelta(days=1)
 
 
 class FeedbackRefused(Exception):
@@ -109,18 +117,19 @@ def rating_clear(*, owner: Owner, message_id: int) -> None:
 
 
 def downs_counted(record: CachedAnswer) -> int:
-    """Distinct users who rated the record's answer down, of answers served since its last
-    approval or new text (`feedback_since`)."""
+    """Distinct accounts that rated the record's answer down, of answers served since its last
+    approval or new text (`feedback_since`): active accounts at least SEND_BACK_ACCOUNT_AGE
+    old, never a visitor's session."""
     downs = Feedback.objects.filter(
-        kind=Feedback.Kind.RATING, rating=DOWN, message__cached_answer=record
+        kind=Feedback.Kind.RATING,
+        rating=DOWN,
+        message__cached_answer=record,
+        message__conversation__user__is_active=True,
+        message__conversation__user__date_joined__lte=timezone.now() - SEND_BACK_ACCOUNT_AGE,
     )
     if record.feedback_since is not None:
         downs = downs.filter(message__created_at__gte=record.feedback_since)
-    return (
-        downs.values_list("message__conversation__user_id", "message__conversation__session_key")
-        .distinct()
-        .count()
-    )
+    return downs.values_list("message__conversation__user_id").distinct().count()
 
 
 def _send_back_if_due(record_id: int | None) -> bool:

@@ -8,9 +8,12 @@ else's answer, or none, is a 404, so nobody can rate another's answer or learn i
 
 from __future__ import annotations
 
+import math
+
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 
+from ..infra.ratelimit import feedback_limiter
 from ..protocol import error_fields, inputs
 from ..protocol.errors import error_code
 from ..stores import apikeys, feedback
@@ -78,6 +81,16 @@ def _rate(request, message_id: int):
     owner = _owner(request)
     if isinstance(owner, JsonResponse):
         return owner
+    wait = feedback_limiter.check(owner.rate_key)
+    if wait:
+        seconds = math.ceil(wait)
+        response = _error(
+            "rate_limited",
+            f"too many ratings: at most {feedback_limiter.limit} {feedback_limiter.per}; "
+            f"try again in {seconds} s",
+        )
+        response["Retry-After"] = str(seconds)
+        return response
     try:
         if request.method == "DELETE":
             feedback.rating_clear(owner=owner, message_id=message_id)

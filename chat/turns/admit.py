@@ -61,7 +61,9 @@ async def admit(
             "busy", f"request {running.request_id} is still running; wait for it or cancel it"
         )
     given = given or Given()
-    await sync_to_async(budget_check)(owner.user_id, given.api_key_id)
+    await sync_to_async(budget_check)(
+        owner.user_id, given.api_key_id, visitor=owner.rate_key, address=address
+    )
     try:
         backend, stack = runtime.require()
     except NotReady as exc:
@@ -69,7 +71,7 @@ async def admit(
     token = object()  # request ids are the client's: two sockets may use the same one
     starting.add(token)
     try:
-        return await _start(owner, prompt, send, given, backend, stack)
+        return await _start(owner, prompt, send, given, backend, stack, address)
     finally:
         starting.discard(token)
 
@@ -81,7 +83,13 @@ def _prepare(owner: Owner, prompt: Prompt, backend: Backend, given: Given) -> Pr
 
 
 async def _start(
-    owner: Owner, prompt: Prompt, send: Send, given: Given, backend: Backend, stack: SchedulerStack
+    owner: Owner,
+    prompt: Prompt,
+    send: Send,
+    given: Given,
+    backend: Backend,
+    stack: SchedulerStack,
+    address: str | None,
 ) -> Turn:
     accepted_at = time.perf_counter()
     stack.expect()  # users arriving together are batched together
@@ -108,6 +116,7 @@ async def _start(
         )
         turn = run.turn
         turn.api_key_id = given.api_key_id
+        turn.address = address if owner.user_id is None else None
         # What the engine keeps of it is filed under its conversation, for when that is deleted.
         run.request.tag = conversation_tag(prepared.conversation.pk)
         if prepared.cache_key is not None:

@@ -7,13 +7,17 @@ turn, and largely reused from the prefix KV store. An answer that runs past the 
 finished and charged in full; the next prompt is refused. A cache hit is charged nothing (it is
 recorded as a cached answer): it costs the server a Redis read, not the model. A failed answer
 is charged nothing: the failure is the server's.
+
+Visitors have no Budget row: theirs is a setting, tokens per session and per client address in
+a sliding window, counted in Redis (chat/stores/visitor_spending.py), checked and charged at the
+same two ends and refused with the same `quota_exceeded`.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError
@@ -23,6 +27,7 @@ from ..models.budgets import LIMITS
 from ..stores import storage
 from ..stores.budgets import Period, Scope, budgets_of, periods, usage_record
 from ..stores.spending import spending
+from ..stores.visitor_spending import Allowance, address_spending, session_spending
 from .refusals import TurnError
 
 log = logging.getLogger(__name__)
@@ -69,13 +74,22 @@ def standings(budgets: list[tuple[Scope, dict[str, int]]]) -> list[Standing]:
     ]
 
 
-def budget_check(user_id: int | None, api_key_id: int | None) -> None:
-    """TurnError `quota_exceeded` when a budget of the user's, or of the key's, is spent.
+def budget_check(
+    user_id: int | None,
+    api_key_id: int | None,
+    *,
+    visitor: str | None = None,
+    address: str | None = None,
+) -> None:
+    """TurnError `quota_exceeded` when a budget of the user's, or of the key's, is spent; for a
+    visitor (no user), their session's (`visitor`, the owner's rate key) or address's.
 
-    Visitors have no budget. With the database unavailable the check lets the prompt through:
-    preparing it needs the database too, and refuses it with `storage_failed`.
+    With the database unavailable the check lets the prompt through: preparing it needs the
+    database too, and refuses it with `storage_failed`.
     """
     if user_id is None:
+        if visitor is not None:
+            visitor_budget_check(visitor, address)
         return
     try:
         now = storage.closing_on_error(lambda: standings(budgets_of(user_id, api_key_id)))
@@ -97,6 +111,41 @@ def budget_check(user_id: int | None, api_key_id: int | None) -> None:
         left=left,
         resets_at=named.period.resets_at.isoformat().replace("+00:00", "Z"),
     )
+
+
+def _visitor_keys(visitor: str, address: str | None):
+    yield session_spending, visitor
+    if address is not None:
+        yield address_spending, f"address:{address}"
+
+
+def visitor_budget_check(visitor: str, address: str | None) -> None:
+    """TurnError `quota_exceeded` when the visitor's session, or their address, has spent its
+    tokens for the window (CHAT_RATE_LIMITS `visitor_tokens`, `visitor_address_tokens`)."""
+    now: list[Allowance] = [
+        one
+        for counter, key in _visitor_keys(visitor, address)
+        if (one := counter.allowance(key)) is not None
+    ]
+    spent_ones = [one for one in now if one.left == 0]
+    if not spent_ones:
+        return
+    named = max(spent_ones, key=lambda one: one.frees_in)
+    frees_at = datetime.now(UTC) + timedelta(seconds=named.frees_in)
+    prometheus.BUDGET_REFUSALS.labels("visitor", "tokens").inc()
+    whose = "this session's" if named.name == session_spending.name else "this address's"
+    raise TurnError(
+        QUOTA_EXCEEDED,
+        f"{whose} budget for visitors is spent; sign in, or try again after {frees_at:%H:%M} UTC",
+        left={one.name: one.left for one in now},
+        resets_at=frees_at.isoformat(timespec="seconds").replace("+00:00", "Z"),
+    )
+
+
+def visitor_charge(visitor: str, address: str | None, tokens: int) -> None:
+    """A visitor's answer: its tokens added to their session's and their address's windows."""
+    for counter, key in _visitor_keys(visitor, address):
+        counter.charge(key, tokens)
 
 
 def refusal_text(scope: Scope, period: Period) -> str:

@@ -7,6 +7,7 @@ overrides its storing, counting and caching to keep the answer for staff instead
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from enum import StrEnum
@@ -22,7 +23,7 @@ from ..stores import review, storage
 from ..stores.cache import CACHEABLE_FINISH
 from ..stores.partial import PartialSaver
 from ..stores.policy_store import ResolvedPolicy
-from .budget import answer_charge
+from .budget import answer_charge, visitor_charge
 from .handle import Turn
 
 log = logging.getLogger(__name__)
@@ -128,9 +129,19 @@ class TurnFinish:
         await self._account(text, json_value, finish_reason, outcome, done_metrics)
 
     async def _charge(self, done_metrics: dict) -> None:
-        """The tokens generated for this answer charged to its user's and key's budgets."""
+        """The tokens generated for this answer charged to its user's and key's budgets, or to a
+        visitor's session and address."""
         if self.turn.owner.user_id is None:
-            return  # a visitor has no budget
+            try:  # a visitor's budget is counted in Redis only
+                await asyncio.to_thread(
+                    visitor_charge,
+                    self.turn.owner.rate_key,
+                    self.turn.address,
+                    self.new_tokens - self.tokens_before,
+                )
+            except Exception:
+                log.exception("could not charge the answer of %s", self.turn.request_id)
+            return
         try:
             await answer_charge(
                 user_id=self.turn.owner.user_id,

@@ -48,6 +48,7 @@ class Turn:
     send: Send | None  # the first listener: the transport that started the turn
     task: asyncio.Task | None = None
     api_key_id: int | None = None  # a /v1 turn's key: revoking it stops the turn
+    address: str | None = None  # a visitor's client address: their budget's second key
     finished: bool = False
     policy: str = ""
     grace_s: float = 0.0

@@ -8,7 +8,8 @@ text so far as one chunk), then every live event and the same Finished (or Faile
 joiner runs its own turn on those events (its own policy gate, stored message and metrics);
 only the tokens are shared.
 
-A joiner's cancel detaches it alone (it gets Finished "cancelled" with the text it had);
+A joiner's cancel detaches it alone (it gets Finished "cancelled" with the text it had and
+that text's tokens, which its turn is charged);
 the generation is cancelled only when its last listener is gone. Works in front of any
 Scheduler (the local ContinuousScheduler or the remote ConcurrentScheduler). Within one
 process by itself; with `across` (coalescing_across.py), the one request a process's
@@ -28,7 +29,6 @@ from ..types import (
     Failed,
     Finished,
     GenerationRequest,
-    GenerationResult,
     Queued,
     Scheduler,
     Sink,
@@ -36,6 +36,7 @@ from ..types import (
     TextChunk,
     Ticket,
 )
+from .coalescing_across import CountTokens, cancelled_result
 
 
 @dataclass(eq=False)
@@ -71,7 +72,9 @@ class Across(Protocol):
 class Coalescer:
     """The generations in flight in this process, by (scheduler, answer identity, token ids)."""
 
-    def __init__(self, across: Across | None = None) -> None:
+    def __init__(
+        self, across: Across | None = None, count_tokens: CountTokens | None = None
+    ) -> None:
         self._lock = threading.RLock()  # a scheduler may call a sink from inside submit/cancel
         self._live: dict[tuple[object, ...], _Generation] = {}
         self._of: dict[Ticket, _Generation] = {}
@@ -79,6 +82,7 @@ class Coalescer:
         self.across = (
             across  # how the one request reaches the scheduler when processes share a Redis
         )
+        self.count_tokens = count_tokens  # a leaving listener's tokens (cancelled_result)
 
     def sharing(self, scheduler: Scheduler, key: str | None) -> Scheduler:
         """`scheduler` as seen by a turn whose answer has identity `key`: identical requests
@@ -141,15 +145,10 @@ class Coalescer:
             if len(generation.listeners) > 1:
                 generation.listeners.remove(ticket)
                 del self._of[ticket]
-                now = time.perf_counter()
-                text = "".join(generation.text)
-                ticket.sink(
-                    Finished(
-                        GenerationResult(
-                            text, "cancelled", 0, len(ticket.request.input_ids), now, None, now
-                        )
-                    )
+                result = cancelled_result(
+                    generation.text, len(ticket.request.input_ids), self.count_tokens
                 )
+                ticket.sink(Finished(result))
                 return
             # The last listener: the generation itself stops, and its Finished reaches it; nobody
             # may join it any more.

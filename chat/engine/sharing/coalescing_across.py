@@ -56,10 +56,19 @@ EVENTS_LOST = "the events of the generation this request shared were lost"
 REDIS_LOST = "Redis, which carried the generation this request shared, stopped answering"
 
 
-def cancelled_result(text: str, prompt_tokens: int) -> GenerationResult:
-    """What a listener that leaves a shared generation gets: the text it had, nothing generated."""
+CountTokens = Callable[[str], int]
+
+
+def cancelled_result(
+    pieces: list[str], prompt_tokens: int, count_tokens: CountTokens | None
+) -> GenerationResult:
+    """What a listener that leaves a shared generation gets: the text it had, and its tokens (what
+    its turn is charged): the tokenizer's count of the text, at least one per piece (each came
+    from a decode step of its own, or more)."""
+    text = "".join(pieces)
+    tokens = max(count_tokens(text) if count_tokens is not None and text else 0, len(pieces))
     now = time.perf_counter()
-    return GenerationResult(text, "cancelled", 0, prompt_tokens, now, None, now)
+    return GenerationResult(text, "cancelled", tokens, prompt_tokens, now, None, now)
 
 
 def encode(event: Event, n: int) -> dict[str, Any]:
@@ -125,8 +134,10 @@ class _Owned:
         sink: Sink,
         request: GenerationRequest,
         on_end: Callable[[], None],
+        count_tokens: CountTokens | None = None,
     ):
         self.registry, self.generation, self.token = registry, generation, token
+        self.count_tokens = count_tokens
         self.scheduler = scheduler
         self.prompt_tokens = len(request.input_ids)
         self.tag = request.tag
@@ -185,9 +196,9 @@ class _Owned:
             return
         with self._lock:
             local, self._local = self._local, None
-            text = "".join(self._text)
+            pieces = list(self._text)
         if local is not None:
-            local(Finished(cancelled_result(text, self.prompt_tokens)))
+            local(Finished(cancelled_result(pieces, self.prompt_tokens, self.count_tokens)))
 
     def _stop(self) -> None:
         with self._lock:
@@ -250,8 +261,10 @@ class _Followed:
         listener: str,
         ticket: Ticket,
         on_end: Callable[[], None],
+        count_tokens: CountTokens | None = None,
     ):
         self.registry, self.generation, self.listener = registry, generation, listener
+        self.count_tokens = count_tokens
         self.ticket = ticket
         self.on_end = on_end
         self._lock = threading.Lock()
@@ -279,10 +292,11 @@ class _Followed:
             if self._ended:
                 return
             self._ended = True
-            text = "".join(self._text)
+            pieces = list(self._text)
         with contextlib.suppress(*self.registry.errors):  # else its lease runs out instead
             self.registry.leave(self.generation, self.listener)
-        self.ticket.sink(Finished(cancelled_result(text, len(self.ticket.request.input_ids))))
+        prompt_tokens = len(self.ticket.request.input_ids)
+        self.ticket.sink(Finished(cancelled_result(pieces, prompt_tokens, self.count_tokens)))
 
     def _deliver(self, entries: list[tuple[str, dict[str, Any]]]) -> str | None:
         """Hand events on in order; the stream id read up to, or None once it ended."""
@@ -354,9 +368,16 @@ class AcrossProcesses:
 
     backoff_seconds = 2.0
 
-    def __init__(self, url: Callable[[], str], *, lease_seconds: float = 10.0):
+    def __init__(
+        self,
+        url: Callable[[], str],
+        *,
+        lease_seconds: float = 10.0,
+        count_tokens: CountTokens | None = None,
+    ):
         self.url = url
         self.lease_seconds = lease_seconds
+        self.count_tokens = count_tokens  # a leaving listener's tokens (cancelled_result)
         self.joined = 0  # requests that followed another process's generation
         self._registries: dict[str, GenerationRegistry] = {}
         self._handles: dict[int, _Owned | _Followed] = {}  # by id of the ticket handed out
@@ -399,6 +420,7 @@ class AcrossProcesses:
                 sink,
                 request,
                 lambda: self._forget(owned),
+                self.count_tokens,
             )
             try:
                 ticket, position = scheduler.submit(request, owned.sink, expected=expected)
@@ -411,7 +433,12 @@ class AcrossProcesses:
         if expected:
             scheduler.unexpect()  # announced to the scheduler, but it never runs here
         followed = _Followed(
-            registry, generation, token, Ticket(request, sink), lambda: self._forget(followed)
+            registry,
+            generation,
+            token,
+            Ticket(request, sink),
+            lambda: self._forget(followed),
+            self.count_tokens,
         )
         self._remember(followed.ticket, followed)
         self.joined += 1
