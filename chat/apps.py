@@ -1,6 +1,23 @@
 from django.apps import AppConfig
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
 from django.db.models.signals import post_migrate, post_save
+
+HOOK_SETTINGS = ("CHAT_HOOK_HOSTS", "CHAT_HOOK_SECRETS")
+
+
+def hook_reach_apply(**kwargs) -> None:
+    """Hands the hosts and secrets the operator allows hooks to chat/policy/reach.py (at start
+    and whenever a test changes them): chat/policy reads no settings itself."""
+    if kwargs.get("setting", HOOK_SETTINGS[0]) not in HOOK_SETTINGS:
+        return
+    from .policy import reach
+
+    try:
+        reach.allow(hosts=settings.CHAT_HOOK_HOSTS, secrets=settings.CHAT_HOOK_SECRETS)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"CHAT_HOOKS: hosts: {exc}") from None
 
 
 class ChatConfig(AppConfig):
@@ -11,13 +28,12 @@ class ChatConfig(AppConfig):
         # checks registers the system checks; erasure and evictions their post_delete receivers;
         # audit its receiver that fills in every audit record's actor and event.
         from .infra import audit, checks  # noqa: F401
-        from .policy.http import use_secrets
         from .stores import erasure, evictions  # noqa: F401
         from .stores.budgets import budget_default_apply
         from .stores.recovery import on_post_migrate
 
-        # A hook's api_key_env names a variable of the environment settings hand over.
-        use_secrets(settings.CHAT_HOOK_SECRETS)
+        hook_reach_apply()
+        setting_changed.connect(hook_reach_apply, dispatch_uid="chat-hook-reach")
         # Start-up migrates before serving: answers a previous process left streaming are closed then.
         post_migrate.connect(on_post_migrate, sender=self, dispatch_uid="chat-interrupted-answers")
         # A new account gets the default budget (chat/stores/budgets.py).

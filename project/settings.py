@@ -447,13 +447,45 @@ LOGGING = {
 }
 
 # -- the chat itself -----------------------------------------------------------
+# The product's own secrets are never a hook's, even when listed by mistake.
+SERVER_SECRETS = frozenset(
+    {
+        "SECRET_KEY",
+        "DATABASE_URL",
+        "REDIS_URL",
+        "CHAT_CACHE_REDIS_URL",
+        "EMAIL_URL",
+        "CHAT_OIDC",
+        "CHAT_REMOTE",
+        "CHAT_METRICS_TOKEN",
+    }
+)
+
+
+def hook_settings(spec: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """CHAT_HOOKS as (hosts a hook may call, {secret's name: value}): only the variables it
+    lists, read once; one that is unset is allowed and sends no key."""
+    names = spec["secrets"].split()
+    for name in names:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or name in SERVER_SECRETS:
+            raise ImproperlyConfigured(
+                f"CHAT_HOOKS: secrets={name} is not a variable a hook may read (a name, and "
+                f"none of the server's own: {', '.join(sorted(SERVER_SECRETS))})"
+            )
+    return spec["hosts"].split(), {name: env(name) for name in names}
+
+
+# What a moderation hook that calls a service may reach (docs/security.md#moderation-hooks),
+# one family: `hosts`, the only hosts (`name` or `name:port`) its URL may name, and `secrets`,
+# the only variables (full names) its `api_key_env` may pick, never the rest of the environment,
+# which holds the server's own secrets; space-separated. Unset: neither. The chat app hands both
+# to chat/policy/reach.py at start-up.
+CHAT_HOOK_HOSTS, CHAT_HOOK_SECRETS = hook_settings(
+    envspec("CHAT_HOOKS", {"hosts": "", "secrets": ""})
+)
+
 # local: the model in this process; openai: an OpenAI-compatible inference server (CHAT_REMOTE);
 # none: pages and admin without a model.
-# Where a moderation hook's `api_key_env` is looked up: the process environment itself (a live
-# view, not a copy), so a key is a variable staff name per hook and never sits in a policy
-# (docs/configuration.md). The chat app hands it to chat/policy/http.py at start-up.
-CHAT_HOOK_SECRETS = os.environ
-
 CHAT_BACKEND = env("CHAT_BACKEND", "local")
 if CHAT_BACKEND not in {"local", "openai", "none"}:
     raise ImproperlyConfigured(f"CHAT_BACKEND={CHAT_BACKEND!r}: use local, openai or none")

@@ -4,86 +4,42 @@ small HTTP server each test starts on loopback (and the guard once against the p
 
 from __future__ import annotations
 
-import json
 import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from chat.policy import HookConfigError, load_hook
 from chat.policy.guard import GuardModelHook, guard_prompt, parse_assessment
-from chat.policy.http import ServiceError
+from chat.policy.http import ServiceError, service_failures
 from chat.policy.remote_moderation import RemoteModerationHook
-
-
-@dataclass
-class Stub:
-    """What the stub answers (status, JSON or raw body, after a delay) and what it was sent."""
-
-    status: int = 200
-    reply: object = None
-    raw: bytes | None = None
-    delay_s: float = 0.0
-    seen: list[dict] = field(default_factory=list)
-    url: str = ""
+from tests.hook_service import Stub, moderation_reply, serving
 
 
 @pytest.fixture
 def stub() -> Iterator[Stub]:
-    state = Stub()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            length = int(self.headers.get("Content-Length", 0))
-            body = json.loads(self.rfile.read(length))
-            state.seen.append({"path": self.path, "body": body, "headers": dict(self.headers)})
-            time.sleep(state.delay_s)
-            payload = state.raw if state.raw is not None else json.dumps(state.reply).encode()
-            try:
-                self.send_response(state.status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-            except OSError:
-                pass  # the hook gave up waiting
-
-        def log_message(self, *args) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    state.url = f"http://127.0.0.1:{server.server_address[1]}"
-    yield state
-    server.shutdown()
-    server.server_close()
+    with serving() as state:
+        yield state
 
 
-def moderation_reply(flagged: dict[str, bool], scores: dict[str, float] | None = None) -> dict:
-    return {
-        "id": "modr-1",
-        "model": "omni-moderation-latest",
-        "results": [
-            {
-                "flagged": any(flagged.values()),
-                "categories": flagged,
-                "category_scores": scores or {name: float(hit) for name, hit in flagged.items()},
-            }
-        ],
-    }
+@pytest.fixture(autouse=True)
+def allow(settings):
+    """The stubs' host is allowed; a test names the secrets it sends."""
+
+    def operator(**secrets: str) -> None:
+        settings.CHAT_HOOK_HOSTS = ["127.0.0.1"]
+        settings.CHAT_HOOK_SECRETS = secrets
+
+    operator()
+    return operator
 
 
 # --- /v1/moderations ----------------------------------------------------------------
 
 
 @pytest.mark.unit
-def test_remote_moderation_flags_withdraw_with_categories_and_send_the_key(stub, monkeypatch):
-    monkeypatch.setenv("MODERATION_KEY", "sk-test")
+def test_remote_moderation_flags_withdraw_with_categories_and_send_the_key(stub, allow):
+    allow(MODERATION_KEY="sk-test")
     stub.reply = moderation_reply({"harassment": True, "violence": True, "sexual": False})
     hook = RemoteModerationHook(url=stub.url + "/v1/moderations", api_key_env="MODERATION_KEY")
     verdict = hook.check("you will regret this", final=False)
@@ -122,23 +78,28 @@ def test_remote_moderation_counts_only_chosen_categories_or_scores_over_a_thresh
     ],
 )
 def test_remote_moderation_failures_follow_fail_open(stub, setup, problem, fail_open):
-    """Too slow, an error status, not JSON, not the right shape: withdrawn, or let through."""
+    """Too slow, an error status, not JSON, not the right shape: withdrawn, or let through; the
+    user's reason is plain, staff trying a draft read the status."""
     for name, value in setup.items():
         setattr(stub, name, value)
     hook = RemoteModerationHook(url=stub.url, api_key_env="", timeout_s=0.3, fail_open=fail_open)
-    verdict = hook.check("some answer", final=False)
+    with service_failures() as failures:
+        verdict = hook.check("some answer", final=False)
+    assert len(failures) == 1 and failures[0].startswith("remote_moderation: ")
+    assert problem in failures[0]
     if fail_open:
         assert verdict.allowed
     else:
         assert not verdict.allowed and verdict.categories == ("unavailable",)
-        assert problem in verdict.reason
+        assert verdict.reason == "moderation service unavailable"
 
 
 @pytest.mark.unit
 def test_remote_moderation_unreachable_is_a_failure_too():
     hook = RemoteModerationHook(url="http://127.0.0.1:9/v1/moderations", api_key_env="")
-    verdict = hook.check("some answer", final=True)
-    assert not verdict.allowed and "cannot reach" in verdict.reason
+    with service_failures() as failures:
+        verdict = hook.check("some answer", final=True)
+    assert not verdict.allowed and failures == ["remote_moderation: cannot connect"]
 
 
 @pytest.mark.unit
@@ -209,23 +170,25 @@ def test_guard_model_asks_llama_guard_style_and_withdraws_unsafe(stub):
 def test_guard_model_failures_follow_fail_open(stub, fail_open):
     stub.reply = completion("Well, it depends.")
     hook = GuardModelHook(url=stub.url, model="guard", fail_open=fail_open)
-    verdict = hook.check("Some answer.", final=True)
+    with service_failures() as failures:
+        verdict = hook.check("Some answer.", final=True)
     assert verdict.allowed == fail_open
+    assert failures == ["guard: the guard model answered neither safe nor unsafe"]
     if not fail_open:
-        assert "neither safe nor unsafe" in verdict.reason
+        assert verdict.reason == "guard model unavailable"
     stub.reply, stub.delay_s = completion("safe"), 1.0
     slow = GuardModelHook(url=stub.url, model="guard", timeout_s=0.3, fail_open=fail_open)
     assert slow.check("Some answer.", final=True).allowed == fail_open
 
 
 @pytest.mark.integration
-def test_guard_model_request_is_served_by_the_products_own_v1(daphne_server, monkeypatch):
+def test_guard_model_request_is_served_by_the_products_own_v1(daphne_server, allow):
     """Structure only: the bundled model is no guard, but the request is a valid chat
     completion on a real OpenAI-compatible server and its reply is read and judged."""
     make_user = "from django.contrib.auth import get_user_model as u; u().objects.get_or_create(username='guard')"
     daphne_server.manage("shell", "-c", make_user)
     out = daphne_server.manage("apikey", "create", "--user", "guard", "--name", "guard test")
-    monkeypatch.setenv("GUARD_TEST_KEY", out.strip().splitlines()[-1])
+    allow(GUARD_TEST_KEY=out.strip().splitlines()[-1])
     hook = GuardModelHook(
         url=daphne_server.url + "/v1/chat/completions",
         model="smollm2",
@@ -233,12 +196,12 @@ def test_guard_model_request_is_served_by_the_products_own_v1(daphne_server, mon
         timeout_s=60,
         max_tokens=4,
     )
-    verdict = hook.check("Bread needs flour, water and salt.", final=True)
+    with service_failures() as failures:
+        verdict = hook.check("Bread needs flour, water and salt.", final=True)
     # Whatever the small model says, it was an answer read from choices[0].message.content:
     # safe, unsafe, or neither (then withdrawn, fail-closed) - never a transport error.
-    assert verdict.allowed or verdict.reason.startswith(
-        ("guard model: unsafe", "guard model unavailable: the guard model answered neither")
-    ), verdict.reason
+    assert failures in ([], ["guard: the guard model answered neither safe nor unsafe"])
+    assert verdict.allowed or verdict.reason.startswith("guard model"), verdict.reason
 
 
 @pytest.mark.integration

@@ -16,6 +16,7 @@ from django.template.response import TemplateResponse
 from django.urls import path
 
 from ..engine.sampling_params import POLICY_SETTINGS
+from ..infra.audit import audit_record
 from ..infra.runtime import runtime
 from ..models import OutputPolicy, PolicyRevision, RegressionCase, RegressionRun
 from ..stores.policy_store import compile_policy, policy_errors
@@ -41,6 +42,28 @@ class PolicyRevisionInline(admin.TabularInline):
 
 # A refused trial's HTTP status: too many prompts, or no model to run it on yet.
 TRIAL_REFUSED_STATUS = {"rate_limited": 429, "model_loading": 503, "server_restarting": 503}
+
+
+def audit_trial(stored, draft, kind: str) -> None:
+    """A draft run on the live engine is recorded like a save: its hooks call services with the
+    operator's secrets, so who tried which settings stays known though nothing was kept.
+    `changes`: the fields that differ from the stored policy, and always the hooks."""
+    before = OutputPolicy.objects.get(pk=stored.pk).snapshot() if stored is not None else {}
+    after = draft.snapshot()
+    changes = {name: [before.get(name), value] for name, value in after.items()}
+    changes = {
+        name: pair
+        for name, pair in changes.items()
+        if pair[0] != pair[1] or name == "moderation_hooks"
+    }
+    changes["trial"] = [None, kind]
+    audit_record(
+        draft,
+        "outputpolicy.try",
+        changes=changes,
+        object_pk=str(stored.pk) if stored is not None else "",
+        object_id=stored.pk if stored is not None else None,
+    )
 
 
 class RegressionCaseInline(admin.TabularInline):
@@ -220,9 +243,11 @@ class OutputPolicyAdmin(admin.ModelAdmin):
         elif not cases:
             context["problem"], status = "Add a prompt to the regression set first.", 400
         else:
-            draft = compile_policy(form.save(commit=False))
+            unsaved = form.save(commit=False)
+            draft = compile_policy(unsaved)
             try:
                 turn_rate_check(owner=Owner(request.user.pk, ""))  # the run counts as one prompt
+                audit_trial(stored, unsaved, "regression set")
                 results = async_to_sync(regressions.regressions_run)(draft, cases)
             except TurnError as exc:
                 context["problem"] = str(exc)
@@ -272,6 +297,7 @@ class OutputPolicyAdmin(admin.ModelAdmin):
             context["problem"], status = "The draft would not save; nothing was run.", 400
         else:
             draft = form.save(commit=False)  # only in memory: the stored row is untouched
+            audit_trial(stored, draft, "prompt")
             try:
                 context["result"] = async_to_sync(trial_run)(
                     policy=compile_policy(draft), text=prompt, user_id=request.user.pk

@@ -48,6 +48,7 @@ EXPLICIT_EVENTS = {
     "cachedanswer.send_back": "cached answer sent back by users' thumbs-down",
     "apikey.revoke": "API key revoked",
     "user.signin_throttled": "sign-in throttled",
+    "outputpolicy.try": "output policy draft tried",
 }
 SIGNIN_THROTTLED = "user.signin_throttled"
 # The user's own fields that are personal data, blanked when the account is erased.

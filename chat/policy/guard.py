@@ -4,16 +4,14 @@ way: the first line of its reply is `safe` or `unsafe`, the second the violated 
 
 from __future__ import annotations
 
-import logging
 import re
 from typing import Any, Literal
 
-from .http import ServiceError, bearer, check_env_name, check_url, post_json
+from . import reach
+from .http import ServiceError, check_env_name, check_url, post_json, service_failed
 from .moderation import ALLOWED, ModerationHook, Verdict
 
 __all__ = ["GuardModelHook", "CATEGORIES", "guard_prompt", "parse_assessment"]
-
-log = logging.getLogger(__name__)
 
 # Llama Guard 3's hazard categories (MLCommons taxonomy); its replies name them by code.
 CATEGORIES = {
@@ -56,7 +54,9 @@ def parse_assessment(reply: str) -> tuple[bool, tuple[str, ...]]:
     if verdict == "safe":
         return True, ()
     if verdict != "unsafe":
-        raise ServiceError(f"the guard model answered neither safe nor unsafe: {reply[:80]!r}")
+        raise ServiceError(
+            "the guard model answered neither safe nor unsafe", f"it answered {reply[:80]!r}"
+        )
     codes = _CODE.findall(" ".join(lines[1:]))
     return False, tuple(CATEGORIES.get(code, code) for code in dict.fromkeys(codes))
 
@@ -109,6 +109,9 @@ class GuardModelHook(ModerationHook):
             return [{"role": "user", "content": "..."}, {"role": "assistant", "content": text}]
         return [{"role": "user", "content": guard_prompt(text)}]
 
+    def reach_problems(self) -> list[str]:
+        return reach.problems(self.url, self.api_key_env)
+
     def check(self, text: str, *, final: bool) -> Verdict:
         if not text.strip():
             return ALLOWED
@@ -121,14 +124,11 @@ class GuardModelHook(ModerationHook):
         }
         try:
             reply = post_json(
-                self.url, body, headers=bearer(self.api_key_env), timeout_s=self.timeout_s
+                self.url, body, api_key_env=self.api_key_env, timeout_s=self.timeout_s
             )
             safe, categories = parse_assessment(_content(reply))
         except ServiceError as exc:
-            if self.fail_open:
-                log.warning("guard model failed, answer let through (fail_open): %s", exc)
-                return ALLOWED
-            return Verdict(False, f"guard model unavailable: {exc}", ("unavailable",))
+            return service_failed("guard", "guard model", exc, fail_open=self.fail_open)
         if safe:
             return ALLOWED
         named = ", ".join(categories) or "no category named"

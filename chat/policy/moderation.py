@@ -67,6 +67,11 @@ class ModerationHook(ABC):
     def check(self, text: str, *, final: bool) -> Verdict:
         """Judge the answer so far; `final` is False while more text may still arrive."""
 
+    def reach_problems(self) -> list[str]:
+        """What the hook would reach that the operator does not allow (a service's host, a
+        secret): the admin's form refuses a policy with any. A local hook reaches nothing."""
+        return []
+
 
 class HookConfigError(ValueError):
     """A hook path or its settings are wrong; raised at load time so staff see it on save."""

@@ -3,15 +3,13 @@ server): the answer so far is sent, the flagged categories come back."""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
-from .http import ServiceError, bearer, check_env_name, check_url, post_json
+from . import reach
+from .http import ServiceError, check_env_name, check_url, post_json, service_failed
 from .moderation import ALLOWED, ModerationHook, Verdict
 
 __all__ = ["RemoteModerationHook"]
-
-log = logging.getLogger(__name__)
 
 
 def _timeout(value: object) -> float:
@@ -26,8 +24,8 @@ class RemoteModerationHook(ModerationHook):
     """Sends the answer to a `/v1/moderations` endpoint and withdraws it when a counted category
     is flagged: all of them, or only `categories`; with `threshold` above 0 a category counts
     when its score reaches it instead of when the service flags it. The key is read from the
-    environment variable `api_key_env`. If the service fails or is slower than `timeout_s`,
-    `fail_open` lets the answer through (logged); otherwise it is withdrawn."""
+    operator's hook secret `api_key_env` names. If the service fails or is slower than
+    `timeout_s`, `fail_open` lets the answer through (logged); otherwise it is withdrawn."""
 
     blocking = True
 
@@ -60,17 +58,22 @@ class RemoteModerationHook(ModerationHook):
             raise ValueError(f"threshold must be between 0 and 1, not {threshold}")
         self.threshold = float(threshold)
 
+    def reach_problems(self) -> list[str]:
+        return reach.problems(self.url, self.api_key_env)
+
     def check(self, text: str, *, final: bool) -> Verdict:
         if not text.strip():
             return ALLOWED
         body = {"input": text, **({"model": self.model} if self.model else {})}
         try:
             reply = post_json(
-                self.url, body, headers=bearer(self.api_key_env), timeout_s=self.timeout_s
+                self.url, body, api_key_env=self.api_key_env, timeout_s=self.timeout_s
             )
             flagged = self._flagged(reply)
         except ServiceError as exc:
-            return self._unavailable(str(exc))
+            return service_failed(
+                "remote_moderation", "moderation service", exc, fail_open=self.fail_open
+            )
         if not flagged:
             return ALLOWED
         return Verdict(False, "moderation service flagged: " + ", ".join(flagged), flagged)
@@ -98,9 +101,3 @@ class RemoteModerationHook(ModerationHook):
             if not hits and result.get("flagged") is True and not self.categories:
                 hits = ["flagged"]
         return tuple(name for name in hits if not self.categories or name in self.categories)
-
-    def _unavailable(self, problem: str) -> Verdict:
-        if self.fail_open:
-            log.warning("moderation service failed, answer let through (fail_open): %s", problem)
-            return ALLOWED
-        return Verdict(False, f"moderation service unavailable: {problem}", ("unavailable",))

@@ -19,7 +19,7 @@ from django.utils.safestring import mark_safe
 
 from ..policy.hook_params import Param, hook_class, hook_params
 from ..policy.hook_params import settings_errors as hook_settings_errors
-from ..policy.moderation import HOOKS
+from ..policy.moderation import HOOKS, HookConfigError, load_hook
 
 
 def _parsed(value: Any) -> Any:
@@ -195,8 +195,17 @@ class HooksWidget(JsonRowsWidget):
         return {"hook": hook, "settings": settings}
 
 
+def _reach_problems(hook: str, settings: dict) -> list[str]:
+    """What the hook would call or send that the operator does not allow (CHAT_HOOKS)."""
+    try:
+        return load_hook(hook, settings).reach_problems()
+    except HookConfigError:
+        return []  # the policy's own check says what is wrong with the settings
+
+
 class HooksField(forms.JSONField):
-    """The policy's moderation hooks; each known hook's settings checked against its signature."""
+    """The policy's moderation hooks; each known hook's settings checked against its signature,
+    and what it would reach against what the operator allows."""
 
     widget = HooksWidget
 
@@ -215,7 +224,8 @@ class HooksField(forms.JSONField):
             settings = entry.get("settings") if isinstance(entry, dict) else None
             if cls is None or not isinstance(settings, (dict, type(None))):
                 continue  # unknown hooks and odd shapes: the policy's check names them
-            for problem in hook_settings_errors(cls, settings or {}):
+            typed = hook_settings_errors(cls, settings or {})
+            for problem in typed or _reach_problems(hook, settings or {}):
                 problems.append(f"hook {index + 1} ({hook}): {problem}")
         if problems:
             raise ValidationError(problems)

@@ -3,7 +3,9 @@ cuts and fallbacks (`TurnRun`), but nothing published, stored or cached.
 
 What it gives back is what staff need to judge the draft side by side: the raw model text, what
 the user would get, every event the user's client would have seen, which hook stopped the answer
-and why, each re-asked attempt with its validation error, and the turn's timings.
+and why, each re-asked attempt with its validation error, and the turn's timings. A hook whose
+service failed is named with its status only ("the service answered HTTP 500"): never what the
+service replied, which would make the trial a reader of any address the hook can call.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from asgiref.sync import sync_to_async
 from ..engine.types import EngineError, Failed
 from ..infra.runtime import NotReady, runtime
 from ..models import Conversation, Message
+from ..policy.http import service_failures
 from ..protocol import Prompt, events
 from ..protocol.events import Finish, event_fields
 from ..stores.policy_store import ResolvedPolicy
@@ -52,6 +55,7 @@ class TrialResult:
     events: list[dict] = field(default_factory=list)  # the user's wire events, with `at_ms`
     metrics: dict = field(default_factory=dict)
     error: str = ""  # the engine failed
+    hook_failures: list[str] = field(default_factory=list)  # "hook: status", each service call
 
     @property
     def fired(self) -> str:
@@ -152,5 +156,7 @@ async def trial_run(*, policy: ResolvedPolicy, text: str, user_id: int | None) -
         run.submit(prepared.request)
     except EngineError as exc:
         raise TurnError(exc.code, str(exc)) from None
-    await run.run()
+    with service_failures() as failures:
+        await run.run()
+    run.trial.hook_failures = failures
     return run.trial
