@@ -16,7 +16,6 @@ from django.conf import settings
 from django.contrib import auth
 from django.contrib.auth import HASH_SESSION_KEY, get_user_model
 from django.core.exceptions import ObjectDoesNotExist
-from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
@@ -64,18 +63,24 @@ def session_refusal(*, user_id: int, session_key: str, auth_hash: str) -> str | 
     """Why session `session_key`, signed in as `user_id` with `auth_hash` when its socket
     opened, no longer speaks for that user; None while it does.
 
-    Django's own `get_user` reads the session afresh, so a signed-out or flushed session, a
-    deactivated user, a sign-in backend no longer configured (CHAT_LOCAL_ACCOUNTS=0) and a
-    password changed elsewhere (the session's hash) all end it, exactly as for the next page
-    request; a password changed in this very session (which keeps that session valid) ends the
-    socket too, as its hash is no longer the one it opened with."""
-    request = HttpRequest()
-    request.session = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
-    user = auth.get_user(request)
-    if user.pk != user_id or not user.is_active:
-        if get_user_model().objects.filter(pk=user_id, is_active=False).exists():
-            return "your account is deactivated"
-        return "you are signed out; sign in again"
-    if not constant_time_compare(user.get_session_auth_hash(), auth_hash):
+    What Django's `get_user` checks at every page request, read afresh: the session still
+    holds that user through a sign-in backend still configured (CHAT_LOCAL_ACCOUNTS=0 drops
+    the password one), the backend still lets them in (active), and their password is the one
+    the socket opened with; a password changed in this very session, which keeps that session
+    valid, ends the socket all the same. Unlike `get_user` it never flushes the session: a
+    check racing a password change must not sign that browser out."""
+    user = get_user_model().objects.filter(pk=user_id).first()
+    if user is not None and not user.is_active:
+        return "your account is deactivated"
+    if user is not None and not constant_time_compare(user.get_session_auth_hash(), auth_hash):
         return "your password was changed; sign in again"
+    data = import_module(settings.SESSION_ENGINE).SessionStore(session_key).load()
+    backend = data.get(auth.BACKEND_SESSION_KEY)
+    if (
+        user is None
+        or str(data.get(auth.SESSION_KEY)) != str(user_id)
+        or backend not in settings.AUTHENTICATION_BACKENDS
+        or auth.load_backend(backend).get_user(user_id) is None
+    ):
+        return "you are signed out; sign in again"
     return None
