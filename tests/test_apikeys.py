@@ -202,6 +202,9 @@ def test_a_key_made_to_expire_is_refused_once_it_has(alice):
     v1, api = over_both_apis(key)
     assert "expired" in v1["message"] and v1["message"] == api["message"]
     assert "expired" in client.get("/account/api-keys/").content.decode()
+    listing = StringIO()
+    call_command("apikey", "list", stdout=listing)
+    assert "\texpired " in listing.getvalue()
     never = client.post("/account/api-keys/", {"create": "", "name": "forever"})
     assert accepted(never.context["new_key"])
     assert ApiKey.objects.get(name="forever").expires_at is None
