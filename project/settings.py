@@ -268,8 +268,15 @@ OIDC_DEFAULTS = {
     "staff_groups": "",
     "superuser_groups": "",
     "name": "",
+    "key_idle_days": "30",
 }
-_oidc = oidc_settings(envspec("CHAT_OIDC", OIDC_DEFAULTS))
+_oidc_spec = envspec("CHAT_OIDC", OIDC_DEFAULTS)
+_oidc = oidc_settings(_oidc_spec)
+# An API key of an account the provider signs in works only while that account has signed in
+# there within this many days (0: no limit): the provider is never asked about a key, so a user
+# removed there would otherwise keep using theirs. Read even while CHAT_OIDC is off, for the
+# accounts it made.
+CHAT_OIDC_KEY_IDLE_DAYS = number("CHAT_OIDC key_idle_days", _oidc_spec["key_idle_days"], int)
 CHAT_OIDC = _oidc["CHAT_OIDC"]
 OIDC_RP_CLIENT_ID = _oidc.get("OIDC_RP_CLIENT_ID", "")
 OIDC_RP_CLIENT_SECRET = _oidc.get("OIDC_RP_CLIENT_SECRET", "")

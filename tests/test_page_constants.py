@@ -33,6 +33,7 @@ def test_the_page_serves_the_servers_constants():
     constants = served(html, "chat-constants")
     assert constants == json.loads(json.dumps(page_constants()))
     assert constants["closeCodes"]["serverRestarting"] == protocol.CLOSE_SERVER_RESTARTING
+    assert constants["closeCodes"]["unauthorised"] == protocol.CLOSE_UNAUTHORISED
     assert constants["limits"] == {
         "maxPromptChars": settings.CHAT_MAX_PROMPT_CHARS,
         "maxTitleChars": MAX_TITLE,

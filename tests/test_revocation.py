@@ -95,6 +95,27 @@ async def test_revoking_a_key_on_the_account_page_stops_its_stream_and_no_other(
 
 
 @pytest.mark.unit
+async def test_deactivating_a_user_stops_their_keys_streams_and_refuses_the_keys(scripted, keys):
+    """A key no longer works once its user is deactivated (no revocation needed): the save's
+    notice on the bus stops the answers it runs, and the next request is refused."""
+    user, (row, key), _ = keys
+    scripted(Answer(("Partial",), wait_for_cancel=True))
+    running = asyncio.create_task(post(key, ask("one", stream=True, max_tokens=50)))
+    turn = await running_on(row.pk)
+    await wait_for(lambda: turns.cancel_bus.connected)
+
+    def deactivate():
+        user.is_active = False
+        user.save()
+
+    await sync_to_async(deactivate)()
+    _, choice = streamed((await asyncio.wait_for(running, 10))[1])
+    assert choice["native_finish_reason"] == "cancelled" and turn.cancel_requested
+    refused, body = await post(key, ask("again"))
+    assert refused.status_code == 401 and "deactivated" in str(body), body
+
+
+@pytest.mark.unit
 async def test_a_revocation_heard_on_the_bus_stops_the_keys_stream_here(scripted, keys):
     """What another process publishes when it revokes a key (CancelKeys, over the channel layer)
     reaches this process's listener and stops the key's stream here."""

@@ -37,10 +37,18 @@ class ApiKeyAdmin(admin.ModelAdmin):
     """Staff make keys for any user (shown once, after saving) and revoke them; never delete:
     the key stays as the record of the conversations made with it."""
 
-    list_display = ("prefix", "name", "user", "created_at", "last_used_at", "revoked_at")
+    list_display = (
+        "prefix",
+        "name",
+        "user",
+        "created_at",
+        "last_used_at",
+        "expires_at",
+        "revoked_at",
+    )
     list_filter = ("revoked_at",)
     search_fields = ("name", "prefix", "user__username")
-    fields = ("user", "name", "prefix", "created_at", "last_used_at", "revoked_at")
+    fields = ("user", "name", "prefix", "created_at", "last_used_at", "expires_at", "revoked_at")
     readonly_fields = ("prefix", "created_at", "last_used_at", "revoked_at")
     autocomplete_fields = ("user",)
     actions = ["revoke"]

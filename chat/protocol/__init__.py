@@ -343,6 +343,11 @@ API_KEY_REVOKED = "api_key_revoked"
 CLOSE_SERVER_RESTARTING = 4012
 # The socket's close code when the database is unavailable: "try again later".
 CLOSE_TRY_LATER = 4503
+# The socket's close code after the `error` `unauthorised`: its sign-in ended (signed out,
+# deactivated, password changed). The page reloads, as whoever the browser now is.
+CLOSE_UNAUTHORISED = 4401
+# The `reason` of a `done` (cancelled) whose socket's sign-in ended while it was generated.
+SIGNED_OUT = "signed_out"
 # RFC 6455's "message too big": a message past daphne's own limit (project/websocket_limits.py).
 CLOSE_MESSAGE_TOO_BIG = 1009
 

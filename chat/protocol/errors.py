@@ -62,6 +62,14 @@ ERROR_CODES: dict[str, ErrorCode] = {
             "a bearer key that is no active API key",
             openai_type="authentication_error",
         ),
+        # The socket's account signed out, was deactivated or changed its password since the
+        # socket opened: the one error after which the socket is closed (CLOSE_UNAUTHORISED).
+        ErrorCode(
+            "unauthorised",
+            401,
+            "the socket's sign-in has ended; it is closed",
+            openai_type="authentication_error",
+        ),
         ErrorCode("method_not_allowed", 405, "the endpoint takes other methods"),
         ErrorCode("forbidden", 403, "the request is not allowed", openai_type="permission_error"),
         ErrorCode("not_found", 404, "nothing at this address", openai_code="unknown_url"),

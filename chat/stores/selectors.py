@@ -36,6 +36,16 @@ class Owner:
             settings.SECRET_KEY.encode(), f"chat-owner:{self.rate_key}".encode(), hashlib.sha256
         ).hexdigest()
 
+    @property
+    def session_digest(self) -> str:
+        """This owner's session where it leaves the process (a sign-out on the bus), keyed like
+        `digest`: it tells sockets of that session apart without naming the session key."""
+        return hmac.new(
+            settings.SECRET_KEY.encode(),
+            f"chat-session:{self.session_key}".encode(),
+            hashlib.sha256,
+        ).hexdigest()
+
     def is_same(self, other: Owner) -> bool:
         """The same signed-in user (from any session), or the same visitor's session."""
         return self.rate_key == other.rate_key

@@ -6,18 +6,27 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
 from ..protocol.inputs import id_parse
-from ..stores.apikeys import apikey_create, apikey_revoke, keys_of
+from ..stores.apikeys import LIFETIME_CHOICES, apikey_create, apikey_revoke, keys_of
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
 def api_keys(request):
-    """GET lists the keys; POST `create` (with a `name`) or `revoke` (with a `key`) changes them."""
+    """GET lists the keys; POST `create` (with a `name` and an `expires` of LIFETIME_CHOICES)
+    or `revoke` (with a `key`) changes them."""
     new_key = None
     error = ""
     if request.method == "POST":
         if "create" in request.POST:
-            _, new_key = apikey_create(user=request.user, name=request.POST.get("name", "").strip())
+            lifetime = request.POST.get("expires", "never")
+            if lifetime not in LIFETIME_CHOICES:
+                error = "Choose when the key expires from the list."
+            else:
+                _, new_key = apikey_create(
+                    user=request.user,
+                    name=request.POST.get("name", "").strip(),
+                    lifetime_days=LIFETIME_CHOICES[lifetime],
+                )
         elif "revoke" in request.POST:
             key_id = id_parse(request.POST.get("key"))
             if not (key_id and apikey_revoke(key_id=key_id, user=request.user)):
@@ -34,6 +43,7 @@ def api_keys(request):
             "error": error,
             "base_url": request.build_absolute_uri("/v1"),
             "model_name": settings.CHAT_API_MODEL_NAME,
+            "lifetimes": [choice for choice in LIFETIME_CHOICES if choice != "never"],
         },
         status=400 if error else 200,
     )

@@ -16,6 +16,8 @@ from ..infra.runtime import runtime
 from ..protocol import (
     CLOSE_SERVER_RESTARTING,
     CLOSE_TRY_LATER,
+    CLOSE_UNAUTHORISED,
+    SIGNED_OUT,
     Cancel,
     Ping,
     Prompt,
@@ -25,7 +27,8 @@ from ..protocol import (
     parse_frame,
 )
 from ..protocol.events import CancelAck, Error, Event, Pong
-from ..stores.selectors import Owner, owner_of
+from ..stores.selectors import owner_of
+from ..turns.signed_in import SignedIn, signed_in_close, signed_in_hold, signed_in_open
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +65,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         self.turns: dict[str, turns.Turn] = {}
         self.following: set[asyncio.Task] = set()  # answers of other processes, resumed here
         self.resumes = turns.socket_resume_limiter()
+        self.signed_in: SignedIn | None = None  # a user's socket: re-checked before it acts
 
     async def __call__(self, scope, receive, send):
         """However the socket ends (a close, a crash in a handler, daphne cancelling it), its answer stops.
@@ -73,12 +77,13 @@ class ChatConsumer(AsyncWebsocketConsumer):
             await super().__call__(scope, receive, send)
         finally:
             open_sockets.discard(self)
+            signed_in_close(self.signed_in)
             self._stop_turns()
 
     async def connect(self):
         """Accept, and make sure the visitor has a session their conversations belong to."""
         try:
-            self.owner = await self._owner()
+            await self._owner()
         except DatabaseError as exc:
             # Say why before closing, so the page shows a reason and reconnects, not a bare failure.
             log.warning("closing a new socket: the database is unavailable (%s)", exc)
@@ -93,12 +98,34 @@ class ChatConsumer(AsyncWebsocketConsumer):
             await self.close(code=CLOSE_SERVER_RESTARTING)
             return
         open_sockets.add(self)
+        if self.signed_in is not None:
+            signed_in_hold(self.signed_in)
+            turns.cancel_bus.ensure_listening()  # so that this process hears of sign-outs
 
     async def disconnect(self, code):
         """A closed tab stops its generation once nobody resumed it within the grace period
         (chat/turns/handle.py); the partial answer is still stored."""
         open_sockets.discard(self)
+        signed_in_close(self.signed_in)
         self._stop_turns()
+
+    async def _sign_in_ended(self, why: str) -> None:
+        """The socket's sign-in ended: its answers stop now (no grace period), it is told why
+        and closed."""
+        if self not in open_sockets:  # closed meanwhile
+            return
+        open_sockets.discard(self)
+        signed_in_close(self.signed_in)
+        for turn in self.turns.values():
+            if not turn.finished:
+                turn.cancel(SIGNED_OUT)
+        self._stop_turns()
+        await self.send_event(Error(None, "unauthorised", why))
+        await self.close(code=CLOSE_UNAUTHORISED)
+
+    async def _may_act(self) -> bool:
+        """A visitor may; a user's socket while its sign-in holds (else it is ended)."""
+        return self.signed_in is None or await self.signed_in.check_or_end()
 
     def _stop_turns(self) -> None:
         """Detach from this socket's unfinished answers, once; each stops unless resumed in time."""
@@ -117,6 +144,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
             return
         if isinstance(command, Ping):
             await self.send_event(Pong())
+        elif not await self._may_act():
+            return
         elif isinstance(command, Cancel):
             await self.cancel(command)
         elif isinstance(command, Prompt):
@@ -195,5 +224,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=event_json(event))
 
     @database_sync_to_async
-    def _owner(self) -> Owner:
-        return owner_of(self.scope.get("user"), self.scope["session"])
+    def _owner(self) -> None:
+        session = self.scope["session"]
+        self.owner = owner_of(self.scope.get("user"), session)
+        self.signed_in = signed_in_open(self.owner, session, self._sign_in_ended)

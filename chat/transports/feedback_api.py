@@ -64,9 +64,10 @@ def _owner(request) -> Owner | JsonResponse:
     scheme, _, key = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer":
         return owner_of_request(request)
-    row = apikeys.apikey_authenticate(key.strip())
-    if row is None:
-        response = _error("invalid_api_key", "Incorrect or revoked API key provided")
+    try:
+        row = apikeys.apikey_check(key.strip())
+    except apikeys.KeyRefused as refused:
+        response = _error("invalid_api_key", str(refused))
         response["WWW-Authenticate"] = "Bearer"
         return response
     return owner_of_api_key(row)

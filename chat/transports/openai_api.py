@@ -78,10 +78,10 @@ async def _authenticate(request) -> ApiKey:
             "make one at /account/api-keys/",
             code="invalid_api_key",
         )
-    row = await sync_to_async(apikeys.apikey_authenticate)(key.strip())
-    if row is None:
-        raise OpenAIError(401, "Incorrect or revoked API key provided", code="invalid_api_key")
-    return row
+    try:
+        return await sync_to_async(apikeys.apikey_check)(key.strip())
+    except apikeys.KeyRefused as refused:
+        raise OpenAIError(401, str(refused), code="invalid_api_key") from None
 
 
 def _models() -> list[ModelObject]:

@@ -53,8 +53,12 @@ def page_constants() -> dict:
         "continuable": protocol.CONTINUABLE,
         # What Continue takes: a finish_reason or, for an answer that did not end `done`, its status.
         "continuableReasons": list(protocol.CONTINUABLE_REASONS),
-        # The page reconnects after any close; this one it names as a restart.
-        "closeCodes": {"serverRestarting": protocol.CLOSE_SERVER_RESTARTING},
+        # The page reconnects after any close; this one it names as a restart, and after the
+        # end of its sign-in it reloads, as whoever the browser now is.
+        "closeCodes": {
+            "serverRestarting": protocol.CLOSE_SERVER_RESTARTING,
+            "unauthorised": protocol.CLOSE_UNAUTHORISED,
+        },
         "frameTypes": list(protocol.FRAME_TYPES),
         "eventTypes": list(protocol.EVENT_TYPES),
         "limits": {

@@ -11,11 +11,14 @@ cancels: the listener logs, backs off and reconnects, and local cancels go on.
 What crosses the bus names nobody in a way that could be used: an owner travels as its
 digest (`Owner.digest`, keyed with SECRET_KEY), never as a session key that anyone reading
 the channel layer's Redis could replay as a cookie; an API key as its row id; a deleted
-conversation as its opaque tag (chat/turns/forgetting.py). Three notices:
+conversation as its opaque tag (chat/turns/forgetting.py); a session as its digest too. Five
+notices:
 
 - `CancelAnswer`: stop answer `message_id` if it runs here and is that owner's;
 - `CancelKeys`: API keys were revoked: stop every answer they run here;
-- `Forget`: conversations were deleted: drop what this process's engine keeps of them.
+- `Forget`: conversations were deleted: drop what this process's engine keeps of them;
+- `SessionEnded`: a session signed out: close its sockets here (chat/turns/signed_in.py);
+- `AccountChanged`: an account was saved or deleted: check its sockets and key answers again.
 """
 
 from __future__ import annotations
@@ -72,7 +75,31 @@ class Forget:
         return {"tags": list(self.tags)}
 
 
-Notice = CancelAnswer | CancelKeys | Forget
+@dataclass(frozen=True)
+class SessionEnded:
+    """The session whose digest is `session` (of the owner whose digest is `owner`) signed out."""
+
+    owner: str
+    session: str
+    kind = "session.ended"
+
+    def fields(self) -> dict[str, Any]:
+        return {"owner": self.owner, "session": self.session}
+
+
+@dataclass(frozen=True)
+class AccountChanged:
+    """The account whose owner digest is `owner` was saved (its password or active flag may
+    have changed) or deleted."""
+
+    owner: str
+    kind = "account.changed"
+
+    def fields(self) -> dict[str, Any]:
+        return {"owner": self.owner}
+
+
+Notice = CancelAnswer | CancelKeys | Forget | SessionEnded | AccountChanged
 Deliver = Callable[[Notice], None]
 
 
@@ -90,6 +117,14 @@ def notice_parse(message: dict) -> Notice | None:
         if kind == Forget.kind:
             tags = tuple(message["tags"])
             return Forget(tags) if all(isinstance(tag, str) for tag in tags) else None
+        if kind == SessionEnded.kind:
+            owner, session = message["owner"], message["session"]
+            if isinstance(owner, str) and isinstance(session, str):
+                return SessionEnded(owner, session)
+            return None
+        if kind == AccountChanged.kind:
+            owner = message["owner"]
+            return AccountChanged(owner) if isinstance(owner, str) else None
     except (KeyError, TypeError, ValueError):
         return None
     return None

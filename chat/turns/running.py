@@ -1,20 +1,33 @@
 """The turns running in this process: draining them at shutdown, cancelling one from any
 connection or process; and what was withdrawn, acted on in every process through
 chat/turns/cancel_bus.py: a revoked API key's turns stopped, a deleted conversation's traces in
-the engine forgotten."""
+the engine forgotten, a signed-out session's or a changed account's sockets ended
+(chat/turns/signed_in.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 
 from asgiref.sync import async_to_sync, sync_to_async
+from django.db import transaction
 
 from ..models import Feedback, Message
-from ..protocol import API_KEY_REVOKED, SERVER_RESTARTING
+from ..protocol import API_KEY_REVOKED, SERVER_RESTARTING, SIGNED_OUT
 from ..stores import feedback
 from ..stores.selectors import Owner, answer_status
-from .cancel_bus import CancelAnswer, CancelBus, CancelKeys, Forget, Notice, RunningTurns
+from . import signed_in
+from .cancel_bus import (
+    AccountChanged,
+    CancelAnswer,
+    CancelBus,
+    CancelKeys,
+    Forget,
+    Notice,
+    RunningTurns,
+    SessionEnded,
+)
 from .forgetting import conversation_tag, prefix_forget, streams_forget
 from .refusals import TurnError
 
@@ -31,6 +44,10 @@ def notice_heard(notice: Notice) -> None:
         running_turns.keys_cancel(notice.key_ids, API_KEY_REVOKED)
     elif isinstance(notice, Forget):
         prefix_forget(notice.tags)
+    elif isinstance(notice, SessionEnded):
+        signed_in.session_ended(notice.owner, notice.session)
+    elif isinstance(notice, AccountChanged):
+        signed_in.account_changed(notice.owner, running_turns, SIGNED_OUT)
 
 
 cancel_bus = CancelBus(notice_heard)
@@ -140,3 +157,38 @@ def conversations_forget(conversation_ids: list[int]) -> None:
             exc,
         )
     streams_forget(tags)
+
+
+def _publish(notice: Notice, what: str) -> None:
+    """Tell every process (sync); without the bus, the next frame's check still refuses."""
+    try:
+        async_to_sync(cancel_bus.publish)(notice)
+    except Exception as exc:
+        log.warning("could not tell other processes %s: %s: %s", what, type(exc).__name__, exc)
+
+
+def on_signed_out(sender, request, user, **kwargs) -> None:  # noqa: ARG001 (Django's signature)
+    """Django's user_logged_out (sent before the session is flushed): that session's sockets end."""
+    session_key = getattr(getattr(request, "session", None), "session_key", None)
+    if user is None or not session_key:
+        return
+    owner = Owner(user_id=user.pk, session_key=session_key)
+    _publish(SessionEnded(owner.digest, owner.session_digest), "of a sign-out")
+
+
+def on_account_saved(
+    sender,  # noqa: ARG001 (Django's signature)
+    instance,
+    created=False,
+    update_fields=None,
+    **kwargs,
+) -> None:
+    """post_save and post_delete of the user model: once committed, its sockets and API-key
+    answers everywhere are checked again. A save that cannot touch the password or the active
+    flag (a sign-in's last_login) is let be."""
+    if created or (
+        update_fields is not None and not {"password", "is_active"} & set(update_fields)
+    ):
+        return
+    notice = AccountChanged(Owner(user_id=instance.pk, session_key="").digest)
+    transaction.on_commit(partial(_publish, notice, "of a changed account"), robust=True)

@@ -43,7 +43,12 @@ class Command(BaseCommand):
         if user:
             keys = keys.filter(**{f"user__{get_user_model().USERNAME_FIELD}": user})
         for key in keys:
-            state = "active" if key.is_active else f"revoked {key.revoked_at:%Y-%m-%d %H:%M}"
+            if not key.is_active:
+                state = f"revoked {key.revoked_at:%Y-%m-%d %H:%M}"
+            elif key.is_expired:
+                state = f"expired {key.expires_at:%Y-%m-%d %H:%M}"
+            else:
+                state = "active"
             used = f"{key.last_used_at:%Y-%m-%d %H:%M}" if key.last_used_at else "never"
             self.stdout.write(
                 f"{key.pk}\t{key.user}\t{key.name or '-'}\t{key.prefix}…\t{state}\tlast used {used}"

@@ -1,5 +1,6 @@
 // The page's one WebSocket: connects, pings, and reconnects with backoff after any close. A
-// close with the server's restart code (chat/protocol.py, served) is shown as a restart. Offline
+// close with the server's restart code (chat/protocol.py, served) is shown as a restart; after the
+// one that ends a sign-in (signed out, deactivated, a new password) the page reloads. Offline
 // (the browser says so) the socket is closed and the page waits for the network; back online,
 // or a hidden tab shown again (a phone waking it), it reconnects at once.
 import { constants, FRAME } from './config.js';
@@ -81,6 +82,10 @@ function open() {
   socket.addEventListener('close', (event) => {
     if (ws !== socket) return;
     clearInterval(pingTimer);
+    if (event.code === constants.closeCodes.unauthorised) {
+      location.reload(); // the page as whoever the browser is now: a visitor, or signed in anew
+      return;
+    }
     setConnection(false, event.code === constants.closeCodes.serverRestarting);
     handlers.onClose();
     scheduleReconnect();
