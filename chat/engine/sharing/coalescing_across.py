@@ -40,14 +40,13 @@ from ..types import (
     Finished,
     GenerationRequest,
     GenerationResult,
-    Queued,
     Scheduler,
     Sink,
-    Started,
     TextChunk,
     Ticket,
 )
 from .generation_registry import GenerationRegistry, generation_id
+from .stream_events import decode, encode
 
 log = logging.getLogger(__name__)
 
@@ -69,57 +68,6 @@ def cancelled_result(
     tokens = max(count_tokens(text) if count_tokens is not None and text else 0, len(pieces))
     now = time.perf_counter()
     return GenerationResult(text, "cancelled", tokens, prompt_tokens, now, None, now)
-
-
-def encode(event: Event, n: int) -> dict[str, Any]:
-    """An event as JSON for the stream; times become durations (perf_counter is per process)."""
-    if isinstance(event, Queued):
-        return {"n": n, "t": "queued", "position": event.position}
-    if isinstance(event, Started):
-        return {"n": n, "t": "started"}
-    if isinstance(event, TextChunk):
-        return {"n": n, "t": "chunk", "text": event.text}
-    if isinstance(event, Finished):
-        result = event.result
-        first = result.first_token_at
-        return {
-            "n": n,
-            "t": "finished",
-            "text": result.text,
-            "finish_reason": result.finish_reason,
-            "new_tokens": result.new_tokens,
-            "prompt_tokens": result.prompt_tokens,
-            "decode_s": result.finished_at - result.started_at,
-            "first_token_s": None if first is None else first - result.started_at,
-        }
-    return {"n": n, "t": "failed", "error": event.error}
-
-
-def decode(data: dict[str, Any]) -> Event:
-    """The event for this process, its times on this process's clock as of now."""
-    now = time.perf_counter()
-    kind = data["t"]
-    if kind == "queued":
-        return Queued(int(data["position"]))
-    if kind == "started":
-        return Started(at=now)
-    if kind == "chunk":
-        return TextChunk(str(data["text"]))
-    if kind == "finished":
-        started = now - float(data["decode_s"])
-        first = data["first_token_s"]
-        return Finished(
-            GenerationResult(
-                str(data["text"]),
-                str(data["finish_reason"]),
-                int(data["new_tokens"]),
-                int(data["prompt_tokens"]),
-                started,
-                None if first is None else started + float(first),
-                now,
-            )
-        )
-    return Failed(str(data.get("error") or "model_error"), at=now)
 
 
 class _Owned:
