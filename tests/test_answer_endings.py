@@ -12,6 +12,8 @@ from chat.models import Message
 from chat.policy import BufferGate, Cut, RepetitionHook, StreamGate, gate_for
 from harness.scripted import Answer
 from tests.conftest import ChatClient, chunks_text
+from tests.test_cache_trust import signed_in
+from tests.test_openai_views import post
 
 ws_db = pytest.mark.django_db(transaction=True)
 
@@ -176,6 +178,41 @@ async def test_a_continued_answer_grows_in_place_and_is_then_cached_whole(
     assert await Message.objects.filter(conversation_id=stored.conversation_id).acount() == 2
     repeat = (await ask(chat, "Tell a story.", policy="short"))[-1]
     assert repeat["cached"] is True and repeat["text"] == "Once upon a time."
+
+
+@pytest.mark.integration
+@ws_db
+async def test_a_v1_answer_is_continued_with_its_requests_own_system_prompt_and_settings(
+    scripted, application
+):
+    """A /v1 answer made with the client's own system prompt, stop, max_tokens and sampling
+    (never shared: a context the server does not hold), cut on length and continued from the
+    user's browser: the continuation reads that system prompt and decodes with those settings."""
+    backend = scripted(Answer(("Arr",), "length"), Answer((", matey.",), "eos"))
+    session, key = await sync_to_async(signed_in)("pete")
+    pirate = {"role": "system", "content": "You are a pirate."}
+    response, first = await post(
+        key,
+        {
+            "model": "smollm2",
+            "messages": [pirate, {"role": "user", "content": "Hi"}],
+            "max_tokens": 3,
+            "stop": ["!"],
+            "temperature": 0.5,
+            "seed": 2,
+        },
+    )
+    assert response.status_code == 200 and first["choices"][0]["finish_reason"] == "length"
+    chat = await ChatClient(application, session_key=session).connect()
+    try:
+        done = (await continue_answer(chat, first["message_id"], "more"))[-1]
+    finally:
+        await chat.close()
+    assert done["text"] == "Arr, matey." and done["finish_reason"] == "eos"
+    made, continued = backend.requests
+    assert continued.messages[0] == made.messages[0] == pirate
+    assert continued.params == made.params and "!" in continued.params.stop_strings
+    assert continued.params.max_new_tokens == 3 and continued.params.seed == 2
 
 
 @pytest.mark.integration

@@ -134,39 +134,95 @@ async def test_a_v1_answer_continued_over_the_socket_never_reaches_a_stranger(
     await assert_nothing_of_it_is_shared(application, continued, first)
 
 
-async def test_a_v1_answer_with_its_own_settings_continued_is_never_cached_under_them(
-    application, make_policy, make_client
-):
+TALLY = dict(slug="tally", max_new_tokens=24, stop_strings=["\n"], cache_enabled=True)
+# The request's own settings over the policy's: one token at a time, ending at a comma.
+OWN_SETTINGS = {
+    "model": "smollm2:tally",
+    "messages": [{"role": "user", "content": QUESTION}],
+    "max_tokens": 1,
+    "stop": [","],
+}
+
+
+async def cut_with_its_own_settings(key: str) -> tuple[dict, str]:
     """A /v1 answer made with the request's own max_tokens and stop (greedy, so shared under an
-    identity that names them), cut on length, then continued: the server keeps no such settings,
-    so the continuation cannot be made with them; what it makes is never cached, nor shared,
-    under the identity that named them."""
-    await sync_to_async(make_policy)(
-        slug="tally", max_new_tokens=24, stop_strings=["\n"], cache_enabled=True
-    )
-    session, key = await sync_to_async(signed_in)("uma")
-    response, first = await post(
-        key,
-        {
-            "model": "smollm2:tally",
-            "messages": [{"role": "user", "content": QUESTION}],
-            "max_tokens": 2,
-            "stop": ["zebra"],
-        },
-    )
+    identity that names them), cut on length; the answer and its identity."""
+    response, first = await post(key, OWN_SETTINGS)
     assert response.status_code == 200 and first["choices"][0]["finish_reason"] == "length"
     identity = (await Message.objects.aget(pk=first["message_id"])).identity
     assert identity  # greedy, with no context of the client's: shareable
-    chat = await make_client(session_key=session)
-    for attempt in range(4):
+    return first, identity
+
+
+async def continued_until_it_ends(chat, message_id: int) -> list[dict]:
+    """Continued over the socket, one Continue after another, until one ends on its own."""
+    done = []
+    for attempt in range(8):
         request_id = f"c{attempt}"
-        await chat.send(
-            {"type": "continue", "request_id": request_id, "message": first["message_id"]}
-        )
-        continued = (await chat.receive_until("done", request_id))[-1]
-        if continued["finish_reason"] != "length":
+        await chat.send({"type": "continue", "request_id": request_id, "message": message_id})
+        done.append((await chat.receive_until("done", request_id))[-1])
+        if done[-1]["finish_reason"] != "length":
             break
-    assert continued["finish_reason"] in ("stop_string", "eos"), continued  # it ended well
+    assert done[-1]["finish_reason"] in ("stop_string", "eos"), done  # it ended well
+    return done
+
+
+@pytest.fixture
+def engine_requests(monkeypatch) -> dict:
+    """Each turn's GenerationRequest as it went to the engine, by its request id."""
+    from chat.turns.run import TurnRun
+
+    seen: dict = {}
+    submit = TurnRun.submit
+
+    def recording(self, request, **kwargs):
+        seen[request.label] = request
+        return submit(self, request, **kwargs)
+
+    monkeypatch.setattr(TurnRun, "submit", recording)
+    return seen
+
+
+async def test_a_v1_answer_is_continued_with_its_requests_own_settings_and_cached_whole(
+    application, make_policy, make_client, engine_requests
+):
+    """A /v1 answer made with the request's own max_tokens and stop, cut on length, continued
+    from the user's socket: each continuation goes to the engine with that request's stop and
+    max_tokens (not the policy's), and the finished whole is cached under the answer's identity,
+    so a repeat of the request is served all of it."""
+    await sync_to_async(make_policy)(**TALLY)
+    session, key = await sync_to_async(signed_in)("uma")
+    first, identity = await cut_with_its_own_settings(key)
+    chat = await make_client(session_key=session)
+    continued = await continued_until_it_ends(chat, first["message_id"])
+    made_first = engine_requests[first["id"]].params
+    for done in continued:
+        params = engine_requests[done["request_id"]].params
+        assert params.stop_strings == made_first.stop_strings == ("\n", ",")
+        assert params.max_new_tokens == made_first.max_new_tokens == 1
+    whole = (await Message.objects.aget(pk=first["message_id"])).text
+    assert whole == continued[-1]["text"]
+    message = await Message.objects.aget(pk=first["message_id"])
+    assert message.identity == identity
+    cached = await CachedAnswer.objects.aget(key=identity)
+    assert cached.answer == whole
+    response, again = await post(key, OWN_SETTINGS)
+    assert response.status_code == 200 and again["cached"] is True
+    assert again["choices"][0]["message"]["content"] == whole
+
+
+async def test_a_v1_answer_stored_without_its_requests_settings_continued_is_never_cached(
+    application, make_policy, make_client
+):
+    """An answer kept before its request's own settings were (or the policy changed since): the
+    continuation cannot be made with them, so what it makes is never cached, nor shared, under
+    the identity that named them."""
+    await sync_to_async(make_policy)(**TALLY)
+    session, key = await sync_to_async(signed_in)("vera")
+    first, identity = await cut_with_its_own_settings(key)
+    await Message.objects.filter(pk=first["message_id"]).aupdate(overrides="")
+    chat = await make_client(session_key=session)
+    await continued_until_it_ends(chat, first["message_id"])
     assert not await CachedAnswer.objects.filter(key=identity).aexists()
     assert (await Message.objects.aget(pk=first["message_id"])).identity == ""
 

@@ -42,6 +42,7 @@ from chat.protocol import CONVERSATION_DELETED
 from chat.stores import erasure
 from chat.stores.apikeys import apikey_authenticate, apikey_create
 from chat.stores.cache import KEY_PREFIX, completion_cache
+from chat.stores.policy_store import PolicyOverride
 from harness.liveserver import free_port
 from harness.scripted import Answer, ScriptedBackend
 from tests.conftest import LIVE_CACHE_URL, TEST_CACHE_URL, ChatClient
@@ -527,6 +528,13 @@ async def account_with_everything(username: str) -> tuple[AsyncClient, User, dic
         apikey_create(user=user, name="laptop")
         via_api = Conversation.objects.create(user=user, api_key=key, title="api")
         Message.objects.create(conversation=via_api, role="user", text=f"{PASSPORT} via API")
+        own_settings = PolicyOverride(system_prompt=f"You know {PASSPORT}.", stop_strings=(";",))
+        Message.objects.create(
+            conversation=via_api,
+            role="assistant",
+            text="Noted.",
+            overrides=own_settings.to_json(),
+        )
         return secret
 
     secret = await sync_to_async(api_things)()
@@ -665,6 +673,11 @@ async def test_the_account_export_holds_every_conversation_and_key(scripted_read
     assert len(data["conversations"]) == 3
     texts = [m["text"] for c in data["conversations"] for m in c["messages"]]
     assert SECRET in texts and f"{PASSPORT} via API" in texts and "Paris." in texts
+    # The request's own settings are the user's too: their system prompt above all.
+    answers = {m["text"]: m for c in data["conversations"] for m in c["messages"]}
+    assert answers["Noted."]["overrides"]["system_prompt"] == f"You know {PASSPORT}."
+    assert answers["Noted."]["overrides"]["stop_strings"] == [";"]
+    assert answers["Paris."]["overrides"] is None  # a page answer: its policy's settings alone
     markdown = (await http.get("/account/export", {"format": "markdown"})).content.decode()
     assert markdown.startswith("# Conversations of linus") and SECRET in markdown
     assert "## api (API key sk-" in markdown

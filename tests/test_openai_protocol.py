@@ -111,6 +111,68 @@ def test_an_override_adds_stops_caps_tokens_buffers_for_a_schema_and_is_recorded
     assert (changed.slug, changed.version) == (policy.slug, policy.version)
 
 
+# Keys out of sorted order (and out of PostgreSQL jsonb's): they order the prompt and the grammar.
+ORDERED_PARAMETERS = {
+    "type": "object",
+    "properties": {"zone": {"type": "string"}, "city": {"type": "string"}},
+    "required": ["zone", "city"],
+}
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "where",
+                        "description": "Where it is.",
+                        "parameters": ORDERED_PARAMETERS,
+                    },
+                }
+            ],
+            "tool_choice": "required",
+            "parallel_tool_calls": False,
+        },
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "place", "schema": ORDERED_PARAMETERS},
+            }
+        },
+        {},
+    ],
+)
+def test_an_override_comes_back_from_its_json_as_it_was_given(extra):
+    """What a Continue rebuilds from the stored text is the override the request made, down to
+    its schema's key order, and applied it makes the same policy."""
+    override = parse(
+        {
+            "model": "smollm2",
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hi"},
+            ],
+            "stop": ["\n\n", ","],
+            "max_tokens": 7,
+            "temperature": 0.4,
+            "seed": 3,
+            "frequency_penalty": 0.5,
+            **extra,
+        }
+    ).override
+    text = override.to_json()
+    again = PolicyOverride.from_json(text)
+    assert again == override and again.to_json() == text
+    policy = ResolvedPolicy(id=1, slug="chat", version=2, mode="stream", system_prompt="Hi.")
+    applied, reapplied = override.apply(policy), again.apply(policy)
+    assert reapplied == applied and reapplied.settings_digest == applied.settings_digest
+    assert reapplied.system_prompt == applied.system_prompt  # the schema's keys in their order
+    assert PolicyOverride.from_json(PolicyOverride().to_json()) == PolicyOverride()
+
+
 def test_a_policys_own_schema_wins_over_the_requests_and_stays_constrained():
     """A request never loosens a policy: its schema loses to the policy's, and asking for any
     schema (strict or not, json_object too) turns constrained decoding on, never off."""

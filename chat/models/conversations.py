@@ -85,6 +85,12 @@ class Message(models.Model):
         help_text="what made the answer, hashed (docs/policies.md, what makes two answers the same); "
         "empty when it is never shared: sampled without a seed, or a context the server does not hold",
     )
+    overrides = models.TextField(
+        blank=True,
+        help_text="the request's own settings over its policy's (an OpenAI-compatible API "
+        "request's stop, max_tokens, tools, system prompt...), as PolicyOverride.to_json wrote "
+        "them, for a Continue to apply again; empty when it had none",
+    )
     # The cached answer a hit served, so feedback on the message reaches its review record.
     cached_answer = models.ForeignKey(
         "CachedAnswer",

@@ -73,6 +73,18 @@ class ToolSpec:
             "parallel": self.parallel,
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ToolSpec:
+        """The spec `as_dict` wrote."""
+        return cls(
+            functions=tuple(
+                (name, description, parameters)
+                for name, description, parameters in data["functions"]
+            ),
+            choice=data["choice"],
+            parallel=data["parallel"],
+        )
+
     def grammar(self) -> dict[str, Any]:
         """GenerationRequest.tool_grammar: OpenAI's fields, as xgrammar's builder takes them.
         `strict` is left out: xgrammar would leave a non-strict tool's arguments free."""

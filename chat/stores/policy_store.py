@@ -126,6 +126,36 @@ class PolicyOverride:
     sampling: dict[str, float | int] = field(default_factory=dict)
     tools: ToolSpec | None = None
 
+    def to_json(self) -> str:
+        """JSON text, kept with the answer it made so a Continue applies it again
+        (chat/turns/continuation.py). Text rather than a JSON column's value: a schema's and a
+        tool's parameters keep their key order, which orders the grammar and the prompt."""
+        return json.dumps(
+            {
+                "system_prompt": self.system_prompt,
+                "schema": self.schema,
+                "stop_strings": list(self.stop_strings),
+                "max_new_tokens": self.max_new_tokens,
+                "sampling": self.sampling,
+                "tools": self.tools.as_dict() if self.tools is not None else None,
+            },
+            ensure_ascii=False,
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> PolicyOverride:
+        """The override `to_json` wrote."""
+        data = json.loads(text)
+        return cls(
+            system_prompt=data["system_prompt"],
+            schema=data["schema"],
+            stop_strings=tuple(data["stop_strings"]),
+            max_new_tokens=data["max_new_tokens"],
+            sampling=data["sampling"],
+            tools=ToolSpec.from_dict(data["tools"]) if data["tools"] is not None else None,
+        )
+
     def apply(self, policy: ResolvedPolicy) -> ResolvedPolicy:
         changes: dict = {}
         system_prompt = policy.system_prompt if self.system_prompt is None else self.system_prompt

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -135,8 +136,16 @@ def conversation_list(owner: Owner, limit: int = 50, query: str = "") -> list[di
 
 def message_as_dict(message: Message, feedback: dict | None = None) -> dict:
     """A message for the page and exports; an answer with the owner's rating (`feedback`:
-    {"rating": 1 | -1, "comment": ...}, or null)."""
-    extra = {"feedback": feedback} if message.role == Message.Role.ASSISTANT else {}
+    {"rating": 1 | -1, "comment": ...}, or null) and the settings its request gave over its
+    policy's (`overrides`, PolicyOverride's JSON, or null): the user's own, a system prompt too."""
+    extra = (
+        {
+            "feedback": feedback,
+            "overrides": json.loads(message.overrides) if message.overrides else None,
+        }
+        if message.role == Message.Role.ASSISTANT
+        else {}
+    )
     return {
         "id": message.pk,
         "role": message.role,

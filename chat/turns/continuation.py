@@ -12,7 +12,7 @@ from ..protocol import CONTINUABLE, Prompt
 from ..stores import policy_store
 from ..stores.selectors import Owner, answer_history, conversations_for
 from .identity import answer_identity
-from .prepare import Prepared
+from .prepare import Prepared, overridden
 from .prompting import fit_prompt, request_for
 from .refusals import TurnError
 
@@ -31,13 +31,14 @@ def prepare_continue(owner: Owner, prompt: Prompt, backend: Backend) -> Prepared
     """The rest of an answer cut off at the token limit, or interrupted, written into the same
     message.
 
-    It keeps the identity the answer was given when it was first prepared (identity.py): when it
-    ends well, the whole answer is cached under it, so a repeat of that prompt gets all of it.
-    Only while that identity is what the stored policy makes of the prompt now: one that named a
-    request's own settings (a /v1 request's stop, max_tokens, tools...), which the server does not
-    keep, or a policy changed since, would cache text made otherwise under it, so the answer is
-    then no longer shared. An answer with no identity (sampled, or from a context only the
-    client held) stays unshared, continued or not.
+    It is made with the settings its answer was made with: the stored policy and the request's
+    own over it (a /v1 request's stop, max_tokens, tools..., kept on the message). It keeps the
+    identity the answer was given when it was first prepared (identity.py): when it ends well,
+    the whole answer is cached under it, so a repeat of that prompt gets all of it. Only while
+    that identity is what those settings make of the prompt now: a policy changed since, or an
+    answer stored before its request's settings were kept, would cache text made otherwise
+    under it, so the answer is then no longer shared. An answer with no identity (sampled, or
+    from a context only the client held) stays unshared, continued or not.
     """
     with transaction.atomic():
         answer = (
@@ -71,6 +72,8 @@ def prepare_continue(owner: Owner, prompt: Prompt, backend: Backend) -> Prepared
             if answer.policy is not None
             else policy_store.policy_for(None)
         )
+        if answer.overrides:  # the request's own settings, applied as they were to its answer
+            policy = overridden(policy, policy_store.PolicyOverride.from_json(answer.overrides))
         history = answer_history(conversation, before=asked.pk)
         try:
             messages, _rendered, input_ids = fit_prompt(

@@ -77,6 +77,16 @@ def check_prompt_tokens(backend: Backend, text: str) -> None:
         )
 
 
+def overridden(
+    policy: policy_store.ResolvedPolicy, override: policy_store.PolicyOverride
+) -> policy_store.ResolvedPolicy:
+    """`policy` with one request's settings applied (a new prompt's, or again a Continue's)."""
+    try:
+        return override.apply(policy)
+    except policy_store.ToolsRefused as exc:
+        raise TurnError(exc.code, str(exc)) from None
+
+
 def prepare_prompt(owner: Owner, prompt: Prompt, backend: Backend, given: Given) -> Prepared:
     """Resolve the policy, store the prompt and its streaming answer, fit the prompt to the model."""
     check_prompt_tokens(backend, prompt.text)
@@ -85,10 +95,7 @@ def prepare_prompt(owner: Owner, prompt: Prompt, backend: Backend, given: Given)
     except policy_store.UnknownPolicy as exc:
         raise TurnError(exc.code, str(exc)) from None
     if given.override is not None:
-        try:
-            policy = given.override.apply(policy)
-        except policy_store.ToolsRefused as exc:
-            raise TurnError(exc.code, str(exc)) from None
+        policy = overridden(policy, given.override)
     conversation = None
     if prompt.conversation is not None:
         conversation = conversations_for(owner).filter(pk=prompt.conversation).first()
@@ -140,6 +147,7 @@ def prepare_prompt(owner: Owner, prompt: Prompt, backend: Backend, given: Given)
             policy_id=policy.id,
             policy_version=policy.version if policy.id else None,
             identity=identity or "",
+            overrides=given.override.to_json() if given.override is not None else "",
         )
     return Prepared(
         conversation, assistant, policy, messages, rendered, request, identity, prompt.text
