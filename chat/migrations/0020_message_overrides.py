@@ -2,7 +2,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    dependencies = [("chat", "0018_oidc_identity")]
+    dependencies = [("chat", "0019_apikey_expiry")]
 
     operations = [
         migrations.AddField(
