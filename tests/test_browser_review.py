@@ -1,11 +1,14 @@
 """The cached-answer review list in a real browser: excerpts side by side, one-click pending,
-reject per row, approve on the detail page (which renders the answer), and the approve URL's
+reject per row, approve on the detail page (which renders the answer), approve and next, the
+feedback on the answer that made a record, the admin home's links, and the approve URL's
 guards."""
 
 import uuid
 
 import pytest
 from playwright.sync_api import expect
+
+from tests.a11y import axe_context, serious_violations
 
 PASSWORD = "review-pass-phrase-42"
 
@@ -35,7 +38,8 @@ def test_review_list_rejects_per_row_and_the_detail_page_renders_and_approves(pa
     rows = page.locator("#result_list tbody tr")
     expect(rows).to_have_count(3)
     first = rows.filter(has_text=f"{tag} prompt 0")
-    expect(first.locator(".field-answer_excerpt")).to_contain_text("# Heading 0")
+    # Rendered as the chat renders it, not raw Markdown.
+    expect(first.locator(".field-answer_excerpt h1")).to_have_text("Heading 0")
 
     page.click("#pending-filter")
     page.wait_for_url("**status__exact=pending**")
@@ -64,6 +68,147 @@ def test_review_list_rejects_per_row_and_the_detail_page_renders_and_approves(pa
     rendered = page.locator(".rendered-answer")
     expect(rendered.locator("h1")).to_have_text("Heading 2")
     expect(rendered.locator("code.language-python")).to_have_text("print(2)\n")
+
+
+def sign_in(page, server, name: str, then: str) -> None:
+    page.goto(f"{server.url}/admin/login/?next={then}")
+    page.fill("#id_username", name)
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+
+
+@pytest.fixture
+def axe_page(browser):
+    context = axe_context(browser)
+    yield context.new_page()
+    context.close()
+
+
+MADE_AND_RATED = """
+from datetime import timedelta
+from django.contrib.auth.models import User
+from django.utils import timezone
+from chat.models import CachedAnswer, Conversation, Feedback, Message
+User.objects.create_superuser({name!r}, password={password!r})
+rater = User.objects.create_user({name!r} + "-user", password={password!r})
+User.objects.filter(pk=rater.pk).update(date_joined=timezone.now() - timedelta(days=2))
+key = "{tag}" + "0" * 54
+conversation = Conversation.objects.create(user=rater)
+Message.objects.create(conversation=conversation, role="user", text="{tag} prompt")
+made = Message.objects.create(conversation=conversation, role="assistant", text="Owls **sleep**.",
+                              identity=key)
+CachedAnswer.objects.create(key=key, prompt="{tag} prompt", rendered_prompt="...",
+    answer="Owls **sleep**.", finish_reason="eos", policy_slug="chat", policy_version=1,
+    model_id="m", status="pending")
+Feedback.objects.create(message=made, rating=-1, comment="{tag} they hunt at night")
+"""
+
+
+@pytest.mark.browser
+def test_feedback_on_the_answer_that_made_a_record_shows_in_its_review(axe_page, daphne_server):
+    """The user who got the record's first answer rated it down with a comment: the list counts
+    it and shows the comment, its page lists it; the review column is in view at 1280 px."""
+    page = axe_page
+    tag = uuid.uuid4().hex[:10]
+    name = f"admin{tag}"
+    daphne_server.manage(
+        "shell", "-c", MADE_AND_RATED.format(name=name, password=PASSWORD, tag=tag)
+    )
+    page.set_viewport_size({"width": 1280, "height": 800})
+    sign_in(page, daphne_server, name, f"/admin/chat/cachedanswer/?q={tag}")
+    row = page.locator("#result_list tbody tr").filter(has_text=f"{tag} prompt")
+    expect(row.locator(".downs")).to_have_text("1")
+    expect(row.locator(".feedback-comment")).to_have_text(f"{tag} they hunt at night")
+    expect(row.locator(".field-answer_excerpt strong")).to_have_text("sleep")
+    action = row.locator("a.review-read").bounding_box()
+    assert action is not None and action["x"] + action["width"] <= 1280
+    table, area = page.evaluate(
+        "() => { const t = document.querySelector('#result_list');"
+        " return [t.scrollWidth, t.parentElement.clientWidth]; }"
+    )
+    assert table <= area
+    assert serious_violations(page) == []
+
+    row.locator("a.review-read").click()
+    panel = page.locator(".field-feedback_panel")
+    expect(panel).to_contain_text(f"{tag} they hunt at night")
+    expect(panel).not_to_contain_text("No ratings yet")
+    expect(panel).to_contain_text("1 of 3 thumbs-down")
+    # The text and the review buttons come before the record's details.
+    answer_y = page.locator(".rendered-answer").bounding_box()["y"]
+    approve_y = page.locator("#review-approve").bounding_box()["y"]
+    details_y = page.locator(".field-rendered_prompt").bounding_box()["y"]
+    assert answer_y < approve_y < details_y
+    assert serious_violations(page) == []
+
+    page.goto(f"{daphne_server.url}/admin/chat/feedback/?commented=yes&q={tag}")
+    page.locator("#result_list a.feedback-review").first.click()
+    expect(page.locator(".field-feedback_panel")).to_contain_text(f"{tag} they hunt at night")
+
+
+@pytest.mark.browser
+def test_the_admin_home_links_are_never_narrower_than_their_text(axe_page, daphne_server):
+    page = axe_page
+    name = f"admin{uuid.uuid4().hex[:10]}"
+    daphne_server.manage(
+        "shell",
+        "-c",
+        "from django.contrib.auth.models import User; "
+        f"User.objects.create_superuser({name!r}, password={PASSWORD!r})",
+    )
+    sign_in(page, daphne_server, name, "/admin/")
+    expect(page.locator("#report-behaviour")).to_be_visible()
+    for width in (1280, 1440, 1920):
+        page.set_viewport_size({"width": width, "height": 900})
+        # An inline link broken over lines has a box per line; a block one is narrower than
+        # what it scrolls.
+        squeezed = page.evaluate(
+            """() => [...document.querySelectorAll('#content a')]
+                .filter((a) => a.getClientRects().length > 1
+                               || a.getBoundingClientRect().width + 1 < a.scrollWidth)
+                .map((a) => a.textContent.trim())"""
+        )
+        assert squeezed == [], f"at {width} px"
+    assert serious_violations(page) == []
+
+
+THREE_PENDING = """
+from django.contrib.auth.models import User
+from chat.models import CachedAnswer
+CachedAnswer.objects.filter(status="pending").update(status="rejected")  # earlier tests' own
+User.objects.create_superuser({name!r}, password={password!r})
+for n in range(3):
+    CachedAnswer.objects.create(
+        key="{tag}%02d" % n + "0" * 52, prompt="{tag} prompt %d" % n, rendered_prompt="...",
+        answer="{tag} answer %d" % n, finish_reason="eos", policy_slug="chat", policy_version=1,
+        model_id="m", status="pending")
+"""
+
+
+@pytest.mark.browser
+def test_approve_and_next_goes_through_the_pending_answers(page, daphne_server):
+    """Each press approves the text shown (its digest) and opens another pending answer; the
+    last one leads back to the pending list."""
+    tag = uuid.uuid4().hex[:10]
+    name = f"admin{tag}"
+    daphne_server.manage("shell", "-c", THREE_PENDING.format(name=name, password=PASSWORD, tag=tag))
+    sign_in(page, daphne_server, name, f"/admin/chat/cachedanswer/?q={tag}&status__exact=pending")
+    page.locator("#result_list a.review-read").first.click()
+    seen = []
+    for _ in range(3):
+        text = page.locator(".rendered-answer").inner_text().strip()
+        seen.append(text)
+        page.click("#review-approve-next")
+        expect(page.locator(".messagelist")).to_contain_text("Approved")
+    assert sorted(seen) == [f"{tag} answer {n}" for n in range(3)]
+    page.wait_for_url("**status__exact=pending**")
+    statuses = daphne_server.manage(
+        "shell",
+        "-c",
+        "from chat.models import CachedAnswer; print(sorted(set(CachedAnswer.objects.filter("
+        f"prompt__startswith={tag!r}).values_list('status', flat=True))))",
+    )
+    assert statuses.strip().splitlines()[-1] == "['approved']"
 
 
 @pytest.mark.unit

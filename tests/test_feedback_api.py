@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 from auditlog.models import LogEntry
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.utils import timezone
 from prometheus_client import REGISTRY
@@ -377,9 +377,87 @@ def test_the_review_list_sorts_by_thumbs_down_and_hits():
         page = staff.get(f"/admin/chat/cachedanswer/?{query}").content.decode()
         return sorted(range(3), key=lambda n: page.index(f"prompt number {n}"))
 
-    # Columns: prompt, answer, policy, status, edited, hits (6), thumbs down (7).
-    assert order("o=-7") == [1, 0, 2]
-    assert order("o=-6") == [2, 0, 1]
+    # Columns: prompt, answer, policy, status, hits (5), thumbs down (6). The first click on
+    # thumbs down (o=6) puts the most on top.
+    assert order("o=6") == [1, 0, 2]
+    assert order("o=-5") == [2, 0, 1]
     detail = staff.get(f"/admin/chat/cachedanswer/{records[1].pk}/change/").content.decode()
     assert detail.count("c1") >= 3 and "3 of 3 thumbs-down" not in detail  # sent back already
     assert "Sent back to review" in detail
+
+
+def test_a_rating_of_the_answer_that_made_the_record_counts_on_it(
+    django_capture_on_commit_callbacks,
+):
+    """The record's first answer (its message's identity is the record's key, never served from
+    it) is rated like any served one: shown with its comment in review, counted toward the
+    send-back under the same rules (a visitor's shown, not counted; an unfinished one not at all)."""
+    policy = OutputPolicy.objects.create(name="p", slug="p", feedback_downs_to_review=2)
+    record = record_of(policy)
+    maker = member()
+    made = answer_of(maker, identity=record.key)
+    rate(maker, made.pk, {"rating": -1, "comment": "Owls also hunt by day."})
+    guest = visitor()
+    rate(guest, answer_of(guest, identity=record.key).pk, {"rating": -1, "comment": "guest says"})
+    failed = member()
+    rate(failed, answer_of(failed, identity=record.key, status="failed").pk, {"rating": -1})
+    assert feedback.downs_counted(record) == 1
+    staff = Client()
+    staff.force_login(User.objects.create_superuser("reviewer", "r@example.com", "pw"))
+    listing = staff.get("/admin/chat/cachedanswer/").content.decode()
+    assert '<span class="downs">2</span>' in listing  # the maker's and the visitor's
+    detail = staff.get(f"/admin/chat/cachedanswer/{record.pk}/change/").content.decode()
+    assert "Owls also hunt by day." in detail and "guest says" in detail
+    assert "No ratings yet" not in detail and "1 of 2 thumbs-down" in detail
+
+    served_to = member()
+    with django_capture_on_commit_callbacks(execute=True):
+        response = rate(served_to, answer_of(served_to, cached=record).pk, {"rating": -1})
+    assert response.json()["cached"] is True
+    record.refresh_from_db()
+    assert record.sent_back_at is not None and record.status == "pending"
+
+
+def test_the_feedback_admin_lists_ratings_read_only_filtered_by_policy_rating_and_comment():
+    owls = OutputPolicy.objects.create(name="owls", slug="owls")
+    cats = OutputPolicy.objects.create(name="cats", slug="cats")
+    record = record_of(owls)
+    someone = member()
+    rate(
+        someone,
+        answer_of(someone, identity=record.key, policy=owls).pk,
+        {"rating": -1, "comment": "wrong about owls"},
+    )
+    rate(someone, answer_of(someone, policy=owls).pk, {"rating": 1})
+    rate(someone, answer_of(someone, policy=cats).pk, {"rating": -1, "comment": "cats comment"})
+    reviewer = User.objects.create_user("rev", password="pw", is_staff=True)
+    reviewer.user_permissions.add(Permission.objects.get(codename="review_cachedanswer"))
+    staff = Client()
+    staff.force_login(reviewer)
+
+    def shown(query: str = "") -> str:
+        response = staff.get(f"/admin/chat/feedback/?{query}")
+        assert response.status_code == 200
+        return response.content.decode()
+
+    everything = shown()
+    assert "wrong about owls" in everything and "cats comment" in everything
+    assert f"/admin/chat/cachedanswer/{record.pk}/change/" in everything
+    by_policy = shown(f"message__policy__id__exact={cats.pk}")
+    assert "cats comment" in by_policy and "wrong about owls" not in by_policy
+    ups = shown("rating=up")
+    assert "Thumbs up" in ups and "cats comment" not in ups and "wrong about owls" not in ups
+    commented_downs = shown("rating=down&commented=yes")
+    assert "wrong about owls" in commented_downs and "cats comment" in commented_downs
+    assert "Thumbs up" not in commented_downs.split('id="result_list"')[1]
+    assert "Thumbs up" in shown("commented=no").split('id="result_list"')[1]
+    one = Feedback.objects.exclude(comment="").first()
+    assert staff.get(f"/admin/chat/feedback/{one.pk}/change/").status_code == 200
+    assert staff.post(f"/admin/chat/feedback/{one.pk}/change/", {"comment": "x"}).status_code == 403
+    assert staff.post(f"/admin/chat/feedback/{one.pk}/delete/", {"post": "yes"}).status_code == 403
+    assert staff.get("/admin/chat/feedback/add/").status_code == 403
+    one.refresh_from_db()
+    assert one.comment != "x"
+    outsider = Client()
+    outsider.force_login(User.objects.create_user("plain", password="pw", is_staff=True))
+    assert outsider.get("/admin/chat/feedback/").status_code == 403

@@ -6,6 +6,7 @@ imports every module, so each registers its ModelAdmins.
 - policies.py: output policies, their workbench (try a draft, run the regression set), revisions
   and regression runs.
 - review.py: cached answers' review (approve, edit, reject, evict, reset).
+- feedback.py: users' feedback on answers, read only, each linking to its answer's review.
 - audit.py: the audit trail, read only.
 - budgets.py: token and answer budgets per user and API key, and the default for new accounts.
 """
@@ -13,9 +14,9 @@ imports every module, so each registers its ModelAdmins.
 from django.contrib import admin
 
 from ..transports.accounts import AdminSignInForm
-from . import accounts, audit, budgets, chats, policies, review
+from . import accounts, audit, budgets, chats, feedback, policies, review
 
 # /admin/login/ counts failed attempts exactly like the page's sign-in.
 admin.site.login_form = AdminSignInForm
 
-__all__ = ["accounts", "audit", "budgets", "chats", "policies", "review"]
+__all__ = ["accounts", "audit", "budgets", "chats", "feedback", "policies", "review"]

@@ -7,7 +7,6 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseNotAllowed
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import path, reverse
-from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.text import Truncator
@@ -93,21 +92,19 @@ class CachedAnswerAdmin(FeedbackColumns, admin.ModelAdmin):
     """
 
     form = CachedAnswerForm
+    # Few, narrow columns, so the review column stays in view at 1280 px beside the filters.
     list_display = (
         "prompt_excerpt",
         "answer_excerpt",
         "policy_slug",
         "status",
-        "edit_note",
         "hits",
         "thumbs_down",
         "thumbs_up",
         "implicit_signals",
         "row_actions",
-        "updated_at",
     )
     list_display_links = ("prompt_excerpt",)
-    list_select_related = ("edited_by",)
     list_filter = (
         "status",
         SentBackFilter,
@@ -117,9 +114,7 @@ class CachedAnswerAdmin(FeedbackColumns, admin.ModelAdmin):
         "model_id",
     )
     search_fields = ("prompt", "answer", "key")
-    readonly_fields: tuple[str, ...] = (
-        "key",
-        "prompt",
+    details: tuple[str, ...] = (
         "rendered_prompt",
         "json_value",
         "finish_reason",
@@ -140,16 +135,15 @@ class CachedAnswerAdmin(FeedbackColumns, admin.ModelAdmin):
         "redacted_at",
         "created_at",
         "updated_at",
-    )
-    readonly_fields = (*readonly_fields, "rendered_answer", "feedback_panel")
-    fields = (
-        "prompt",
-        "rendered_answer",
-        "feedback_panel",
-        "answer",
-        "seen_digest",
-        *readonly_fields[2:-2],
         "key",
+    )
+    readonly_fields = ("prompt", "rendered_answer", "feedback_panel", *details)
+    # The text and what to do with it first (the template puts the review buttons right after
+    # it), then what users said, then the record's details.
+    fieldsets = (
+        (None, {"fields": ("prompt", "rendered_answer", "answer", "seen_digest")}),
+        ("Users' feedback", {"fields": ("feedback_panel",)}),
+        ("Details", {"fields": details}),
     )
     actions = ["reject", "evict", "reset"]
 
@@ -165,24 +159,23 @@ class CachedAnswerAdmin(FeedbackColumns, admin.ModelAdmin):
 
     @admin.display(description="prompt")
     def prompt_excerpt(self, obj):
-        return Truncator(obj.prompt).chars(140)
+        return Truncator(obj.prompt).chars(100)
 
     @admin.display(description="answer")
     def answer_excerpt(self, obj):
-        return Truncator(obj.answer).chars(200)
+        """The excerpt rendered as the chat renders it (admin-review.js); its raw text until then."""
+        excerpt = Truncator(obj.answer).chars(240)
+        return format_html(
+            '<div class="rendered-answer answer-excerpt" data-markdown="{}">{}</div>',
+            excerpt,
+            excerpt,
+        )
 
     @admin.display(description="answer, as users see it")
     def rendered_answer(self, obj):
         return format_html(
             '<div class="rendered-answer markdown" data-markdown="{}"></div>', obj.answer
         )
-
-    @admin.display(description="edited", ordering="edited_at")
-    def edit_note(self, obj):
-        if obj.edited_at is None:
-            return ""
-        when = timezone.localtime(obj.edited_at).strftime("%Y-%m-%d %H:%M")
-        return f"by {obj.edited_by or 'a deleted user'}, {when}"
 
     @admin.display(description="review")
     def row_actions(self, obj):
@@ -206,11 +199,14 @@ class CachedAnswerAdmin(FeedbackColumns, admin.ModelAdmin):
             )
         return format_html_join(" ", "{}", ((b,) for b in buttons))
 
-    def get_fields(self, request, obj=None):
-        fields = super().get_fields(request, obj)
-        if not self.has_change_permission(request, obj):
-            return [name for name in fields if name != "seen_digest"]
-        return fields
+    def get_fieldsets(self, request, obj=None):
+        fieldsets = super().get_fieldsets(request, obj)
+        if self.has_change_permission(request, obj):
+            return fieldsets
+        return [
+            (name, {**opts, "fields": [f for f in opts["fields"] if f != "seen_digest"]})
+            for name, opts in fieldsets
+        ]
 
     def get_urls(self):
         review_view = self.admin_site.admin_view(self.review_row)
@@ -237,7 +233,9 @@ class CachedAnswerAdmin(FeedbackColumns, admin.ModelAdmin):
         record = get_object_or_404(CachedAnswer, pk=pk)
         excerpt = Truncator(record.prompt).chars(60)
         if verb == "approve":
-            self._approve(request, record, excerpt)
+            approved = self._approve(request, record, excerpt)
+            if approved and request.POST.get("then") == "next":
+                return redirect(self._next_pending(record))
         else:
             removed = review.answer_reject(record_id=record.pk, by=request.user)
             self.message_user(request, f"Rejected: {excerpt}{'' if removed else REDIS_LATER}")
@@ -246,7 +244,22 @@ class CachedAnswerAdmin(FeedbackColumns, admin.ModelAdmin):
             back = reverse("admin:chat_cachedanswer_changelist")
         return redirect(back)
 
-    def _approve(self, request, record: CachedAnswer, excerpt: str) -> None:
+    def _next_pending(self, approved: CachedAnswer) -> str:
+        """The page of the next answer to review, in the order the list suggests (most
+        thumbs-down first, then the oldest); the pending list once none is left."""
+        following = (
+            with_feedback_counts(CachedAnswer.objects.filter(status=CachedAnswer.Status.PENDING))
+            .exclude(pk=approved.pk)
+            .order_by("-downs", "created_at", "pk")
+            .values_list("pk", flat=True)
+            .first()
+        )
+        if following is None:
+            return reverse("admin:chat_cachedanswer_changelist") + "?status__exact=pending"
+        return reverse("admin:chat_cachedanswer_change", args=[following])
+
+    def _approve(self, request, record: CachedAnswer, excerpt: str) -> bool:
+        """Approve the text the page showed; True if it was approved."""
         seen = request.POST.get("seen_digest", "")
         typed = request.POST.get("answer")
         if not seen:
@@ -255,7 +268,7 @@ class CachedAnswerAdmin(FeedbackColumns, admin.ModelAdmin):
                 "Not approved: approve on the answer's own page, after reading the whole text.",
                 messages.ERROR,
             )
-            return
+            return False
         typed_unsaved = typed is not None and typed_text(typed) != record.answer
         if typed_unsaved and review.record_digest(record) == seen:
             self.message_user(
@@ -264,7 +277,7 @@ class CachedAnswerAdmin(FeedbackColumns, admin.ModelAdmin):
                 "the saved text.",
                 messages.ERROR,
             )
-            return
+            return False
         outcome = review.answer_approve(record_id=record.pk, seen_digest=seen, by=request.user)
         if outcome is review.Approval.TEXT_CHANGED:
             self.message_user(
@@ -273,9 +286,11 @@ class CachedAnswerAdmin(FeedbackColumns, admin.ModelAdmin):
                 "after an eviction). Read the text now shown and approve again.",
                 messages.ERROR,
             )
-        elif outcome is review.Approval.GONE:
+            return False
+        if outcome is review.Approval.GONE:
             self.message_user(request, "Not approved: the answer was deleted.", messages.ERROR)
-        elif outcome is review.Approval.APPROVED:
+            return False
+        if outcome is review.Approval.APPROVED:
             self.message_user(
                 request,
                 f"Approved: {excerpt} (Redis is unreachable: it is served once it is answered "
@@ -284,6 +299,7 @@ class CachedAnswerAdmin(FeedbackColumns, admin.ModelAdmin):
             )
         else:
             self.message_user(request, f"Approved: {excerpt}")
+        return True
 
     def get_queryset(self, request):
         return with_feedback_counts(super().get_queryset(request))

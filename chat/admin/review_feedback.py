@@ -2,7 +2,7 @@
 and the implicit signals (a Stop or Regenerate soon after a hit) shown apart."""
 
 from django.contrib import admin
-from django.db.models import Count, Q
+from django.db.models import Count, F, Func, IntegerField, OuterRef, Subquery
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
@@ -10,33 +10,34 @@ from django.utils.text import Truncator
 from ..models import CachedAnswer, Feedback
 from ..stores import feedback
 
-_FEEDBACK = "served_messages__feedback__"
-_RATED = Q(**{f"{_FEEDBACK}kind": Feedback.Kind.RATING})
 # Comments shown in a list row: the newest thumbs-down ones.
 ROW_COMMENTS = 2
 
 
+def _counted(**which):
+    """How many feedback rows of `which` the outer record's answer has (`feedback.on_record`)."""
+    rows = (
+        Feedback.objects.filter(feedback.on_record(OuterRef("pk"), OuterRef("key")), **which)
+        .order_by()
+        .annotate(n=Func(F("pk"), function="COUNT"))
+        .values("n")
+    )
+    return Subquery(rows, output_field=IntegerField())
+
+
 def with_feedback_counts(queryset):
     """Each record with its thumbs down and up and implicit signals, so the list sorts by them."""
-    implicit = Q(**{f"{_FEEDBACK}kind__in": [Feedback.Kind.STOPPED, Feedback.Kind.REGENERATED]})
+    rated = Feedback.Kind.RATING
     return queryset.annotate(
-        downs=Count(
-            "served_messages__feedback",
-            filter=_RATED & Q(**{f"{_FEEDBACK}rating": feedback.DOWN}),
-            distinct=True,
-        ),
-        ups=Count(
-            "served_messages__feedback",
-            filter=_RATED & Q(**{f"{_FEEDBACK}rating": feedback.UP}),
-            distinct=True,
-        ),
-        implicit=Count("served_messages__feedback", filter=implicit, distinct=True),
+        downs=_counted(kind=rated, rating=feedback.DOWN),
+        ups=_counted(kind=rated, rating=feedback.UP),
+        implicit=_counted(kind__in=[Feedback.Kind.STOPPED, Feedback.Kind.REGENERATED]),
     )
 
 
 def _ratings(record: CachedAnswer):
     return Feedback.objects.filter(
-        message__cached_answer=record, kind=Feedback.Kind.RATING
+        feedback.on_record(record, record.key), kind=Feedback.Kind.RATING
     ).order_by("-updated_at", "-id")
 
 
@@ -56,7 +57,8 @@ class SentBackFilter(admin.SimpleListFilter):
 class FeedbackColumns:
     """The review admin's feedback columns and its change page's feedback panel."""
 
-    @admin.display(description="thumbs down", ordering="downs")
+    # "-downs": the first click on the column puts the most thumbs-down on top.
+    @admin.display(description="thumbs down", ordering="-downs")
     def thumbs_down(self, obj):
         comments = [
             Truncator(comment).chars(80)
@@ -77,11 +79,11 @@ class FeedbackColumns:
             format_html_join("", '<q class="feedback-comment">{}</q>', ((c,) for c in comments)),
         )
 
-    @admin.display(description="thumbs up", ordering="ups")
+    @admin.display(description="thumbs up", ordering="-ups")
     def thumbs_up(self, obj):
         return getattr(obj, "ups", 0)
 
-    @admin.display(description="stopped or regenerated after a hit", ordering="implicit")
+    @admin.display(description="stopped or regenerated after a hit", ordering="-implicit")
     def implicit_signals(self, obj):
         return getattr(obj, "implicit", 0)
 
@@ -120,7 +122,7 @@ class FeedbackColumns:
             ),
         )
         implicit = dict(
-            Feedback.objects.filter(message__cached_answer=obj)
+            Feedback.objects.filter(feedback.on_record(obj, obj.key))
             .exclude(kind=Feedback.Kind.RATING)
             .values_list("kind")
             .annotate(n=Count("id"))

@@ -1,7 +1,9 @@
 """Users' feedback on answers: a thumbs up or down with an optional comment, and the implicit
 signals of a Stop or a Regenerate soon after a cache hit.
 
-A rating of an answer served from the cache counts on its review record: once as many distinct
+A rating counts on a cached answer's review record when the answer was served from it, and when
+it is the answer that made it (`on_record`): the first answer of a key becomes the record, pending
+review, and its user's thumbs-down and comment are what a reviewer most needs. Once as many distinct
 accounts as its policy's `feedback_downs_to_review` rated it down, the record is sent back to
 review (chat/stores/review.py, `answer_send_back`): no longer served, evicted from Redis, pending
 with the comments. Only signed-in accounts at least `SEND_BACK_ACCOUNT_AGE` old count: a visitor's
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from ..infra import metrics
@@ -66,6 +69,28 @@ class Rated:
         }
 
 
+def on_record(record, key) -> Q:
+    """Feedback on a record's answer (`record`, `key`: the record and its key, or OuterRefs to
+    them): on the messages served from it, and on the answers generated under its key, which
+    `Message.identity` names. That is the one that made the record, and any generated while it
+    was not served, the same answer (docs/policies.md, a key's first answer is kept)."""
+    return Q(message__cached_answer=record) | Q(
+        message__cached_answer__isnull=True,
+        message__identity=key,
+        message__role=Message.Role.ASSISTANT,
+        message__status=Message.Status.DONE,
+    )
+
+
+def record_of(message: Message) -> int | None:
+    """The review record the message's rating counts on, if any (`on_record`)."""
+    if message.cached_answer_id is not None:
+        return message.cached_answer_id
+    if not message.identity or message.status != Message.Status.DONE:
+        return None
+    return CachedAnswer.objects.filter(key=message.identity).values_list("pk", flat=True).first()
+
+
 def _policy_label(policy_slug: str | None) -> str:
     return policy_slug or "none"
 
@@ -94,7 +119,7 @@ def rating_set(*, owner: Owner, message_id: int, rating: int, comment: str = "")
             kind=Feedback.Kind.RATING,
             defaults={"rating": rating, "comment": comment},
         )
-        sent_back = rating == DOWN and _send_back_if_due(message.cached_answer_id)
+        sent_back = rating == DOWN and _send_back_if_due(record_of(message))
     metrics.FEEDBACK.labels(
         _policy_label(message.policy.slug if message.policy else None),
         "up" if rating == UP else "down",
@@ -117,13 +142,13 @@ def rating_clear(*, owner: Owner, message_id: int) -> None:
 
 
 def downs_counted(record: CachedAnswer) -> int:
-    """Distinct accounts that rated the record's answer down, of answers served since its last
-    approval or new text (`feedback_since`): active accounts at least SEND_BACK_ACCOUNT_AGE
-    old, never a visitor's session."""
+    """Distinct accounts that rated the record's answer down (`on_record`), of answers since its
+    last approval or new text (`feedback_since`): active accounts at least
+    SEND_BACK_ACCOUNT_AGE old, never a visitor's session."""
     downs = Feedback.objects.filter(
+        on_record(record, record.key),
         kind=Feedback.Kind.RATING,
         rating=DOWN,
-        message__cached_answer=record,
         message__conversation__user__is_active=True,
         message__conversation__user__date_joined__lte=timezone.now() - SEND_BACK_ACCOUNT_AGE,
     )
