@@ -21,6 +21,7 @@ MODERATED_SUMMARY = "The answer was withdrawn by this policy's checks."
 def explain(
     status: str,
     *,
+    policy: str,
     reason: str,
     schema: dict[str, Any] | None,
     about: str,
@@ -29,7 +30,8 @@ def explain(
 ) -> dict[str, str]:
     """The explanation of an answer with the gate's `status` "invalid" or "moderated".
 
-    `reason` is the gate's (a JSON error, a hook's reason), `about` the policy's description,
+    `policy` is the policy's slug (what Try again asks under), `reason` the gate's (a JSON
+    error, a hook's reason), `about` the policy's description,
     `raw` what the model wrote, `show_raw` the policy's `show_failed_text`.
     """
     explanation = {
@@ -37,6 +39,7 @@ def explain(
         "summary": MODERATED_SUMMARY if status == "moderated" else INVALID_SUMMARY,
         "expected": expected(schema, about),
         "detail": " ".join(reason.split()),
+        "policy": policy,
     }
     if status == "invalid" and show_raw and raw.strip():
         explanation["raw_text"] = raw

@@ -282,6 +282,7 @@ class TurnRun(TurnFinish):
         policy = self.policy
         return explain(
             verdict,
+            policy=policy.slug,
             reason=reason,
             schema=policy.schema,
             about=policy.description,

@@ -31,7 +31,7 @@ export function onMessagesClick(event) {
   if (action.classList.contains('continue-answer')) continueAnswer(answer);
   if (action.classList.contains('regenerate')) {
     const asked = answer.root.previousElementSibling;
-    if (asked?.chatPrompt != null) sendPrompt(asked.chatPrompt, answer.messageId);
+    if (asked?.chatPrompt != null) sendPrompt(asked.chatPrompt, answer.messageId, answer.retryPolicy);
   }
 }
 

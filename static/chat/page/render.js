@@ -128,6 +128,7 @@ export function showExplanation(answer, explanation) {
     answer.copyText = explanation.raw_text;
   }
   box.replaceChildren(...lines);
+  if (typeof explanation.policy === 'string') answer.retryPolicy = explanation.policy;
   box.hidden = false;
   const retry = answer.root.querySelector('.regenerate');
   retry.textContent = 'Try again';
