@@ -1,4 +1,7 @@
-"""Per-answer actions in a real browser with the real model: Regenerate, Edit and resend, Esc."""
+"""Per-answer actions in a real browser with the real model: Regenerate, Edit and resend, Esc,
+and a failed answer's explanation."""
+
+import re
 
 import pytest
 from playwright.sync_api import expect
@@ -107,3 +110,69 @@ def test_a_cut_answer_shows_its_good_part_and_says_why(page, daphne_server):
     text = answer.locator(".text").inner_text()
     assert 0 < len(text) <= 60
     expect(answer).not_to_have_class("withdrawn")
+
+
+def test_a_failed_json_answer_explains_itself_and_still_does_after_a_reload(browser, daphne_server):
+    """Three tokens cannot hold the cat the schema asks for: the answer fails whatever the model
+    writes, and says why, what the policy expects and what the model wrote (which Copy copies);
+    a reload shows the same; Try again asks once more; the picker speaks the policy's words."""
+    from tests.a11y import axe_context, serious_violations
+
+    daphne_server.policy(
+        "cat",
+        name="Cat card",
+        description="Facts about a cat, as JSON a program can read",
+        mode="buffer",
+        json_schema={
+            "title": "A cat with its name and microchip number",
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "chip": {"type": "integer"}},
+            "required": ["name", "chip"],
+        },
+        system_prompt='Reply only with JSON like {"name": "...", "chip": 1}.',
+        max_new_tokens=3,
+        max_retries=0,
+    )
+    context = axe_context(browser)
+    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=daphne_server.url)
+    page = context.new_page()
+    try:
+        open_chat(page, daphne_server)
+        option = page.locator("#policy option[value='cat']")
+        expect(option).to_have_text("Cat card: Facts about a cat, as JSON a program can read")
+        expect(page.locator("#policy")).not_to_contain_text("(buffer)")
+        page.select_option("#policy", "cat")
+        page.fill("#prompt", "Describe a cat as JSON.")
+        page.keyboard.press("Enter")
+        answer = page.locator(".message.assistant").last
+        expect(answer).to_have_attribute("data-state", "invalid", timeout=60_000)
+        explained = answer.locator(".explanation")
+        expect(explained).to_be_visible()
+        expect(explained.locator(".explanation-expected")).to_have_text(
+            "Expected: Facts about a cat, as JSON a program can read. "
+            "A cat with its name and microchip number."
+        )
+        expect(explained.locator(".explanation-detail")).to_contain_text("Why: ")
+        raw = explained.locator(".explanation-raw").text_content()
+        assert raw and raw.strip()
+        answer.locator("button.copy-answer").click()
+        assert page.evaluate("navigator.clipboard.readText()") == raw
+        assert serious_violations(page) == []
+
+        page.reload()
+        answer = page.locator(".message.assistant").last
+        expect(answer).to_have_attribute("data-state", "invalid", timeout=10_000)
+        expect(answer.locator(".explanation-raw")).to_have_text(raw)
+        expect(answer.locator(".explanation-expected")).to_contain_text("microchip number")
+        retry = answer.locator("button.regenerate")
+        expect(retry).to_have_text("Try again")
+        assert serious_violations(page) == []
+
+        retry.click()
+        answers = page.locator(".message.assistant")
+        expect(answers).to_have_count(2)
+        expect(answers.last).to_have_attribute("data-state", "invalid", timeout=60_000)
+        expect(answers.last.locator(".explanation")).to_be_visible()
+        expect(answers.first).to_have_class(re.compile(r"\bsuperseded\b"))
+    finally:
+        context.close()

@@ -307,3 +307,110 @@ async def test_default_policy_streams_prose(client, example_policies):
     events = await client.receive_until("done", request_id)
     assert "chunk" in kinds(events) and "buffering" not in kinds(events)
     assert events[-1]["policy"] == "chat"
+
+
+# -- a failed answer explains itself -------------------------------------------------
+
+# Three tokens cannot hold a whole {"name": ..., "chip": ...}: the answer fails whatever it says.
+CAT_SCHEMA = {
+    "title": "A cat",
+    "description": "its name and microchip number",
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "chip": {"type": "integer"}},
+    "required": ["name", "chip"],
+}
+CUT_JSON = {
+    "mode": "buffer",
+    "json_schema": CAT_SCHEMA,
+    "description": "Facts about a cat, as JSON a program can read",
+    "system_prompt": 'Reply only with JSON like {"name": "...", "chip": 1}.',
+    "max_new_tokens": 3,
+    "max_retries": 0,
+}
+
+
+@pytest.mark.integration
+@pytestmark_ws
+async def test_an_invalid_answer_says_why_and_what_was_expected_and_keeps_it(client, make_policy):
+    await sync_to_async(make_policy)(slug="cat", **CUT_JSON)
+    request_id = await client.prompt("Describe a cat as JSON.", policy="cat")
+    done = (await client.receive_until("done", request_id))[-1]
+    assert done["finish_reason"] == "invalid", done
+    explanation = done["explanation"]
+    assert explanation["kind"] == "invalid" and explanation["summary"]
+    assert explanation["expected"] == (
+        "Facts about a cat, as JSON a program can read. A cat. its name and microchip number."
+    )
+    assert explanation["detail"] == " ".join(done["reason"].split())
+    message = await sync_to_async(Message.objects.get)(pk=done["message"])
+    # The policy shows failed text by default: what the model wrote, as stored for review.
+    assert explanation.get("raw_text") == (message.raw_text or None)
+    assert message.explanation == explanation
+
+
+@pytest.mark.integration
+@pytestmark_ws
+async def test_a_policy_may_keep_the_failed_text_to_itself(client, make_policy):
+    await sync_to_async(make_policy)(slug="cat-quiet", show_failed_text=False, **CUT_JSON)
+    request_id = await client.prompt("Describe a cat as JSON.", policy="cat-quiet")
+    done = (await client.receive_until("done", request_id))[-1]
+    assert done["finish_reason"] == "invalid" and done["explanation"]["kind"] == "invalid"
+    assert "raw_text" not in done["explanation"]
+
+
+@pytest.mark.integration
+@pytestmark_ws
+async def test_a_withdrawn_answer_is_explained_without_its_text_whatever_the_policy(
+    client, make_policy
+):
+    """A pattern every answer matches withdraws it; show_failed_text never reaches moderation."""
+    await sync_to_async(make_policy)(
+        slug="nothing",
+        mode="buffer",
+        json_schema=ANSWER_SCHEMA,
+        constrained=True,  # JSON, so never an empty answer
+        moderation_hooks=[{"hook": "blocklist", "settings": {"patterns": [r"\S"]}}],
+        show_failed_text=True,
+        max_new_tokens=8,
+        max_retries=0,
+    )
+    request_id = await client.prompt("What is the capital of France?", policy="nothing")
+    done = (await client.receive_until("done", request_id))[-1]
+    assert done["finish_reason"] == "moderated" and done["text"] == ""
+    explanation = done["explanation"]
+    assert explanation["kind"] == "moderated" and "raw_text" not in explanation
+    assert "blocked pattern" in explanation["detail"]
+    message = await sync_to_async(Message.objects.get)(pk=done["message"])
+    assert message.raw_text.strip() and message.explanation == explanation
+    # The stored answer, as a reloaded page reads it, holds the same and no more.
+    detail = await sync_to_async(client_conversation)(message)
+    stored = next(m for m in detail["messages"] if m["id"] == message.pk)
+    assert stored["explanation"] == explanation and stored["text"] == ""
+
+
+def client_conversation(message: Message) -> dict:
+    from chat.stores.selectors import Owner, conversation_detail
+
+    conversation = message.conversation
+    owner = Owner(user_id=conversation.user_id, session_key=conversation.session_key)
+    detail = conversation_detail(owner, conversation.pk)
+    assert detail is not None
+    return detail
+
+
+@pytest.mark.integration
+@pytest.mark.django_db
+def test_how_a_failure_is_shown_is_no_part_of_the_answers_identity(make_policy):
+    """Describing a policy or hiding failed text changes no answer: the same identity, so its
+    cached answers stay; but the version moves, so every process reads the new presentation."""
+    from chat.stores.policy_store import resolve
+
+    policy = make_policy(slug="cat-id", **CUT_JSON)
+    before = resolve(policy)
+    policy.description = "Something else entirely"
+    policy.show_failed_text = False
+    policy.save()
+    after = resolve(policy)
+    assert after.version == before.version + 1
+    assert (after.description, after.show_failed_text) == ("Something else entirely", False)
+    assert after.settings_digest == before.settings_digest

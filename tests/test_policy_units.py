@@ -621,3 +621,40 @@ def test_reask_message():
     assert "answer was invalid: no JSON object or array found in the answer.\n" in plain
     assert "ONLY a valid JSON value" in plain
     assert len(reask_message("x" * 5000, None)) < 400
+
+
+# -- explanations of failed answers ----------------------------------------------------
+
+
+@pytest.mark.unit
+def test_an_explanation_says_what_the_policy_expects_in_its_own_words():
+    from chat.policy.explanation import explain
+
+    schema = {"title": "A cat", "type": "object", "required": ["name"]}
+    told = explain(
+        "invalid", policy="cat", reason="bad", schema=schema, about="Cats", raw="{", show_raw=True
+    )
+    assert told == {
+        "kind": "invalid",
+        "summary": told["summary"],
+        "expected": "Cats. A cat.",
+        "detail": "bad",
+        "policy": "cat",
+        "raw_text": "{",
+    }
+    bare = {"type": "object", "required": ["name", "chip"]}
+    untitled = explain(
+        "invalid", policy="p", reason="", schema=bare, about="", raw=" ", show_raw=True
+    )
+    assert untitled["expected"] == 'JSON with the fields "name" and "chip".'
+    assert "raw_text" not in untitled  # nothing written: nothing to show
+
+
+@pytest.mark.unit
+def test_a_withdrawn_answers_explanation_never_carries_its_text():
+    from chat.policy.explanation import explain
+
+    told = explain(
+        "moderated", policy="p", reason="blocked", schema=None, about="", raw="bad", show_raw=True
+    )
+    assert told["kind"] == "moderated" and "raw_text" not in told and "bad" not in str(told)

@@ -136,7 +136,20 @@ class OutputPolicyAdmin(admin.ModelAdmin):
     inlines = [RegressionCaseInline, PolicyRevisionInline]
     change_form_template = "admin/chat/outputpolicy/change_form.html"
     fieldsets = (
-        (None, {"fields": ("name", "slug", "is_default", "mode", "version", "updated_at")}),
+        (
+            None,
+            {
+                "fields": (
+                    "name",
+                    "description",
+                    "slug",
+                    "is_default",
+                    "mode",
+                    "version",
+                    "updated_at",
+                )
+            },
+        ),
         (
             "Checks before anyone sees the answer",
             {
@@ -149,6 +162,7 @@ class OutputPolicyAdmin(admin.ModelAdmin):
                     "failure_action",
                     "fallback_text",
                     "max_retries",
+                    "show_failed_text",
                 ),
             },
         ),

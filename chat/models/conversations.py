@@ -69,6 +69,11 @@ class Message(models.Model):
     outcome_reason = models.TextField(blank=True)
     json_value = models.JSONField(null=True, blank=True)
     raw_text = models.TextField(blank=True, help_text="what the model generated, before the policy")
+    explanation = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="why an invalid or withdrawn answer failed, as its `done` told the user",
+    )
     retries = models.PositiveSmallIntegerField(default=0)
     held_ms = models.FloatField(
         null=True, blank=True, help_text="how long the answer was held back"

@@ -21,6 +21,12 @@ class OutputPolicy(models.Model):
         FALLBACK = "fallback", "fallback: show the fallback text instead"
 
     name = models.CharField(max_length=100)
+    description = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="what the policy is for, in a sentence users read: the chat's policy picker "
+        "shows it, and an answer that fails the policy quotes it",
+    )
     slug = models.SlugField(
         max_length=50, unique=True, help_text="what a prompt frame names in its `policy` field"
     )
@@ -65,6 +71,11 @@ class OutputPolicy(models.Model):
     )
     max_retries = models.PositiveSmallIntegerField(
         default=2, help_text="re-asks after an invalid structured answer"
+    )
+    show_failed_text = models.BooleanField(
+        default=True,
+        help_text="an answer that stays invalid shows the user what the model wrote, beside why "
+        "it failed; a withdrawn (moderated) answer's text is never shown",
     )
     system_prompt = models.TextField(blank=True)
     max_new_tokens = models.PositiveIntegerField(
@@ -149,10 +160,15 @@ class OutputPolicy(models.Model):
             return str(self.Mode.BUFFER)
         return self.mode
 
+    # How a failed answer is presented, not what it is: in revisions and the version (so every
+    # process drops its compiled copy), left out of the answer's identity (policy_store.py).
+    PRESENTATION = ("description", "show_failed_text")
+
     def snapshot(self) -> dict:
         """The settings that shape an answer, as plain JSON (for revisions and cache keys)."""
         fields = [
             "name",
+            "description",
             "slug",
             "is_default",
             "mode",
@@ -165,6 +181,7 @@ class OutputPolicy(models.Model):
             "failure_action",
             "fallback_text",
             "max_retries",
+            "show_failed_text",
             "system_prompt",
             "max_new_tokens",
             "stop_strings",

@@ -110,6 +110,8 @@ class Done(Event):
     reason: str | None
     policy: str
     seq: int | None = None  # its number in the answer's journal (chat/turns/journal.py)
+    # `invalid` and `moderated` only: why, in words for the user (chat/policy/explanation.py).
+    explanation: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "finish_reason", Finish(self.finish_reason))
@@ -144,8 +146,8 @@ class Pong(Event):
 
 
 # Fields added to the contract that are left out where they have no value: `seq` outside a
-# running answer's journal, `text_before` outside a Continue.
-_OMITTED_WHEN_NONE = frozenset({"seq", "text_before", "left", "resets_at"})
+# running answer's journal, `text_before` outside a Continue, `explanation` outside a failed answer.
+_OMITTED_WHEN_NONE = frozenset({"seq", "text_before", "left", "resets_at", "explanation"})
 
 # Field names that differ on the wire (a field cannot be called `json` beside the module).
 _WIRE_NAMES = {"json_value": "json"}

@@ -75,6 +75,10 @@ class ResolvedPolicy:
     # The functions the answer may call (a request's `tools`); the answer is then held and
     # its calls judged (chat/policy/tool_calls.py).
     tools: ToolSpec | None = None
+    # How a failed answer is presented to its user (chat/policy/explanation.py); no part of
+    # the answer, so left out of `settings_digest`.
+    description: str = ""
+    show_failed_text: bool = True
 
     @functools.cached_property
     def settings_digest(self) -> str:
@@ -93,7 +97,9 @@ class ResolvedPolicy:
             "sampling": self.sampling.identity(),
             "extra_eos_tokens": self.extra_eos_tokens,
             "tools": self.tools.as_dict() if self.tools is not None else None,
-            "stored": self.snapshot,
+            "stored": {
+                k: v for k, v in self.snapshot.items() if k not in OutputPolicy.PRESENTATION
+            },
             "overrides": self.overrides,
         }
         canonical = json.dumps(effective, sort_keys=True, separators=(",", ":"), default=str)
@@ -271,6 +277,8 @@ def compile_policy(policy) -> ResolvedPolicy:
         cache_ttl_seconds=policy.cache_ttl_seconds,
         require_review=policy.require_review,
         snapshot=policy.snapshot(),
+        description=policy.description,
+        show_failed_text=policy.show_failed_text,
     )
 
 

@@ -155,6 +155,8 @@ def message_as_dict(message: Message, feedback: dict | None = None) -> dict:
         "json": message.json_value,
         "metrics": message.metrics,
         "superseded": message.superseded,
+        # Why an invalid or withdrawn answer failed, as its `done` said (null otherwise).
+        "explanation": message.explanation,
         "created_at": message.created_at.isoformat(),
         **extra,
     }

@@ -44,7 +44,7 @@ def index(request):
             "current_conversation_id": current_id,
             "max_prompt_chars": settings.CHAT_MAX_PROMPT_CHARS,
             "max_title_chars": MAX_TITLE,
-            "policies": OutputPolicy.objects.only("slug", "name", "mode", "is_default"),
+            "policies": OutputPolicy.objects.only("slug", "name", "description", "is_default"),
             "model_name": model_name,
             "signup_open": settings.CHAT_LOCAL_ACCOUNTS and settings.CHAT_SIGNUP != "closed",
             "local_accounts": settings.CHAT_LOCAL_ACCOUNTS,

@@ -93,6 +93,7 @@ class TurnFinish:
         reason: str = "",
         json_value=None,
         masked: str | None = None,
+        explanation: dict[str, str] | None = None,
     ) -> None:
         turn = self.turn
         done_at = time.perf_counter()
@@ -107,6 +108,7 @@ class TurnFinish:
             outcome=outcome,
             reason=reason,
             json_value=json_value,
+            explanation=explanation,
         )
         # Charged before `done` goes out, so a client's next prompt is checked against it.
         await self._charge(done_metrics)
@@ -124,6 +126,7 @@ class TurnFinish:
                 metrics=done_metrics,
                 reason=reason or None,
                 policy=self.policy.slug,
+                explanation=explanation,
             )
         )
         await self._account(text, json_value, finish_reason, outcome, done_metrics)
@@ -163,6 +166,7 @@ class TurnFinish:
         outcome: Verdict | str,
         reason: str,
         json_value,
+        explanation: dict[str, str] | None,
     ) -> None:
         """The answer stored as the turn's message; the client told when that failed."""
         turn = self.turn
@@ -182,6 +186,7 @@ class TurnFinish:
                 outcome=outcome,
                 outcome_reason=reason,
                 json_value=json_value,
+                explanation=explanation,
                 retries=self.retries,
                 held_ms=done_metrics["held_ms"],
             )

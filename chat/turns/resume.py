@@ -141,4 +141,5 @@ def final_event(message: Message, seq: int | None) -> Event:
         reason=why,
         policy=message.policy.slug if message.policy is not None else "",
         seq=seq,
+        explanation=message.explanation,
     )

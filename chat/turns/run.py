@@ -27,6 +27,7 @@ from ..engine.types import (
 from ..infra import metrics as prometheus
 from ..models import Message, OutputPolicy
 from ..policy import Cut, Emit, Hold, Retract, gate_for, reask_message, reask_tool_message
+from ..policy.explanation import explain
 from ..protocol import Prompt, events, metrics
 from ..protocol.events import Finish
 from ..stores import storage
@@ -259,6 +260,7 @@ class TurnRun(TurnFinish):
                 raw=gate.raw,
                 outcome=Verdict.INVALID,
                 reason=outcome.reason,
+                explanation=self._explain(Verdict.INVALID, outcome.reason, gate.raw),
             )
 
     def _count_invalid(self) -> None:
@@ -267,7 +269,25 @@ class TurnRun(TurnFinish):
     async def _withdraw(self, result, raw: str, reason: str) -> None:
         """A moderation veto: nothing is kept as the answer; the raw text is stored for review."""
         await self._finish(
-            result, Finish.MODERATED, text="", raw=raw, outcome=Verdict.MODERATED, reason=reason
+            result,
+            Finish.MODERATED,
+            text="",
+            raw=raw,
+            outcome=Verdict.MODERATED,
+            reason=reason,
+            explanation=self._explain(Verdict.MODERATED, reason, raw),
+        )
+
+    def _explain(self, verdict: Verdict, reason: str, raw: str) -> dict[str, str]:
+        policy = self.policy
+        return explain(
+            verdict,
+            policy=policy.slug,
+            reason=reason,
+            schema=policy.schema,
+            about=policy.description,
+            raw=raw,
+            show_raw=policy.show_failed_text,
         )
 
     async def _generate(self, gate):

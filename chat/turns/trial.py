@@ -91,7 +91,11 @@ class TrialRun(TurnRun):
     def _count_invalid(self) -> None:
         """Not counted: a draft's failures are not production's."""
 
-    async def _store(self, *, text, finish_reason, done_metrics, raw, outcome, reason, json_value):
+    async def _store(
+        self, *, text, finish_reason, done_metrics, raw, outcome, reason, json_value, explanation
+    ):
+        """Kept for staff, who see the raw text and the reason; the user's explanation is not
+        needed here."""
         trial = self.trial
         trial.raw_text, trial.text = raw, text
         trial.finish_reason, trial.outcome = str(finish_reason), str(outcome)

@@ -26,11 +26,12 @@ export function onMessagesClick(event) {
   if (!answer) return;
   if (action.classList.contains('rate')) onThumb(answer, action);
   if (action.classList.contains('feedback-close')) closeCommentForm(answer);
-  if (action.classList.contains('copy-answer')) copyText(action, answer.text);
+  // A failed answer whose raw text is shown: that text, not the empty or withdrawn answer.
+  if (action.classList.contains('copy-answer')) copyText(action, answer.copyText ?? answer.text);
   if (action.classList.contains('continue-answer')) continueAnswer(answer);
   if (action.classList.contains('regenerate')) {
     const asked = answer.root.previousElementSibling;
-    if (asked?.chatPrompt != null) sendPrompt(asked.chatPrompt, answer.messageId);
+    if (asked?.chatPrompt != null) sendPrompt(asked.chatPrompt, answer.messageId, answer.retryPolicy);
   }
 }
 

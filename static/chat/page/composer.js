@@ -33,8 +33,9 @@ function newRequestId() {
   return `r${requestCounter}-${Math.random().toString(36).slice(2, 8)}`;
 }
 
-// From the composer, or a Regenerate (`text` given); `replace` names the answer it replaces.
-export function sendPrompt(text = null, replace = state.editing?.answer.messageId ?? null) {
+// From the composer, or a Regenerate (`text` given); `replace` names the answer it replaces,
+// `policy` the policy to ask under instead of the picker's (Try again: the failed answer's).
+export function sendPrompt(text = null, replace = state.editing?.answer.messageId ?? null, policy = null) {
   const fromComposer = text == null;
   if (fromComposer) text = els.prompt.value;
   if (els.send.disabled || !text.trim()) return;
@@ -57,7 +58,7 @@ export function sendPrompt(text = null, replace = state.editing?.answer.messageI
 
   answer.t0 = performance.now();
   const frame = { type: FRAME.prompt, request_id: answer.requestId, text, conversation: state.conversation };
-  if (els.policy?.value) frame.policy = els.policy.value;
+  if (policy || els.policy?.value) frame.policy = policy || els.policy.value;
   if (replace != null) frame.replace = replace;
   send(frame);
   if (fromComposer) {

@@ -3,7 +3,7 @@ import { constants, EVENT, lookup } from './config.js';
 import { keepScrolled, show, showBanner } from './dom.js';
 import {
   finishDisplay, formatMetrics, markSuperseded, renderStats, setState, setStatus, setText,
-  showError, showJson, withdrawnText,
+  showError, showExplanation, showJson, withdrawnText,
 } from './render.js';
 import { finish } from './composer.js';
 import { adoptConversation, refreshConversations } from './conversations.js';
@@ -91,6 +91,7 @@ function onDone(answer, msg) {
       if (answer.retracted) setStatus(answer, withdrawnText(answer.retractReason), 'withdrawn');
       if (msg.json != null) showJson(answer, msg.json);
     }
+    showExplanation(answer, msg.explanation);
     // E.g. cancelled by a stopping server, not by the user: say so.
     const badge = lookup(constants.reasonBadges, msg.reason) ?? info.badge;
     show(answer.parts.badge, [badge, msg.cached ? 'cached' : ''].filter(Boolean).join(' · '));

@@ -65,10 +65,11 @@ export function buildAnswer() {
     json: el('pre', 'json'),
     valid: el('div', 'json-valid', '✓ Valid against the schema'),
     error: el('div', 'error'),
+    explanation: el('div', 'explanation'),
     metrics: el('div', 'metrics'),
     actions: el('div', 'actions'),
   };
-  for (const key of ['badge', 'queue', 'status', 'json', 'valid', 'error', 'metrics']) parts[key].hidden = true;
+  for (const key of ['badge', 'queue', 'status', 'json', 'valid', 'error', 'explanation', 'metrics']) parts[key].hidden = true;
   const regenerate = actionButton('regenerate', 'Regenerate', 'A new answer to the same prompt');
   regenerate.hidden = true;
   const more = actionButton('continue-answer', 'Continue', 'Write the rest of this answer');
@@ -78,7 +79,7 @@ export function buildAnswer() {
     feedback.up, feedback.down);
   meta.append(el('span', 'role', 'Assistant'), parts.badge);
   root.append(meta, parts.queue, parts.status, parts.text, parts.valid, parts.json, parts.error,
-    parts.metrics, parts.actions, feedback.form);
+    parts.explanation, parts.metrics, parts.actions, feedback.form);
   const answer = { root, parts, feedback, rating: null, text: '', plain: false, renderQueued: false };
   root.chatAnswer = answer;
   return answer;
@@ -111,6 +112,27 @@ export function showJson(answer, value) {
   show(answer.parts.json, JSON.stringify(value, null, 2));
   answer.parts.valid.hidden = false;
   answer.text = answer.parts.json.textContent;
+}
+
+// Why an invalid or withdrawn answer failed (the `done` event's `explanation`, or the stored
+// message's): what the policy expects and, where its policy allows, what the model wrote, which
+// Copy then copies. Its Regenerate becomes "Try again".
+export function showExplanation(answer, explanation) {
+  if (!explanation || typeof explanation !== 'object') return;
+  const box = answer.parts.explanation;
+  const lines = [el('p', 'explanation-summary', explanation.summary || 'The answer failed this policy.')];
+  if (explanation.expected) lines.push(el('p', 'explanation-expected', `Expected: ${explanation.expected}`));
+  if (explanation.detail) lines.push(el('p', 'explanation-detail', `Why: ${explanation.detail}`));
+  if (typeof explanation.raw_text === 'string') {
+    lines.push(el('p', 'explanation-raw-label', 'What the model wrote:'), el('pre', 'explanation-raw', explanation.raw_text));
+    answer.copyText = explanation.raw_text;
+  }
+  box.replaceChildren(...lines);
+  if (typeof explanation.policy === 'string') answer.retryPolicy = explanation.policy;
+  box.hidden = false;
+  const retry = answer.root.querySelector('.regenerate');
+  retry.textContent = 'Try again';
+  retry.title = 'Ask the same prompt again for a new answer';
 }
 
 export function setStatus(answer, text, kind) {
@@ -148,6 +170,7 @@ export function renderHistoryMessage(m) {
   if (value === 'retracted') answer.root.classList.add('withdrawn');
   show(answer.parts.badge, badge);
   if (m.json != null && value !== 'retracted') showJson(answer, m.json);
+  showExplanation(answer, m.explanation);
   if (m.metrics) {
     const x = m.metrics;
     show(answer.parts.metrics, formatMetrics({ firstMs: x.ttft_ms, lastMs: x.total_ms, tokens: x.new_tokens, tps: x.tokens_per_s }));
