@@ -14,7 +14,7 @@ def describe_shipped(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("chat", "0019_apikey_expiry")]
+    dependencies = [("chat", "0020_message_overrides")]
 
     operations = [
         migrations.AddField(
