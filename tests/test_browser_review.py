@@ -57,10 +57,10 @@ def test_review_list_rejects_per_row_and_the_detail_page_renders_and_approves(pa
     rows.filter(has_text=f"{tag} prompt 1").locator("button.review-reject").click()
     expect(page.locator(".messagelist")).to_contain_text("Rejected")
     page.goto(f"{daphne_server.url}/admin/chat/cachedanswer/?q={tag}")
-    expect(rows.filter(has_text=f"{tag} prompt 0").locator(".field-status")).to_have_text(
+    expect(rows.filter(has_text=f"{tag} prompt 0").locator(".field-review_status")).to_have_text(
         "Approved"
     )
-    expect(rows.filter(has_text=f"{tag} prompt 1").locator(".field-status")).to_contain_text(
+    expect(rows.filter(has_text=f"{tag} prompt 1").locator(".field-review_status")).to_contain_text(
         "rejected"
     )
 

@@ -7,6 +7,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseNotAllowed
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.text import Truncator
@@ -92,19 +93,20 @@ class CachedAnswerAdmin(FeedbackColumns, admin.ModelAdmin):
     """
 
     form = CachedAnswerForm
-    # Few, narrow columns, so the review column stays in view at 1280 px beside the filters.
+    # Few, narrow columns, so the review column stays in view at 1280 px beside the admin's
+    # menu and the filters: the policy is a filter, the stops and regenerations are on the
+    # answer's page.
     list_display = (
         "prompt_excerpt",
         "answer_excerpt",
-        "policy_slug",
-        "status",
+        "review_status",
         "hits",
         "thumbs_down",
         "thumbs_up",
-        "implicit_signals",
         "row_actions",
     )
     list_display_links = ("prompt_excerpt",)
+    list_select_related = ("edited_by",)
     list_filter = (
         "status",
         SentBackFilter,
@@ -169,6 +171,20 @@ class CachedAnswerAdmin(FeedbackColumns, admin.ModelAdmin):
             '<div class="rendered-answer answer-excerpt" data-markdown="{}">{}</div>',
             excerpt,
             excerpt,
+        )
+
+    @admin.display(description="status", ordering="status")
+    def review_status(self, obj):
+        """The review status, and who edited the text (a reviewer approves an edit knowing whose
+        words they are)."""
+        if obj.edited_at is None:
+            return obj.get_status_display()
+        when = timezone.localtime(obj.edited_at).strftime("%Y-%m-%d %H:%M")
+        return format_html(
+            '{}<span class="edit-note">edited by {}, {}</span>',
+            obj.get_status_display(),
+            obj.edited_by or "a deleted user",
+            when,
         )
 
     @admin.display(description="answer, as users see it")

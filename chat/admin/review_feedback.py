@@ -83,10 +83,6 @@ class FeedbackColumns:
     def thumbs_up(self, obj):
         return getattr(obj, "ups", 0)
 
-    @admin.display(description="stopped or regenerated after a hit", ordering="-implicit")
-    def implicit_signals(self, obj):
-        return getattr(obj, "implicit", 0)
-
     @admin.display(description="users' feedback")
     def feedback_panel(self, obj):
         """Every rating with its comment, newest first, then the implicit signals apart."""
