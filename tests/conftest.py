@@ -195,6 +195,16 @@ def fast_password_hashing(settings):
 
 
 @pytest.fixture(autouse=True)
+def fresh_compiled_policies():
+    """Every test compiles its policies anew: a test rolled back in SQLite gives its ids back, so
+    the next test's policy can have an earlier one's (id, version), the key compiled policies
+    are remembered by (never reused outside tests: ids are not given back once committed)."""
+    from chat.stores import policy_store
+
+    policy_store._compiled.clear()
+
+
+@pytest.fixture(autouse=True)
 def fresh_rate_limits():
     """Every test starts with empty rate-limit windows and visitor budgets: all test clients share
     one address."""
