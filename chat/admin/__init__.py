@@ -9,6 +9,7 @@ imports every module, so each registers its ModelAdmins.
 - feedback.py: users' feedback on answers, read only, each linking to its answer's review.
 - audit.py: the audit trail, read only.
 - budgets.py: token and answer budgets per user and API key, and the default for new accounts.
+- read_only.py: the mixin of what nobody edits (the audit trail, feedback).
 """
 
 from django.contrib import admin

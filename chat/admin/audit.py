@@ -8,6 +8,7 @@ from auditlog.registry import auditlog
 from django.contrib import admin
 
 from ..infra.audit import ACTIONS, EXPLICIT_EVENTS, erased_user, event_label
+from .read_only import ReadOnly
 
 admin.site.unregister(LogEntry)
 
@@ -35,7 +36,9 @@ class EventFilter(admin.SimpleListFilter):
 
 
 @admin.register(LogEntry)
-class AuditTrailAdmin(LogEntryAdmin):
+class AuditTrailAdmin(ReadOnly, LogEntryAdmin):
+    """The trail, read only; retention deletes its records (manage.py purge)."""
+
     list_display = ["created", "what", "resource_url", "msg_short", "who", "remote_addr"]
     list_filter = [
         EventFilter,
@@ -67,13 +70,3 @@ class AuditTrailAdmin(LogEntryAdmin):
             k: v for k, v in (obj.additional_data or {}).items() if k not in ("event", "actor_id")
         }
         return ", ".join(f"{key}: {value}" for key, value in data.items()) or "-"
-
-    # Nobody adds, changes or deletes a record here; retention deletes them (manage.py purge).
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False

@@ -10,6 +10,7 @@ from django.utils.html import format_html
 from django.utils.text import Truncator
 
 from ..models import CachedAnswer, Feedback, Message
+from .read_only import ReadOnly
 
 
 class RatingFilter(admin.SimpleListFilter):
@@ -55,7 +56,7 @@ def _review_record():
 
 
 @admin.register(Feedback)
-class FeedbackAdmin(admin.ModelAdmin):
+class FeedbackAdmin(ReadOnly, admin.ModelAdmin):
     """Readable by reviewers (the review permission) and by whoever may view feedback."""
 
     list_display = ("rating_shown", "comment_excerpt", "policy_shown", "answer_link", "updated_at")
@@ -98,12 +99,3 @@ class FeedbackAdmin(admin.ModelAdmin):
 
     def has_module_permission(self, request):
         return self.has_view_permission(request)
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
