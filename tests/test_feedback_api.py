@@ -377,10 +377,10 @@ def test_the_review_list_sorts_by_thumbs_down_and_hits():
         page = staff.get(f"/admin/chat/cachedanswer/?{query}").content.decode()
         return sorted(range(3), key=lambda n: page.index(f"prompt number {n}"))
 
-    # Columns: prompt, answer, policy, status, hits (5), thumbs down (6). The first click on
-    # thumbs down (o=6) puts the most on top.
-    assert order("o=6") == [1, 0, 2]
-    assert order("o=-5") == [2, 0, 1]
+    # Columns: prompt, answer, status, hits (4), thumbs down (5). The first click on
+    # thumbs down (o=5) puts the most on top.
+    assert order("o=5") == [1, 0, 2]
+    assert order("o=-4") == [2, 0, 1]
     detail = staff.get(f"/admin/chat/cachedanswer/{records[1].pk}/change/").content.decode()
     assert detail.count("c1") >= 3 and "3 of 3 thumbs-down" not in detail  # sent back already
     assert "Sent back to review" in detail

@@ -14,6 +14,10 @@ let ws = null;
 let backoff = BACKOFF_MIN_MS;
 let pingTimer = null;
 let handlers = null;
+// Set once the page starts to leave (Sign out's form posts and is redirected to the provider's
+// sign-out): a reload then would cancel that navigation, and with it the provider's sign-out.
+let leaving = false;
+const RELOAD_WHILE_LEAVING_MS = 10000; // a navigation that never came (a download link)
 
 export function isOpen() { return ws?.readyState === WebSocket.OPEN; }
 
@@ -38,6 +42,7 @@ function setConnection(open, restarting = false) {
 // handlers: onOpen(), onMessage(text), onClose() once the socket is gone (a reconnect follows).
 export function connect(given) {
   handlers = given;
+  window.addEventListener('beforeunload', () => { leaving = true; });
   window.addEventListener('offline', () => {
     setConnection(false);
     ws?.close(); // nothing gets through it now; the close handler waits for the network
@@ -83,7 +88,9 @@ function open() {
     if (ws !== socket) return;
     clearInterval(pingTimer);
     if (event.code === constants.closeCodes.unauthorised) {
-      location.reload(); // the page as whoever the browser is now: a visitor, or signed in anew
+      // The page as whoever the browser is now: a visitor, or signed in anew.
+      if (leaving) setTimeout(() => location.reload(), RELOAD_WHILE_LEAVING_MS);
+      else location.reload();
       return;
     }
     setConnection(false, event.code === constants.closeCodes.serverRestarting);
