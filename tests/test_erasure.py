@@ -299,25 +299,35 @@ class GatedBackend(ScriptedBackend):
         )
 
 
-@pytest.mark.integration
-@ws_db
-async def test_an_answer_that_ends_normally_after_its_conversation_was_deleted_is_not_cached(
-    runtime, example_policies, monkeypatch, caplog
-):
-    """Where the cancel cannot reach the turn (another process, the channel layer down), the
-    answer ends normally after the deletion: it is still never recorded or cached."""
-    import project.asgi  # noqa: F401  its django.setup() configures logging: before the handler
+@pytest.fixture
+def cancel_lost(runtime, monkeypatch):
+    """The runtime's engine replaced by one that holds each answer until the gate it yields is
+    set, and a deletion's cancel lost (another process, the bus down)."""
     from chat.infra.runtime import runtime as chat_runtime
-
-    chat_logger = logging.getLogger("chat")  # it does not propagate to caplog's root handler
-    chat_logger.addHandler(caplog.handler)
 
     gate = threading.Event()
     backend = GatedBackend(gate)
     stack = build_stack(backend, StackConfig(max_running=2))
     monkeypatch.setattr(chat_runtime, "backend", backend)
     monkeypatch.setattr(chat_runtime, "stack", stack)
-    monkeypatch.setattr(erasure, "_answers_stop", lambda running: None)  # the cancel is lost
+    monkeypatch.setattr(erasure, "_answers_stop", lambda running: None)
+    yield gate
+    gate.set()
+    stack.close()
+
+
+@pytest.mark.integration
+@ws_db
+async def test_an_answer_that_ends_normally_after_its_conversation_was_deleted_is_not_cached(
+    cancel_lost, example_policies, caplog
+):
+    """Where the cancel cannot reach the turn (another process, the channel layer down), the
+    answer ends normally after the deletion: it is still never recorded or cached."""
+    import project.asgi  # noqa: F401  its django.setup() configures logging: before the handler
+
+    chat_logger = logging.getLogger("chat")  # it does not propagate to caplog's root handler
+    chat_logger.addHandler(caplog.handler)
+    gate = cancel_lost
     try:
         http = await visitor()
         chat = await socket_of(http)
@@ -334,8 +344,6 @@ async def test_an_answer_that_ends_normally_after_its_conversation_was_deleted_i
         await chat.close()
     finally:
         chat_logger.removeHandler(caplog.handler)
-        gate.set()
-        stack.close()
 
 
 ANSWER_SECRET = "the code is K-2718281"
@@ -373,38 +381,27 @@ async def test_a_deleted_account_leaves_no_text_of_its_prompts_or_answers_in_red
 @pytest.mark.integration
 @ws_db
 async def test_an_answer_ending_after_its_conversation_was_deleted_writes_no_events_again(
-    runtime, example_policies, monkeypatch
+    cancel_lost, example_policies
 ):
     """The cancel lost (another process, the bus down): the turn's last events come after the
     deletion erased its stream, and are not written."""
-    from chat.infra.runtime import runtime as chat_runtime
-
-    gate = threading.Event()
-    backend = GatedBackend(gate)
-    stack = build_stack(backend, StackConfig(max_running=2))
-    monkeypatch.setattr(chat_runtime, "backend", backend)
-    monkeypatch.setattr(chat_runtime, "stack", stack)
-    monkeypatch.setattr(erasure, "_answers_stop", lambda running: None)  # the cancel is lost
-    try:
-        http = await visitor()
-        chat = await socket_of(http)
-        request_id = await chat.prompt(SECRET)
-        accepted = await chat.receive()
-        await chat.receive_until("chunk", request_id)
-        await asyncio.sleep(0.3)  # its first events are in Redis
-        stream = f"chat:answer-events:{accepted['message']}"
-        assert redis.Redis.from_url(TEST_CACHE_URL).exists(stream)
-        assert await delete(http, accepted["conversation"]) == 204
-        gate.set()
-        done = (await chat.receive_until("done", request_id))[-1]
-        assert done["text"] == "OK."
-        await asyncio.sleep(0.5)  # whatever the turn writes after its `done`
-        assert not redis.Redis.from_url(TEST_CACHE_URL).exists(stream)
-        assert redis_holding(PASSPORT, "OK.") == []
-        await chat.close()
-    finally:
-        gate.set()
-        stack.close()
+    gate = cancel_lost
+    http = await visitor()
+    chat = await socket_of(http)
+    request_id = await chat.prompt(SECRET)
+    accepted = await chat.receive()
+    await chat.receive_until("chunk", request_id)
+    await asyncio.sleep(0.3)  # its first events are in Redis
+    stream = f"chat:answer-events:{accepted['message']}"
+    assert redis.Redis.from_url(TEST_CACHE_URL).exists(stream)
+    assert await delete(http, accepted["conversation"]) == 204
+    gate.set()
+    done = (await chat.receive_until("done", request_id))[-1]
+    assert done["text"] == "OK."
+    await asyncio.sleep(0.5)  # whatever the turn writes after its `done`
+    assert not redis.Redis.from_url(TEST_CACHE_URL).exists(stream)
+    assert redis_holding(PASSPORT, "OK.") == []
+    await chat.close()
 
 
 # -- Redis down during a deletion -------------------------------------------------------
