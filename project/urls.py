@@ -82,6 +82,11 @@ urlpatterns = [
     path("api/conversations/", views.conversations, name="conversations"),
     path("api/conversations/<int:conversation_id>/", views.conversation, name="conversation"),
     path(
+        "api/conversations/<int:conversation_id>/branch",
+        views.conversation_branch,
+        name="conversation-branch",
+    ),
+    path(
         "api/conversations/<int:conversation_id>/export",
         views.conversation_export,
         name="conversation-export",

@@ -1,5 +1,7 @@
 """Conversations and their messages; an assistant message keeps how its answer ended."""
 
+from collections.abc import Iterable
+
 from django.conf import settings
 from django.db import models
 
@@ -105,10 +107,21 @@ class Message(models.Model):
         related_name="served_messages",
         help_text="the cached answer this message was served from (a cache hit)",
     )
-    superseded = models.BooleanField(
-        default=False,
-        help_text="replaced by a regenerated answer or an edited prompt: kept and shown as an "
-        "earlier version, never sent to the model again",
+    # A conversation is a tree (chat/stores/branches.py): Regenerate and Edit add a sibling
+    # instead of overwriting, and the thread shown is the path of selected siblings.
+    parent = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="children",
+        help_text="the message before it on its branch (an answer's prompt, a prompt's earlier "
+        "answer); null for a first prompt. Messages with the same parent are versions of one another",
+    )
+    selected = models.BooleanField(
+        default=True,
+        help_text="the version among its siblings that the conversation shows (the newest, until "
+        "the user switches)",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -118,3 +131,30 @@ class Message(models.Model):
 
     def __str__(self):
         return f"{self.role}: {self.text[:60]}"
+
+    def save(self, *args, first: bool = False, **kwargs):
+        """A new message without a parent follows the end of the branch shown, as every message
+        did before branches; `first`: it is a first prompt (beside any other first prompts)."""
+        if self._state.adding and self.parent_id is None and not first and self.conversation_id:
+            path = shown_path(
+                Message.objects.filter(conversation_id=self.conversation_id).only(
+                    "id", "parent_id", "selected"
+                )
+            )
+            self.parent_id = path[-1].pk if path else None
+        super().save(*args, **kwargs)
+
+
+def shown_path(messages: Iterable[Message]) -> list[Message]:
+    """The branch a conversation shows, given its messages oldest first: from the first prompts
+    down, the selected child each time (the newest, should none of its siblings be)."""
+    children: dict[int | None, list[Message]] = {}
+    for message in messages:
+        children.setdefault(message.parent_id, []).append(message)
+    shown: list[Message] = []
+    parent = None
+    while group := children.get(parent):
+        chosen = [m for m in group if m.selected] or group
+        shown.append(chosen[-1])
+        parent = chosen[-1].pk
+    return shown

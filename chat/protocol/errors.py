@@ -94,7 +94,12 @@ ERROR_CODES: dict[str, ErrorCode] = {
         ErrorCode("unknown_request", 404, "no such request or answer of the caller's"),
         # The socket's own: one answer at a time per connection.
         ErrorCode("duplicate_request_id", 400, "request_id was already used on this socket"),
-        ErrorCode("busy", 400, "this socket's previous answer still runs"),
+        ErrorCode(
+            "busy",
+            400,
+            "this socket's previous answer still runs (for a switch of versions: an answer of "
+            "that conversation)",
+        ),
         ErrorCode("csrf_failed", 403, "no or a wrong X-CSRFToken (/api only)"),
         ErrorCode(
             "rate_limited",

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from ..models import Feedback
 from .apikeys import keys_of
+from .branches import Tree
 from .erasure import conversations_erase
 from .selectors import Owner, conversation_detail, conversations_for, message_as_dict
 
@@ -60,8 +61,11 @@ def _markdown_messages(detail: dict, *, level: int) -> list[str]:
     lines = []
     for message in detail["messages"]:
         who = "You" if message["role"] == "user" else "Assistant"
-        if message["superseded"]:
-            who += " (earlier version)"
+        versions = message.get("versions") or [message["id"]]
+        if len(versions) > 1:
+            who += f" (version {versions.index(message['id']) + 1} of {len(versions)})"
+        if message.get("shown") is False:
+            who += " (on another branch)"
         stamp = message["created_at"][:16].replace("T", " ")
         body = message["text"]
         if message["json"] is not None:
@@ -74,7 +78,8 @@ def _markdown_messages(detail: dict, *, level: int) -> list[str]:
 
 
 def _all_details(user) -> list[dict]:
-    """Every conversation of `user`'s, oldest first, API ones included, as `conversation_detail`."""
+    """Every conversation of `user`'s, oldest first, API ones included, as `conversation_detail`
+    but with every version of every message (`shown`: on the branch the conversation shows)."""
     conversations = (
         conversations_for(Owner(user_id=user.pk, session_key=""))
         .select_related("api_key")
@@ -87,15 +92,28 @@ def _all_details(user) -> list[dict]:
             message__conversation__in=conversations, kind=Feedback.Kind.RATING
         ).values_list("message_id", "rating", "comment")
     }
-    return [
-        {
-            "id": c.pk,
-            "title": c.title or f"Conversation {c.pk}",
-            "api_key": c.api_key.prefix if c.api_key else None,
-            "messages": [message_as_dict(m, ratings.get(m.pk)) for m in c.messages.all()],
-        }
-        for c in conversations
-    ]
+    details = []
+    for c in conversations:
+        tree = Tree.built(list(c.messages.all()))
+        shown = {m.pk for m in tree.path()}
+        messages = [
+            {
+                **message_as_dict(m, ratings.get(m.pk)),
+                "versions": [sibling.pk for sibling in tree.siblings(m)],
+                "shown": m.pk in shown,
+            }
+            # Every version, not only the branch shown: the account's export loses nothing.
+            for m in tree.messages
+        ]
+        details.append(
+            {
+                "id": c.pk,
+                "title": c.title or f"Conversation {c.pk}",
+                "api_key": c.api_key.prefix if c.api_key else None,
+                "messages": messages,
+            }
+        )
+    return details
 
 
 def export_all_json(*, user) -> str:

@@ -12,6 +12,7 @@ from django.db.models import Q
 
 from ..models import ApiKey, Conversation, Feedback, Message
 from ..protocol import INVALID, MODERATED
+from .branches import Tree
 
 # Answers the model should not see again as context: withdrawn or invalid ones.
 _NOT_CONTEXT = (MODERATED, INVALID)
@@ -59,23 +60,24 @@ def conversations_for(owner: Owner):
     return Conversation.objects.filter(user__isnull=True, session_key=owner.session_key)
 
 
-def answer_history(conversation: Conversation | None, *, before: int | None = None) -> list[dict]:
-    """The latest finished turns of `conversation` (those before message `before`, if given) as
-    chat messages, oldest first, for the model."""
+_LEAF = object()  # answer_history's default: the end of the branch the conversation shows
+
+
+def answer_history(conversation: Conversation | None, *, upto=_LEAF) -> list[dict]:
+    """The latest finished turns of `conversation`'s branch that ends at message `upto` (by
+    default the branch shown; None: no turns, a first prompt), as chat messages, oldest first,
+    for the model. Other versions (branches.py) are never part of it."""
     if conversation is None:
         return []
-    rows = (
-        conversation.messages.all()
-        if before is None
-        else conversation.messages.filter(pk__lt=before)
-    )
-    rows = (
-        rows.filter(status=Message.Status.DONE, superseded=False)
-        .exclude(text="")
-        .exclude(finish_reason__in=_NOT_CONTEXT)
-        .order_by("-created_at", "-id")[: settings.CHAT_HISTORY_TURNS]
-    )
-    return [{"role": m.role, "content": m.text} for m in reversed(rows)]
+    tree = Tree.of(conversation)
+    end = tree.leaf() if upto is _LEAF else tree.by_id.get(upto) if upto is not None else None
+    rows = [
+        m
+        for m in tree.path_to(end.pk if end is not None else None)
+        if m.status == Message.Status.DONE and m.text and m.finish_reason not in _NOT_CONTEXT
+    ]
+    turns = settings.CHAT_HISTORY_TURNS
+    return [{"role": m.role, "content": m.text} for m in (rows[-turns:] if turns else [])]
 
 
 def answers_for(owner: Owner):
@@ -154,7 +156,10 @@ def message_as_dict(message: Message, feedback: dict | None = None) -> dict:
         "finish_reason": message.finish_reason or None,
         "json": message.json_value,
         "metrics": message.metrics,
-        "superseded": message.superseded,
+        # Earlier versions are siblings now (branches.py), never in the thread shown: kept
+        # for clients that read it.
+        "superseded": False,
+        "parent": message.parent_id,
         # Why an invalid or withdrawn answer failed, as its `done` said (null otherwise).
         "explanation": message.explanation,
         "created_at": message.created_at.isoformat(),
@@ -163,6 +168,8 @@ def message_as_dict(message: Message, feedback: dict | None = None) -> dict:
 
 
 def conversation_detail(owner: Owner, conversation_id: int) -> dict | None:
+    """The conversation as its branch shows it; each message with its versions' ids
+    (`versions`, oldest first, itself among them) for switching between them."""
     conversation = conversations_for(owner).filter(pk=conversation_id).first()
     if conversation is None:
         return None
@@ -172,16 +179,18 @@ def conversation_detail(owner: Owner, conversation_id: int) -> dict | None:
             message__conversation=conversation, kind=Feedback.Kind.RATING
         ).values_list("message_id", "rating", "comment")
     }
+    tree = Tree.of(conversation)
+    messages = []
+    for m in tree.path():
+        shown = message_as_dict(m, ratings.get(m.pk))
+        shown["versions"] = [sibling.pk for sibling in tree.siblings(m)]
+        if m.status == Message.Status.STREAMING:
+            shown["request_id"] = m.request_id  # a running answer's events name it, to resume
+        messages.append(shown)
     return {
         "id": conversation.pk,
         "title": conversation.title or f"Conversation {conversation.pk}",
-        "messages": [
-            # A running answer's request_id: the events a page resumes it with name it.
-            {**message_as_dict(m, ratings.get(m.pk)), "request_id": m.request_id}
-            if m.status == Message.Status.STREAMING
-            else message_as_dict(m, ratings.get(m.pk))
-            for m in conversation.messages.all()
-        ],
+        "messages": messages,
     }
 
 

@@ -11,7 +11,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from ..infra.runtime import runtime
 from ..models import OutputPolicy
 from ..protocol import error_fields, inputs
-from ..stores import selectors
+from ..protocol.errors import error_code
+from ..stores import branches, selectors
 from ..stores.conversations import (
     MAX_TITLE,
     BadTitle,
@@ -106,6 +107,38 @@ def conversation(request, conversation_id: int):
     if detail is None:
         return _not_found(conversation_id)
     return JsonResponse(detail)
+
+
+# A switch's body: {"message": <id>}.
+MAX_BRANCH_BODY = 1024
+
+
+@require_http_methods(["POST"])
+def conversation_branch(request, conversation_id: int):
+    """POST {"message": <id>}: show that version of a message (and, below it, the versions chosen
+    there before); answers with the conversation as GET does."""
+    owner = selectors.owner_of_request(request)
+    try:
+        body = inputs.json_parse(
+            inputs.body_read(request, limit=MAX_BRANCH_BODY) or b"{}", limit=MAX_BRANCH_BODY
+        )
+        message = inputs.id_parse(body.get("message")) if isinstance(body, dict) else None
+    except inputs.InputError as exc:
+        if exc.code == inputs.TOO_LARGE:
+            return _error(413, "frame_too_large", f"the body {exc.message}")
+        return _error(400, "bad_message", f'send JSON {{"message": <id>}}: {exc.message}')
+    if message is None:
+        return _error(400, "bad_message", 'send JSON {"message": <id>}: a message id')
+    try:
+        chosen = branches.version_select(
+            selectors.conversations_for(owner), conversation_id, message
+        )
+    except (branches.Busy, branches.UnknownMessage) as exc:
+        code = "busy" if isinstance(exc, branches.Busy) else "bad_message"
+        return _error(error_code(code).status, code, str(exc))
+    if chosen is None:
+        return _not_found(conversation_id)
+    return JsonResponse(selectors.conversation_detail(owner, conversation_id))
 
 
 EXPORTS = {

@@ -10,6 +10,7 @@ from ..engine.types import Backend, EngineError
 from ..models import Message
 from ..protocol import CONTINUABLE, Prompt
 from ..stores import policy_store
+from ..stores.branches import Tree
 from ..stores.selectors import Owner, answer_history, conversations_for
 from .identity import answer_identity
 from .prepare import Prepared, overridden
@@ -54,18 +55,16 @@ def prepare_continue(owner: Owner, prompt: Prompt, backend: Backend) -> Prepared
         if answer is None:
             raise TurnError("unknown_request", f"you have no answer {prompt.continues}")
         conversation = answer.conversation
-        last = conversation.messages.filter(superseded=False).last()
-        if last.pk != answer.pk or not continuable(answer):
+        tree = Tree.of(conversation)
+        if tree.leaf() != answer or not continuable(answer):
             raise TurnError(
                 "bad_message",
-                "only the conversation's last answer can be continued, and only when it was "
-                "cut off at the token limit or stopped before its end by a server that stopped "
-                "or failed",
+                "only the last answer of the branch shown can be continued, and only when it "
+                "was cut off at the token limit or stopped before its end by a server that "
+                "stopped or failed",
             )
-        asked = conversation.messages.filter(
-            role=Message.Role.USER, superseded=False, pk__lt=answer.pk
-        ).last()
-        if asked is None:
+        asked = tree.by_id.get(answer.parent_id) if answer.parent_id else None
+        if asked is None or asked.role != Message.Role.USER:
             raise TurnError("bad_message", "that answer has no prompt to continue from")
         policy = (
             policy_store.resolve(answer.policy)
@@ -74,7 +73,7 @@ def prepare_continue(owner: Owner, prompt: Prompt, backend: Backend) -> Prepared
         )
         if answer.overrides:  # the request's own settings, applied as they were to its answer
             policy = overridden(policy, policy_store.PolicyOverride.from_json(answer.overrides))
-        history = answer_history(conversation, before=asked.pk)
+        history = answer_history(conversation, upto=asked.parent_id)
         try:
             messages, _rendered, input_ids = fit_prompt(
                 backend, policy, history, asked.text, answer_so_far=answer.text

@@ -14,6 +14,7 @@ from ..engine.types import Backend, EngineError, GenerationRequest
 from ..models import Conversation, Feedback, Message
 from ..protocol import Prompt
 from ..stores import feedback, policy_store
+from ..stores.branches import Tree, message_add
 from ..stores.selectors import Owner, answer_history, conversations_for
 from .identity import answer_identity
 from .prompting import fit_prompt, request_for
@@ -103,17 +104,29 @@ def prepare_prompt(owner: Owner, prompt: Prompt, backend: Backend, given: Given)
             raise TurnError(
                 "unknown_conversation", f"conversation {prompt.conversation} does not exist"
             )
-    with transaction.atomic():  # a replaced answer stays current if the new prompt is refused
-        regenerate = prompt.replace is not None and supersede(conversation, prompt) == prompt.text
+    with transaction.atomic():
+        # Where the new messages go: after the branch shown, or beside a version (a fork).
+        fork = (
+            fork_at(conversation, prompt)
+            if conversation is not None and prompt.replace is not None
+            else None
+        )
+        regenerate = fork is not None and fork.text == prompt.text
         if regenerate:  # soon after a cache hit, the hit was not what the user wanted
             feedback.implicit_signal(
                 owner=owner, message_id=prompt.replace, kind=Feedback.Kind.REGENERATED
             )
+        if fork is not None:
+            after = fork.parent  # an edited prompt is a version of the one it replaces
+        else:
+            after = Tree.of(conversation).leaf() if conversation is not None else None
         try:
             messages, rendered, input_ids = fit_prompt(
                 backend,
                 policy,
-                answer_history(conversation) if given.history is None else given.history,
+                given.history
+                if given.history is not None
+                else answer_history(conversation, upto=after.pk if after is not None else None),
                 prompt.text,
             )
         except EngineError as exc:
@@ -137,9 +150,13 @@ def prepare_prompt(owner: Owner, prompt: Prompt, backend: Backend, given: Given)
                 title=Conversation.title_from_prompt(prompt.text),
                 api_key_id=given.api_key_id,
             )
-        Message.objects.create(conversation=conversation, role=Message.Role.USER, text=prompt.text)
-        assistant = Message.objects.create(
-            conversation=conversation,
+        if regenerate:
+            asked = fork  # a new version of the answer, to the same prompt
+        else:
+            asked = message_add(conversation, after, role=Message.Role.USER, text=prompt.text)
+        assistant = message_add(
+            conversation,
+            asked,
             role=Message.Role.ASSISTANT,
             status=Message.Status.STREAMING,
             request_id=prompt.request_id,
@@ -154,22 +171,18 @@ def prepare_prompt(owner: Owner, prompt: Prompt, backend: Backend, given: Given)
     )
 
 
-def supersede(conversation: Conversation, prompt: Prompt) -> str:
-    """Mark the last prompt and its answer `prompt.replace` as earlier versions; their prompt text."""
+def fork_at(conversation: Conversation, prompt: Prompt) -> Message:
+    """The prompt of the answer `prompt.replace` names, any finished answer of the conversation:
+    a new version goes beside it (Edit: other text) or beside that answer (Regenerate)."""
     answer = (
-        conversation.messages.filter(role=Message.Role.ASSISTANT, superseded=False)
+        conversation.messages.filter(pk=prompt.replace, role=Message.Role.ASSISTANT)
         .select_for_update()
-        .last()
+        .first()
     )
-    if answer is None or answer.pk != prompt.replace or answer.status == Message.Status.STREAMING:
+    asked = answer.parent if answer is not None else None
+    if answer is None or answer.status == Message.Status.STREAMING or asked is None:
         raise TurnError(
             "bad_message",
-            "replace must name the conversation's last answer, once it has finished",
+            "replace must name an answer of this conversation, once it has finished",
         )
-    asked = conversation.messages.filter(
-        role=Message.Role.USER, superseded=False, id__lt=answer.pk
-    ).last()
-    conversation.messages.filter(pk__in=[answer.pk, asked.pk if asked else answer.pk]).update(
-        superseded=True
-    )
-    return asked.text if asked else ""
+    return asked
