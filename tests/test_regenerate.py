@@ -1,9 +1,14 @@
-"""Regenerate and Edit-and-resend: a prompt frame's `replace` over the real socket and model."""
+"""Regenerate and Edit-and-resend: a prompt frame's `replace` over the real socket and model,
+which adds a version (chat/stores/branches.py) and forks the conversation there."""
 
 import pytest
 from asgiref.sync import sync_to_async
 
 from chat.models import Conversation, Message
+from chat.stores import policy_store
+from chat.stores.selectors import answer_history
+from chat.turns.identity import answer_identity
+from chat.turns.prompting import fit_prompt, request_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -26,8 +31,9 @@ async def first_turn(client) -> dict:
     return (await client.receive_until("done", request_id))[-1]
 
 
-async def test_regenerate_keeps_the_old_answer_as_an_earlier_version(client, short_policy):
-    """Same text with `replace`: a new answer, never from the cache; the old pair is kept, superseded."""
+async def test_regenerate_adds_a_version_of_the_answer_to_the_same_prompt(client, short_policy):
+    """Same text with `replace`: a new answer, never from the cache, beside the old one under the
+    one prompt; the new one is shown, the old one kept."""
     first = await first_turn(client)
     conversation = (await messages_of_answer(first["message"])).conversation_id
     assert first["finish_reason"] == "stop_string"  # cacheable, so a plain repeat is served cached
@@ -38,23 +44,17 @@ async def test_regenerate_keeps_the_old_answer_as_an_earlier_version(client, sho
     )
     done = (await client.receive_until("done", request_id))[-1]
     assert done["cached"] is False and done["message"] != first["message"]
-    rows = await messages_of(conversation)
-    assert [(m.role, m.superseded) for m in rows] == [
-        ("user", True),
-        ("assistant", True),
-        ("user", False),
-        ("assistant", False),
-    ]
-    assert rows[0].text == rows[2].text == PROMPT
-    assert rows[1].text == first["text"]  # nothing lost
+    asked, old, new = await messages_of(conversation)
+    assert (asked.role, asked.text, asked.parent_id) == ("user", PROMPT, None)
+    assert old.parent_id == new.parent_id == asked.pk
+    assert (old.selected, new.selected) == (False, True)
+    assert old.text == first["text"]  # nothing lost
 
 
-async def test_edit_and_resend_replaces_the_prompt_and_the_model_no_longer_sees_it(
+async def test_edit_and_resend_adds_a_version_of_the_prompt_and_the_model_no_longer_sees_it(
     client, short_policy
 ):
-    """Other text with `replace`: the edited prompt is asked without the replaced exchange as context."""
-    from chat.stores.selectors import answer_history
-
+    """Other text with `replace`: a new prompt beside the replaced one, asked without it."""
     first = await first_turn(client)
     conversation = (await messages_of_answer(first["message"])).conversation_id
     request_id = await client.prompt(
@@ -62,28 +62,75 @@ async def test_edit_and_resend_replaces_the_prompt_and_the_model_no_longer_sees_
     )
     await client.receive_until("done", request_id)
     rows = await messages_of(conversation)
-    assert [m.text for m in rows if not m.superseded][0] == "Count from 5 to 9."
+    assert [(m.role, m.parent_id, m.selected) for m in rows] == [
+        ("user", None, False),
+        ("assistant", rows[0].pk, True),
+        ("user", None, True),
+        ("assistant", rows[2].pk, True),
+    ]
     history = await sync_to_async(
         lambda: answer_history(Conversation.objects.get(pk=conversation))
     )()
+    assert [turn["content"] for turn in history][0] == "Count from 5 to 9."
     assert PROMPT not in [turn["content"] for turn in history]
 
 
-async def test_replace_must_name_the_last_answer_and_changes_nothing_otherwise(
-    client, short_policy
+async def test_editing_an_earlier_prompt_forks_there_and_the_model_reads_that_branch(
+    client, short_policy, backend
 ):
-    """An older or unknown answer id is refused with `bad_message`; nothing is superseded."""
+    """Edit the first of two prompts, then go on: the model is asked with the edited exchange as
+    its history, and nothing of the branch left behind (the answer's identity hashes the model's
+    exact input ids)."""
     first = await first_turn(client)
     conversation = (await messages_of_answer(first["message"])).conversation_id
+    second = await client.prompt("And backwards?", conversation=conversation, policy="short")
+    await client.receive_until("done", second)
+    edit = await client.prompt(
+        "Count from 5 to 9.", conversation=conversation, replace=first["message"], policy="short"
+    )
+    edited = (await client.receive_until("done", edit))[-1]
+    third = await client.prompt("And backwards?", conversation=conversation, policy="short")
+    done = (await client.receive_until("done", third))[-1]
+    answer = await messages_of_answer(done["message"])
+    asked = await messages_of_answer(answer.parent_id)
+    assert asked.parent_id == edited["message"]  # after the edited exchange, on its branch
+
+    def identity_with(history: list[dict]) -> str | None:
+        policy = policy_store.policy_for("short")
+        messages, _, input_ids = fit_prompt(backend, policy, history, "And backwards?")
+        request = request_for(backend, policy, input_ids, "x", messages)
+        return answer_identity(backend, policy, request, client_context=False)
+
+    on_branch = [
+        {"role": "user", "content": "Count from 5 to 9."},
+        {"role": "assistant", "content": edited["text"]},
+    ]
+    left_behind = [
+        {"role": "user", "content": PROMPT},
+        {"role": "assistant", "content": first["text"]},
+        *on_branch,
+    ]
+    assert answer.identity == await sync_to_async(identity_with)(on_branch)
+    assert answer.identity != await sync_to_async(identity_with)(left_behind)
+
+
+async def test_replace_must_name_a_finished_answer_of_the_conversation(client, short_policy):
+    """A prompt's id, another conversation's answer or an unknown id is refused with
+    `bad_message`, and changes nothing; an earlier answer may be replaced (a fork)."""
+    first = await first_turn(client)
+    conversation = (await messages_of_answer(first["message"])).conversation_id
+    elsewhere = await first_turn(client)
+    asked = (await messages_of(conversation))[0]
     request_id = await client.prompt("And another?", conversation=conversation, policy="short")
     await client.receive_until("done", request_id)
-    for wrong in (first["message"], 999_999):
+    before = [(m.pk, m.parent_id, m.selected) for m in await messages_of(conversation)]
+    for wrong in (asked.pk, elsewhere["message"], 999_999):
         request_id = await client.prompt(
             PROMPT, conversation=conversation, replace=wrong, policy="short"
         )
         error = (await client.receive_until("error", request_id))[-1]
         assert error["code"] == "bad_message"
-    assert not any(m.superseded for m in await messages_of(conversation))
+    assert [(m.pk, m.parent_id, m.selected) for m in await messages_of(conversation)] == before
     request_id = await client.prompt(PROMPT, replace=first["message"])  # no conversation
     assert (await client.receive_until("error", request_id))[-1]["code"] == "bad_conversation"
 
