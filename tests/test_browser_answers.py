@@ -1,8 +1,6 @@
 """Per-answer actions in a real browser with the real model: Regenerate, Edit and resend, Esc,
 and a failed answer's explanation."""
 
-import re
-
 import pytest
 from playwright.sync_api import expect
 
@@ -17,8 +15,9 @@ def short_policy(server) -> None:
     server.policy("short", name="Short", mode="stream", max_new_tokens=12)
 
 
-def test_regenerate_and_edit_keep_earlier_versions_and_survive_a_reload(page, daphne_server):
-    """Regenerate adds a new answer to the same prompt; Edit resends a changed prompt; both keep the old."""
+def test_regenerate_and_edit_add_versions_and_survive_a_reload(page, daphne_server):
+    """Regenerate adds a version of the answer, Edit a version of the prompt: the thread shows one
+    of each, with "‹ 2/2 ›", and keeps the old ones a switch away; a reload shows the same."""
     short_policy(daphne_server)
     open_chat(page, daphne_server)
     page.select_option("#policy", "short")
@@ -26,32 +25,35 @@ def test_regenerate_and_edit_keep_earlier_versions_and_survive_a_reload(page, da
     page.keyboard.press("Enter")
     answers = page.locator(".message.assistant")
     expect(answers.last).to_have_attribute("data-state", "done", timeout=60_000)
+    expect(page.locator(".versions")).to_have_count(0)
 
     answers.last.locator("button.regenerate").click()
-    expect(answers).to_have_count(2)
+    expect(answers).to_have_count(1)  # the new version in place of the old one
     expect(answers.last).to_have_attribute("data-state", "done", timeout=60_000)
-    expect(page.locator(".message.superseded")).to_have_count(2)  # the first prompt and answer
-    expect(page.locator(".message.user:not(.superseded) .text")).to_have_text(PROMPT)
-    expect(answers.first.locator(".earlier")).to_have_text("Earlier version")
+    expect(answers.last.locator(".version-position")).to_have_text("Version 2/2")
+    expect(page.locator(".message.user")).to_have_count(1)
 
     page.locator(".message.user").last.locator("button.edit-prompt").click()
     expect(page.locator("#prompt")).to_have_value(PROMPT)
     expect(page.locator("#edit-hint")).to_be_visible()
     page.fill("#prompt", "Count from 5 to 9.")
     page.keyboard.press("Enter")
-    expect(answers).to_have_count(3)
+    expect(answers).to_have_count(1)
     expect(answers.last).to_have_attribute("data-state", "done", timeout=60_000)
     expect(page.locator("#edit-hint")).to_be_hidden()
-    expect(page.locator(".message.superseded")).to_have_count(4)
+    asked = page.locator(".message.user")
+    expect(asked).to_have_count(1)
+    expect(asked.locator(".version-position")).to_have_text("Version 2/2")
 
     page.reload()
-    expect(page.locator(".message.assistant")).to_have_count(3, timeout=10_000)
-    expect(page.locator(".message.superseded")).to_have_count(4)
-    current = page.locator(".message.user:not(.superseded) .text")
-    expect(current).to_have_text("Count from 5 to 9.")
-    # Only the last answer offers Regenerate, only the last prompt offers Edit.
+    expect(page.locator(".message.assistant")).to_have_count(1, timeout=10_000)
+    expect(page.locator(".message.user .text")).to_have_text("Count from 5 to 9.")
+    expect(page.locator(".message.user .version-position")).to_have_text("Version 2/2")
+    expect(page.locator(".message.assistant .versions")).to_have_count(0)  # its only answer
     expect(page.locator("button.regenerate:visible")).to_have_count(1)
-    expect(page.locator("button.edit-prompt:visible")).to_have_count(1)
+    page.locator(".message.user button.version-prev").click()
+    expect(page.locator(".message.user .text")).to_have_text(PROMPT)
+    expect(page.locator(".message.assistant .version-position")).to_have_text("Version 2/2")
 
 
 def test_escape_stops_the_running_answer(page, daphne_server):
@@ -170,9 +172,9 @@ def test_a_failed_json_answer_explains_itself_and_still_does_after_a_reload(brow
 
         retry.click()
         answers = page.locator(".message.assistant")
-        expect(answers).to_have_count(2)
+        expect(answers).to_have_count(1)  # a new version in place of the failed one
         expect(answers.last).to_have_attribute("data-state", "invalid", timeout=60_000)
         expect(answers.last.locator(".explanation")).to_be_visible()
-        expect(answers.first).to_have_class(re.compile(r"\bsuperseded\b"))
+        expect(answers.last.locator(".version-position")).to_have_text("Version 2/2")
     finally:
         context.close()

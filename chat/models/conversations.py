@@ -135,7 +135,7 @@ class Message(models.Model):
     def save(self, *args, first: bool = False, **kwargs):
         """A new message without a parent follows the end of the branch shown, as every message
         did before branches; `first`: it is a first prompt (beside any other first prompts)."""
-        if self._state.adding and self.parent_id is None and not first and self.conversation_id:
+        if self._state.adding and self.parent is None and not first and self.conversation_id:
             path = shown_path(
                 Message.objects.filter(conversation_id=self.conversation_id).only(
                     "id", "parent_id", "selected"

@@ -1,6 +1,7 @@
-// The buttons on messages: Copy (an answer, a code block), Continue, Regenerate, Edit, and the
-// thumbs with their comment form (feedback.js).
+// The buttons on messages: Copy (an answer, a code block), Continue, Regenerate, Edit, the
+// versions' ‹ › and the thumbs with their comment form (feedback.js).
 import { continueAnswer, sendPrompt, startEditing } from './composer.js';
+import { switchVersion } from './conversations.js';
 import { closeCommentForm, onCommentSubmit, onThumb } from './feedback.js';
 
 async function copyText(button, text) {
@@ -20,6 +21,8 @@ export function onMessagesClick(event) {
     copyText(codeCopy, code ? code.textContent : '');
     return;
   }
+  const version = event.target.closest('button.version');
+  if (version) { switchVersion(version); return; }
   const action = event.target.closest('button.action');
   if (action?.classList.contains('edit-prompt')) { startEditing(action.closest('.message.user')); return; }
   const answer = action?.closest('.message.assistant')?.chatAnswer;

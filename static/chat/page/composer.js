@@ -48,12 +48,13 @@ export function sendPrompt(text = null, replace = state.editing?.answer.messageI
   answer.prompt = text;
   answer.live = true;
   answer.root.setAttribute('aria-busy', 'true'); // not read out chunk by chunk
-  answer.replaces = replace == null ? null : answerNodeOf(replace);
   answer.root.dataset.requestId = answer.requestId;
   setState(answer, 'queued');
   state.answers.set(answer.requestId, answer);
   state.running = answer;
-  keepScrolled(() => els.messages.append(buildUser(text), answer.root));
+  const { nodes, forked } = forkAt(replace, text);
+  answer.forked = forked; // the page learns the messages' versions once it ends (events.js)
+  keepScrolled(() => els.messages.append(...nodes, answer.root));
   els.messages.scrollTop = els.messages.scrollHeight;
 
   answer.t0 = performance.now();
@@ -70,9 +71,20 @@ export function sendPrompt(text = null, replace = state.editing?.answer.messageI
   updateControls();
 }
 
-function answerNodeOf(messageId) {
-  return [...els.messages.querySelectorAll('.message.assistant')]
-    .find((node) => node.chatAnswer?.messageId === messageId) || null;
+// A prompt replacing answer `messageId` forks the thread there, as the server does: with the same
+// text, a new version of that answer (Regenerate); with other text, a new version of its prompt
+// (Edit). What follows the fork leaves the page (it stays a version, a switch away); the nodes to
+// append after it are returned.
+function forkAt(messageId, text) {
+  const answered = messageId == null ? null : [...els.messages.querySelectorAll('.message.assistant')]
+    .find((node) => node.chatAnswer?.messageId === messageId);
+  const asked = answered?.previousElementSibling;
+  if (!answered || !asked?.classList.contains('user')) return { nodes: [buildUser(text)], forked: false };
+  const regenerate = asked.chatPrompt === text;
+  const from = regenerate ? answered : asked;
+  while (from.nextElementSibling) from.nextElementSibling.remove();
+  from.remove();
+  return { nodes: regenerate ? [] : [buildUser(text)], forked: true };
 }
 
 // The rest of an answer cut off at the token limit, written into the same message.
@@ -96,19 +108,22 @@ export function continueAnswer(answer) {
   updateControls();
 }
 
-// Regenerate, Continue and Edit apply to the conversation's last answer only, once it has ended.
+// Regenerate and Continue apply to the last answer once it has ended; Edit to any prompt whose
+// answer the server has named. Nothing changes the thread while an answer runs.
 export function updateLastActions() {
   updateRatings();
   for (const button of els.messages.querySelectorAll('.regenerate, .edit-prompt, .continue-answer')) button.hidden = true;
+  for (const button of els.messages.querySelectorAll('.version[data-target]')) button.disabled = Boolean(state.running);
   if (state.running) return;
-  const answers = els.messages.querySelectorAll('.message.assistant:not(.superseded)');
+  for (const asked of els.messages.querySelectorAll('.message.user')) {
+    if (asked.nextElementSibling?.chatAnswer?.messageId != null) asked.querySelector('.edit-prompt').hidden = false;
+  }
+  const answers = els.messages.querySelectorAll('.message.assistant');
   const last = answers[answers.length - 1];
   if (!last || last.chatAnswer?.messageId == null) return;
   last.querySelector('.regenerate').hidden = false;
   last.querySelector('.continue-answer').hidden = !(constants.continuableReasons || [constants.continuable])
     .includes(last.chatAnswer.finishReason);
-  const asked = last.previousElementSibling;
-  if (asked?.classList.contains('user')) asked.querySelector('.edit-prompt').hidden = false;
 }
 
 export function startEditing(userNode) {

@@ -2,7 +2,7 @@
 // the browser's history, and the current one's tools (rename, delete, export).
 import { LIMITS, toId } from './config.js';
 import { csrfToken, el, els, showBanner } from './dom.js';
-import { renderHistoryMessage } from './render.js';
+import { renderHistoryMessage, setVersions } from './render.js';
 import { adoptRunning, resumeRunning, stopEditing, updateLastActions } from './composer.js';
 import { setSidebar } from './sidebar.js';
 import { state } from './state.js';
@@ -163,6 +163,12 @@ export async function loadConversation(id, mode = 'replace') {
   }
   const data = await res.json();
   if (mode === 'replace') stopEditing();
+  showThread(data, id, mode);
+  return true;
+}
+
+// The conversation's branch as the server sent it (/api/conversations/<id>/).
+function showThread(data, id, mode = 'replace') {
   const messages = data.messages || [];
   const nodes = messages.map(renderHistoryMessage);
   state.conversation = toId(data.id ?? id);
@@ -177,7 +183,52 @@ export async function loadConversation(id, mode = 'replace') {
   if (node?.chatAnswer) adoptRunning(node.chatAnswer, running.request_id);
   updateLastActions();
   resumeRunning();
-  return true;
+}
+
+// ‹ or › on a message: the server shows that version from now on (this page, a reload, another
+// tab, /api and the export), and below it the versions chosen there before.
+export async function switchVersion(button) {
+  const target = Number(button.dataset.target);
+  if (!target || state.running || state.conversation == null) return;
+  const res = await fetch(`/api/conversations/${state.conversation}/branch`, {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json', 'X-CSRFToken': csrfToken(), Accept: 'application/json' },
+    body: JSON.stringify({ message: target }),
+  }).catch(() => null);
+  if (!res?.ok) {
+    const err = res ? await res.json().catch(() => ({})) : {};
+    showBanner(err.message || 'Could not switch versions.', err.code || (res ? `http_${res.status}` : 'network'));
+    return;
+  }
+  const data = await res.json();
+  const top = els.messages.scrollTop;
+  stopEditing();
+  showThread(data, state.conversation);
+  els.messages.scrollTop = top; // the reader stays where they were
+  const shown = els.messages.querySelector(`.message[data-message-id="${target}"]`);
+  const same = shown?.querySelector(`.${button.classList.contains('version-prev') ? 'version-prev' : 'version-next'}`);
+  (same && !same.disabled ? same : shown?.querySelector('.version:not(:disabled)'))?.focus();
+  const versions = shown?.chatVersions || [];
+  els.announcer.textContent = `Version ${versions.indexOf(target) + 1} of ${versions.length}.`;
+}
+
+// After a new version (Regenerate, Edit): each message on the page learns its versions. The
+// page shows the branch the server does; should it not (another tab), it is shown again.
+export async function refreshVersions() {
+  const id = state.conversation;
+  if (id == null) return;
+  const res = await fetch(`/api/conversations/${id}/`, { headers: { Accept: 'application/json' } }).catch(() => null);
+  if (!res?.ok || state.conversation !== id || state.running) return;
+  const data = await res.json();
+  const nodes = [...els.messages.querySelectorAll(':scope > .message')];
+  const messages = data.messages || [];
+  const same = nodes.length === messages.length
+    && messages.every((m, i) => nodes[i].classList.contains(m.role));
+  if (!same) { showThread(data, id); return; }
+  messages.forEach((m, i) => {
+    nodes[i].dataset.messageId = m.id;
+    setVersions(nodes[i], m.id, m.versions);
+  });
 }
 
 export function startNewChat() {

@@ -2,11 +2,13 @@
 import { constants, EVENT, lookup } from './config.js';
 import { keepScrolled, show, showBanner } from './dom.js';
 import {
-  finishDisplay, formatMetrics, markSuperseded, renderStats, setState, setStatus, setText,
+  finishDisplay, formatMetrics, renderStats, setState, setStatus, setText,
   showError, showExplanation, showJson, withdrawnText,
 } from './render.js';
 import { finish } from './composer.js';
-import { adoptConversation, refreshConversations } from './conversations.js';
+import {
+  adoptConversation, loadConversation, refreshConversations, refreshVersions,
+} from './conversations.js';
 import { state } from './state.js';
 
 function onAccepted(answer, msg) {
@@ -15,11 +17,6 @@ function onAccepted(answer, msg) {
     // Resumed from the first event: the events rebuild the text the history showed.
     answer.fromStart = false;
     setText(answer, typeof msg.text_before === 'string' ? msg.text_before : '', { now: true });
-  }
-  if (answer.replaces) {
-    markSuperseded(answer.replaces);
-    const asked = answer.replaces.previousElementSibling;
-    if (asked?.classList.contains('user')) markSuperseded(asked);
   }
   adoptConversation(msg.conversation, answer);
   onQueued(answer, msg);
@@ -106,6 +103,7 @@ function onDone(answer, msg) {
   answer.messageId = msg.message ?? answer.messageId;
   finish(answer, value);
   refreshConversations();
+  if (answer.forked) refreshVersions();
 }
 
 function onError(msg) {
@@ -119,6 +117,13 @@ function onError(msg) {
       finish(waiting, 'lost');
     }
     showBanner(msg.message || 'Something went wrong.', msg.code);
+    return;
+  }
+  if (answer.forked && answer.messageId == null && state.conversation != null) {
+    // A new version refused (busy, rate limited...): the branch it left is still the one shown.
+    showBanner(msg.message || 'Something went wrong.', msg.code);
+    finish(answer, 'error');
+    loadConversation(state.conversation);
     return;
   }
   keepScrolled(() => showError(answer, msg));

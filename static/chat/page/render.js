@@ -47,11 +47,35 @@ export function buildUser(text) {
   return root;
 }
 
-// A regenerated answer or an edited prompt keeps what it replaced, marked as an earlier version.
-export function markSuperseded(node) {
-  node.classList.add('superseded');
-  const meta = node.querySelector('.meta');
-  if (meta && !meta.querySelector('.earlier')) meta.append(el('span', 'badge earlier', 'Earlier version'));
+// "‹ 2/3 ›" on a message with other versions (Regenerate, Edit): the buttons name the version
+// they show (data-target); the position is read out when it changes.
+export function setVersions(node, id, versions) {
+  node.querySelector('.versions')?.remove();
+  node.chatVersions = Array.isArray(versions) ? versions : [id];
+  const at = node.chatVersions.indexOf(id);
+  if (node.chatVersions.length < 2 || at < 0) return;
+  const count = node.chatVersions.length;
+  const box = el('span', 'versions');
+  box.setAttribute('role', 'group');
+  box.setAttribute('aria-label', 'Versions');
+  const step = (className, label, text, target) => {
+    const button = el('button', `version ${className}`, text);
+    button.type = 'button';
+    button.setAttribute('aria-label', label);
+    button.title = label;
+    if (target == null) button.disabled = true;
+    else button.dataset.target = String(target);
+    return button;
+  };
+  const position = el('span', 'version-position');
+  position.setAttribute('aria-live', 'polite');
+  position.append(el('span', 'visually-hidden', 'Version '), `${at + 1}/${count}`);
+  box.append(
+    step('version-prev', 'Previous version', '‹', node.chatVersions[at - 1]),
+    position,
+    step('version-next', 'Next version', '›', node.chatVersions[at + 1]),
+  );
+  node.querySelector('.meta').append(box);
 }
 
 export function buildAnswer() {
@@ -152,7 +176,7 @@ export function renderHistoryMessage(m) {
   if (m.role === 'user') {
     const node = buildUser(m.text || '');
     node.dataset.messageId = m.id;
-    if (m.superseded) markSuperseded(node);
+    setVersions(node, m.id, m.versions);
     return node;
   }
   const answer = buildAnswer();
@@ -163,7 +187,7 @@ export function renderHistoryMessage(m) {
   answer.root.dataset.messageId = m.id;
   answer.messageId = m.id;
   answer.finishReason = m.status === 'done' ? m.finish_reason : m.status;
-  if (m.superseded) markSuperseded(answer.root);
+  setVersions(answer.root, m.id, m.versions);
   applyStoredFeedback(answer, m.feedback);
   if (value === 'retracted') setText(answer, withdrawnText(''), { plain: true, now: true });
   else setText(answer, m.text || '', { now: true });

@@ -6,6 +6,6 @@ export const state = {
   conversation: startConversation,
   title: null,
   running: null, // the one live answer, if any
-  editing: null, // {answer}: the composer holds the last prompt, to replace that answer
+  editing: null, // {answer}: the composer holds a prompt, to send as a new version of it
   answers: new Map(), // request_id -> answer
 };
