@@ -75,3 +75,30 @@ def test_screenshots_desktop_and_phone(browser, daphne_server):
         phone.close()
     finally:
         context.close()
+
+
+def test_screenshot_branches(browser, daphne_server):
+    """docs/img/branches.png: a prompt edited into a second version whose answer was regenerated,
+    both showing ‹ 2/2 ›, and the chat going on from there."""
+    daphne_server.policy("brief", name="Brief", mode="stream", max_new_tokens=24)
+    context = browser.new_context(viewport={"width": 1280, "height": 800}, color_scheme="light")
+    page = context.new_page()
+    try:
+        open_chat(page, daphne_server)
+        page.select_option("#policy", "brief")
+        ask(page, "Suggest a name for a cat.")
+        page.locator(".message.user").last.locator("button.edit-prompt").click()
+        page.fill("#prompt", "Suggest a name for a black cat.")
+        page.keyboard.press("Enter")
+        last = page.locator(".message.assistant").last
+        expect(page.locator(".message.user .version-position")).to_have_text("Version 2/2")
+        expect(last).to_have_attribute("data-state", "done", timeout=120_000)
+        last.locator("button.regenerate").click()
+        expect(last.locator(".version-position")).to_have_text("Version 2/2", timeout=120_000)
+        ask(page, "Why that name?")
+        page.wait_for_timeout(300)
+        folder = target() / "img"
+        folder.mkdir(exist_ok=True)
+        page.screenshot(path=str(folder / "branches.png"))
+    finally:
+        context.close()
