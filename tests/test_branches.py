@@ -66,9 +66,7 @@ def test_switching_shows_a_version_and_below_it_what_was_chosen_there_before():
     m = forked("s2")
     conversation = m["q1"].conversation
     owners = conversations_for(Owner(user_id=None, session_key="s2"))
-    version_select(owners, conversation.pk, m["a2"].pk)  # under the first prompt, far below
-    assert texts(Tree.of(conversation).path())[0] == "Name a fish."  # not shown yet
-    version_select(owners, conversation.pk, m["q1"].pk)
+    version_select(owners, conversation.pk, m["a2"].pk)  # deep in a branch not shown: shown
     assert texts(Tree.of(conversation).path()) == [
         "Name a bird.",
         "An owl.",
@@ -78,6 +76,8 @@ def test_switching_shows_a_version_and_below_it_what_was_chosen_there_before():
     assert texts(answer_history(conversation))[-1] == "In a forest."
     version_select(owners, conversation.pk, m["q1b"].pk)
     assert texts(Tree.of(conversation).path())[-1] == "In a river."
+    version_select(owners, conversation.pk, m["q1"].pk)  # what was chosen below it, again
+    assert texts(Tree.of(conversation).path())[-1] == "In a forest."
     # A new message goes after the branch shown, and is what it shows from then on.
     version_select(owners, conversation.pk, m["q1"].pk)
     asked, answered = turn(conversation, Tree.of(conversation).leaf(), "And its size?", "Small.")
@@ -140,10 +140,17 @@ def test_the_api_reads_and_switches_the_branch_and_the_export_follows_it():
 def test_a_running_answer_keeps_its_branch_over_http():
     client = visitor()
     m = forked(client.session.session_key)
-    Message.objects.filter(pk=m["a3"].pk).update(status=Message.Status.STREAMING)
-    url = f"/api/conversations/{m['q1'].conversation_id}/branch"
-    response = client.post(url, {"message": m["q1"].pk}, content_type="application/json")
+    Message.objects.filter(pk=m["a3"].pk).update(status=Message.Status.STREAMING, request_id="r9")
+    url = f"/api/conversations/{m['q1'].conversation_id}/"
+    response = client.post(url + "branch", {"message": m["q1"].pk}, content_type="application/json")
     assert response.status_code == 400 and response.json()["code"] == "busy"
+    # A reload finds it where it runs, with what the page resumes it by.
+    running = client.get(url).json()["messages"][-1]
+    assert (running["id"], running["status"], running["request_id"]) == (
+        m["a3"].pk,
+        "streaming",
+        "r9",
+    )
 
 
 def test_the_account_export_keeps_every_version_and_deleting_removes_every_branch(

@@ -6,6 +6,7 @@ from asgiref.sync import sync_to_async
 
 from chat.models import Conversation, Message
 from chat.stores import policy_store
+from chat.stores.branches import Tree
 from chat.stores.selectors import answer_history
 from chat.turns.identity import answer_identity
 from chat.turns.prompting import fit_prompt, request_for
@@ -83,8 +84,9 @@ async def test_editing_an_earlier_prompt_forks_there_and_the_model_reads_that_br
     exact input ids)."""
     first = await first_turn(client)
     conversation = (await messages_of_answer(first["message"])).conversation_id
+    first_asked = (await messages_of_answer(first["message"])).parent_id
     second = await client.prompt("And backwards?", conversation=conversation, policy="short")
-    await client.receive_until("done", second)
+    second_done = (await client.receive_until("done", second))[-1]
     edit = await client.prompt(
         "Count from 5 to 9.", conversation=conversation, replace=first["message"], policy="short"
     )
@@ -112,6 +114,14 @@ async def test_editing_an_earlier_prompt_forks_there_and_the_model_reads_that_br
     ]
     assert answer.identity == await sync_to_async(identity_with)(on_branch)
     assert answer.identity != await sync_to_async(identity_with)(left_behind)
+
+    # A version of an answer on the branch left behind: its branch is the one shown again.
+    again = await client.prompt(
+        "And backwards?", conversation=conversation, replace=second_done["message"], policy="short"
+    )
+    regenerated = (await client.receive_until("done", again))[-1]
+    shown = await sync_to_async(lambda: [m.pk for m in Tree.of(conversation).path()])()
+    assert shown[-1] == regenerated["message"] and shown[0] == first_asked
 
 
 async def test_replace_must_name_a_finished_answer_of_the_conversation(client, short_policy):

@@ -83,6 +83,19 @@ def message_add(conversation: Conversation, parent: Message | None, **fields) ->
     return message
 
 
+def branch_show(tree: Tree, message: Message) -> None:
+    """Make `message`'s branch the one shown: it and every message above it become the selected
+    version among their siblings (call inside a transaction)."""
+    for line in tree.path_to(message.pk):
+        others = [m.pk for m in tree.siblings(line) if m.pk != line.pk and m.selected]
+        if line.selected and not others:
+            continue
+        Message.objects.filter(pk__in=others).update(selected=False)
+        Message.objects.filter(pk=line.pk).update(selected=True)
+        for sibling in tree.siblings(line):
+            sibling.selected = sibling.pk == line.pk
+
+
 def version_select(conversations, conversation_id: int, message_id: int) -> Message | None:
     """Show `message_id` in its conversation (one of `conversations`, the owner's), in place of
     its siblings; below it, what was selected there before. None if the conversation is not
@@ -92,13 +105,11 @@ def version_select(conversations, conversation_id: int, message_id: int) -> Mess
         conversation = conversations.select_for_update().filter(pk=conversation_id).first()
         if conversation is None:
             return None
-        message = conversation.messages.filter(pk=message_id).first()
+        tree = Tree.of(conversation)
+        message = tree.by_id.get(message_id)
         if message is None:
             raise UnknownMessage(f"conversation {conversation_id} has no message {message_id}")
-        if conversation.messages.filter(status=Message.Status.STREAMING).exists():
+        if any(m.status == Message.Status.STREAMING for m in tree.messages):
             raise Busy("an answer is being written in this conversation; switch when it ends")
-        Message.objects.filter(conversation=conversation, parent_id=message.parent_id).exclude(
-            pk=message.pk
-        ).update(selected=False)
-        Message.objects.filter(pk=message.pk).update(selected=True)
+        branch_show(tree, message)
     return message

@@ -14,7 +14,7 @@ from ..engine.types import Backend, EngineError, GenerationRequest
 from ..models import Conversation, Feedback, Message
 from ..protocol import Prompt
 from ..stores import feedback, policy_store
-from ..stores.branches import Tree, message_add
+from ..stores.branches import Tree, branch_show, message_add
 from ..stores.selectors import Owner, answer_history, conversations_for
 from .identity import answer_identity
 from .prompting import fit_prompt, request_for
@@ -117,6 +117,8 @@ def prepare_prompt(owner: Owner, prompt: Prompt, backend: Backend, given: Given)
                 owner=owner, message_id=prompt.replace, kind=Feedback.Kind.REGENERATED
             )
         if fork is not None:
+            # The new version's branch is shown, wherever the version it joins was.
+            branch_show(Tree.of(conversation), fork)
             after = fork.parent  # an edited prompt is a version of the one it replaces
         else:
             after = Tree.of(conversation).leaf() if conversation is not None else None
