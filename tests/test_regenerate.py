@@ -6,7 +6,7 @@ from asgiref.sync import sync_to_async
 
 from chat.models import Conversation, Message
 from chat.stores import policy_store
-from chat.stores.branches import Tree
+from chat.stores.branches import Tree, version_select
 from chat.stores.selectors import answer_history
 from chat.turns.identity import answer_identity
 from chat.turns.prompting import fit_prompt, request_for
@@ -147,3 +147,27 @@ async def test_replace_must_name_a_finished_answer_of_the_conversation(client, s
 
 async def messages_of_answer(message_id: int) -> Message:
     return await sync_to_async(Message.objects.get)(pk=message_id)
+
+
+async def test_continue_applies_to_the_version_shown(client, make_policy):
+    """Two versions of an answer cut off at the token limit: only the one shown is continued,
+    once the user has switched to it."""
+    await sync_to_async(make_policy)(slug="tiny", mode="stream", max_new_tokens=4)
+    story = "Write a long story about a fox in a forest."
+    request_id = await client.prompt(story, policy="tiny")
+    first = (await client.receive_until("done", request_id))[-1]
+    conversation = (await messages_of_answer(first["message"])).conversation_id
+    request_id = await client.prompt(
+        story, conversation=conversation, replace=first["message"], policy="tiny"
+    )
+    second = (await client.receive_until("done", request_id))[-1]
+    assert first["finish_reason"] == second["finish_reason"] == "length"
+
+    await client.send({"type": "continue", "request_id": "c1", "message": first["message"]})
+    assert (await client.receive_until("error", "c1"))[-1]["code"] == "bad_message"
+    owner_conversations = Conversation.objects.filter(pk=conversation)  # lazy: read in the call
+    await sync_to_async(version_select)(owner_conversations, conversation, first["message"])
+    await client.send({"type": "continue", "request_id": "c2", "message": first["message"]})
+    done = (await client.receive_until("done", "c2"))[-1]
+    assert done["message"] == first["message"] and done["text"].startswith(first["text"])
+    assert len(done["text"]) > len(first["text"])
