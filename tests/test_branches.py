@@ -239,3 +239,12 @@ def test_the_migration_turns_superseded_messages_into_versions_and_keeps_every_a
         MigrationExecutor(connection).loader.build_graph()
         executor = MigrationExecutor(connection)
         executor.migrate(executor.loader.graph.leaf_nodes())
+
+
+def test_the_admin_shows_a_message_parent_without_offering_every_message(admin_client):
+    m = forked("s5")
+    page = admin_client.get(f"/admin/chat/message/{m['a3'].pk}/change/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert 'name="parent"' not in html and 'name="selected"' not in html
+    assert str(m["q3"]) in html  # the parent, named

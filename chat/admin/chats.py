@@ -47,6 +47,9 @@ class MessageAdmin(admin.ModelAdmin):
     search_fields = ("text", "raw_text", "request_id")
     readonly_fields = (
         "conversation",
+        # A select of every message would be the page's size; the branch is the user's choice.
+        "parent",
+        "selected",
         "role",
         "request_id",
         "metrics",
