@@ -69,7 +69,11 @@ def answer_history(conversation: Conversation | None, *, upto=_LEAF) -> list[dic
     for the model. Other versions (branches.py) are never part of it."""
     if conversation is None:
         return []
-    tree = Tree.of(conversation)
+    return branch_history(Tree.of(conversation), upto=upto)
+
+
+def branch_history(tree: Tree, *, upto=_LEAF) -> list[dict]:
+    """`answer_history` of a conversation already read."""
     end = tree.leaf() if upto is _LEAF else tree.by_id.get(upto) if upto is not None else None
     rows = [
         m

@@ -11,7 +11,7 @@ from ..models import Message
 from ..protocol import CONTINUABLE, Prompt
 from ..stores import policy_store
 from ..stores.branches import Tree
-from ..stores.selectors import Owner, answer_history, conversations_for
+from ..stores.selectors import Owner, branch_history, conversations_for
 from .identity import answer_identity
 from .prepare import Prepared, overridden
 from .prompting import fit_prompt, request_for
@@ -73,7 +73,7 @@ def prepare_continue(owner: Owner, prompt: Prompt, backend: Backend) -> Prepared
         )
         if answer.overrides:  # the request's own settings, applied as they were to its answer
             policy = overridden(policy, policy_store.PolicyOverride.from_json(answer.overrides))
-        history = answer_history(conversation, upto=asked.parent_id)
+        history = branch_history(tree, upto=asked.parent_id)
         try:
             messages, _rendered, input_ids = fit_prompt(
                 backend, policy, history, asked.text, answer_so_far=answer.text

@@ -15,7 +15,7 @@ from ..models import Conversation, Feedback, Message
 from ..protocol import Prompt
 from ..stores import feedback, policy_store
 from ..stores.branches import Tree, branch_show, message_add
-from ..stores.selectors import Owner, answer_history, conversations_for
+from ..stores.selectors import Owner, branch_history, conversations_for
 from .identity import answer_identity
 from .prompting import fit_prompt, request_for
 from .refusals import TurnError
@@ -116,21 +116,18 @@ def prepare_prompt(owner: Owner, prompt: Prompt, backend: Backend, given: Given)
             feedback.implicit_signal(
                 owner=owner, message_id=prompt.replace, kind=Feedback.Kind.REGENERATED
             )
-        if fork is not None:
+        tree = Tree.of(conversation) if conversation is not None else None
+        after = tree.leaf() if tree is not None else None
+        if tree is not None and fork is not None:
             # The new version's branch is shown, wherever the version it joins was.
-            branch_show(Tree.of(conversation), fork)
-            after = fork.parent  # an edited prompt is a version of the one it replaces
-        else:
-            after = Tree.of(conversation).leaf() if conversation is not None else None
+            branch_show(tree, fork)
+            # Edit: a version of the prompt, under its parent; Regenerate asks it after the same.
+            after = tree.by_id.get(fork.parent_id) if fork.parent_id else None
+        history = given.history
+        if history is None:
+            history = [] if tree is None else branch_history(tree, upto=after.pk if after else None)
         try:
-            messages, rendered, input_ids = fit_prompt(
-                backend,
-                policy,
-                given.history
-                if given.history is not None
-                else answer_history(conversation, upto=after.pk if after is not None else None),
-                prompt.text,
-            )
+            messages, rendered, input_ids = fit_prompt(backend, policy, history, prompt.text)
         except EngineError as exc:
             raise TurnError(exc.code, str(exc)) from None
         request = request_for(backend, policy, input_ids, prompt.request_id, messages)
