@@ -20,6 +20,7 @@ from ..engine.types import (
     Finished,
     GenerationRequest,
     Queued,
+    Reading,
     Started,
     TextChunk,
     Ticket,
@@ -303,6 +304,12 @@ class TurnRun(TurnFinish):
             elif isinstance(event, Queued):
                 await self.turn.emit(
                     events.Queued(self.turn.request_id, queue_position=event.position)
+                )
+            elif isinstance(event, Reading):
+                await self.turn.emit(
+                    events.Reading(
+                        self.turn.request_id, tokens_read=event.done, prompt_tokens=event.total
+                    )
                 )
             elif isinstance(event, Started):
                 self.started_at = self.started_at or event.at
