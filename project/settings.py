@@ -543,23 +543,26 @@ CHAT_PREFIX_CACHE_MB = CHAT_KV_CACHE_MB // 4
 
 # Per-request limits and the queue: max_new_tokens when no policy is stored and the cap no
 # request may pass, the new prompt's length in characters and in the model's tokens (0: no
-# token limit), earlier messages sent back to the model, and waiting requests before queue_full.
+# token limit; auto: what the model's context leaves, chat/turns/prepare.py), earlier messages
+# sent back to the model, and waiting requests before queue_full. A pasted page of text is the
+# commonest long prompt: 32,000 characters hold a document of the bundled model's ~6,000 tokens.
 LIMIT_DEFAULTS = {
     "new_tokens": "768",
     "new_tokens_cap": "1024",
-    "prompt_chars": "4000",
-    "prompt_tokens": "1024",
+    "prompt_chars": "32000",
+    "prompt_tokens": "auto",
     "history": "20",
     "queue": "64",
 }
-_limits = {
-    key: number(f"CHAT_LIMITS {key}", value, int)
-    for key, value in envspec("CHAT_LIMITS", LIMIT_DEFAULTS).items()
-}
+_limit_specs = envspec("CHAT_LIMITS", LIMIT_DEFAULTS)
+_prompt_tokens = _limit_specs.pop("prompt_tokens")
+_limits = {key: number(f"CHAT_LIMITS {key}", value, int) for key, value in _limit_specs.items()}
 CHAT_MAX_NEW_TOKENS = _limits["new_tokens"]
 CHAT_MAX_NEW_TOKENS_CAP = _limits["new_tokens_cap"]
 CHAT_MAX_PROMPT_CHARS = _limits["prompt_chars"]
-CHAT_MAX_PROMPT_TOKENS = _limits["prompt_tokens"]
+CHAT_MAX_PROMPT_TOKENS: int | None = (
+    None if _prompt_tokens == "auto" else number("CHAT_LIMITS prompt_tokens", _prompt_tokens, int)
+)
 CHAT_HISTORY_TURNS = _limits["history"]
 CHAT_MAX_QUEUE = _limits["queue"]
 CHAT_SYSTEM_PROMPT = ""  # a policy's own (admin); none when no policy is stored

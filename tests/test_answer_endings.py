@@ -140,7 +140,9 @@ async def test_a_looping_answer_is_cut_at_its_loop_kept_and_not_cached(scripted,
     cut = next(e for e in events if e["type"] == "cut")
     done = events[-1]
     assert done["finish_reason"] == "cut" and done["text"] == cut["text"]
-    assert done["text"].startswith(GOOD) and len(done["text"]) < len(chunks_text(events))
+    # What was streamed past the cut, if anything, depends on how the chunks arrived together.
+    assert done["text"].startswith(GOOD) and chunks_text(events).startswith(done["text"])
+    assert len(done["text"]) < len(GOOD + LOOP)
     assert done["reason"].startswith("repeated text")
     assert backend.requests[0].cancel.is_set()  # the model was stopped
     stored = await Message.objects.aget(pk=done["message"])

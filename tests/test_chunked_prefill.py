@@ -82,11 +82,64 @@ def test_a_newcomer_cancelled_mid_prefill_leaves_before_the_next_chunk(backend):
     assert runner.reason is None
 
 
-def test_a_lone_long_prompt_is_prefilled_at_once(backend):
-    """With nobody decoding there is nobody to protect: the newcomer starts in one pass."""
+def lone_batch(backend, chunk: int = CHUNK):
     batch = backend.new_batch()
-    batch.prefill_chunk = CHUNK
+    batch.prefill_chunk = chunk
     batch.store = None
+    return batch
+
+
+def test_a_lone_prompt_of_a_few_chunks_is_prefilled_at_once(backend):
+    """With nobody decoding there is nobody to protect: a prompt up to a chunk read alone starts
+    in one pass."""
+    batch = lone_batch(backend, chunk=len(backend.request(LONG_PROMPT).input_ids))
     row = backend.row(backend.request(LONG_PROMPT, max_new_tokens=2), lambda text: None)
     batch.add([row])
     assert not batch.pending and len(row.new_ids) == 1 and batch.forward_calls == 1
+
+
+def test_a_lone_document_is_read_in_chunks_and_says_how_far(backend):
+    """Longer than a chunk read alone (a pasted document): read a few chunks a step, each step
+    reporting the tokens read, so the page can show progress and newcomers can join between."""
+    batch = lone_batch(backend)
+    request = backend.request(LONG_PROMPT, max_new_tokens=2)
+    total = len(request.input_ids)
+    alone = CHUNK * batch.CHUNK_ALONE_FACTOR
+    assert total > alone
+    row = backend.row(request, lambda text: None)
+    reports: list[tuple[int, int]] = []
+    row.on_reading = lambda read, of: reports.append((read, of))
+    assert batch.add([row]) == [] and batch.pending
+    while not row.new_ids:
+        batch.step()
+    steps = -(-total // alone)
+    assert batch.forward_calls == steps + 1  # the last step decodes the row that joined, too
+    assert reports == [(min(alone * (i + 1), total), total) for i in range(steps - 1)]
+
+
+def test_a_newcomer_is_not_stuck_behind_a_document(backend):
+    """A document is being read; a short prompt that arrives meanwhile gets its first token
+    before the document's reading ends, and one longer than a chunk is read first (least left
+    to read goes first)."""
+    batch = lone_batch(backend, chunk=64)
+    assert len(backend.request(STORY).input_ids) <= 64 < len(backend.request(LONG_PROMPT).input_ids)
+    document = backend.row(
+        backend.request(
+            [{"role": "user", "content": "Summarise this: " + "the lighthouse keeper " * 400}],
+            max_new_tokens=2,
+        ),
+        lambda text: None,
+    )
+    batch.add([document])
+    batch.step()  # its first chunk
+    short = backend.row(backend.request(STORY, max_new_tokens=4), lambda text: None)
+    batch.add([short])
+    assert short.new_ids and batch.pending  # joined at once, the document still being read
+    longer = backend.row(backend.request(LONG_PROMPT, max_new_tokens=4), lambda text: None)
+    batch.add([longer])
+    while not longer.new_ids:
+        batch.step()
+    assert not document.new_ids  # the shorter newcomer went first
+    while not document.new_ids:
+        batch.step()
+    assert short.new_ids and longer.new_ids

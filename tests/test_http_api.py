@@ -162,7 +162,7 @@ async def test_post_api_chat_returns_the_done_event_as_json(visitor):
         ({"text": "hi", "conversation": "seven"}, "bad_conversation"),
         ({"text": "hi", "policy": 3}, "bad_policy"),
         ({"type": "cancel", "text": "hi"}, "unknown_type"),
-        ({"text": "x" * 5000}, "prompt_too_long"),
+        ({"text": "x" * 40_000}, "prompt_too_long"),
     ],
 )
 async def test_a_bad_body_is_a_400_with_the_error_event(visitor, path, body, code):

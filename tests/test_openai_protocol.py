@@ -211,3 +211,21 @@ def test_a_conversation_past_the_character_limit_is_refused():
     with pytest.raises(OpenAIError) as raised:
         parse({"model": "smollm2", "messages": turns})
     assert raised.value.code == "context_length_exceeded" and raised.value.param == "messages"
+
+
+def test_a_content_chunk_from_its_template_is_the_chunk_built_whole():
+    """The per-token fast path writes exactly what the chunk model would (any text: quotes,
+    newlines, non-ASCII, a control character)."""
+    import json as json_module
+
+    from chat.transports.openai.replies import Delta
+    from chat.transports.openai_api import _Reply
+
+    chat = type("Chat", (), {"model": "smollm2:chat", "tools": None, "include_usage": False})()
+    reply = _Reply(chat, "chatcmpl-1")  # type: ignore[arg-type]
+    for text in ["Hello", ' "quoted"\n', "naïve — 猫 🦜", "\x00\x1f\\", ""]:
+        fast, whole = reply.content_chunk(text), reply.chunk(delta=Delta(content=text))
+        assert fast == whole
+        assert (
+            json_module.loads(fast.removeprefix("data: "))["choices"][0]["delta"]["content"] == text
+        )

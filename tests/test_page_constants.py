@@ -58,6 +58,7 @@ def test_the_served_type_names_are_what_the_protocol_builds_and_parses():
         for event in (
             e.Accepted("r", conversation=1, message=2, queue_position=0),
             e.Queued("r", queue_position=1),
+            e.Reading("r", tokens_read=128, prompt_tokens=512),
             e.Chunk("r", "x"),
             e.Buffering("r", "checking"),
             e.Retract("r", "no"),

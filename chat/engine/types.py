@@ -97,7 +97,8 @@ class GenerationResult:
 
 
 # Events a scheduler sends to a request's sink, in this order:
-# Queued* -> Started -> TextChunk* -> Finished | Failed (a cancelled waiter gets Finished only).
+# Queued* -> Started -> Reading* -> TextChunk* -> Finished | Failed (a cancelled waiter gets
+# Finished only; Reading comes only while a long prompt is read in chunks).
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,14 @@ class Queued:
 @dataclass(frozen=True)
 class Started:
     at: float
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How much of a long prompt the model has read (prefilled) so far, in tokens."""
+
+    done: int
+    total: int
 
 
 @dataclass(frozen=True)
@@ -126,7 +135,7 @@ class Failed:
     at: float
 
 
-Event = Queued | Started | TextChunk | Finished | Failed
+Event = Queued | Started | Reading | TextChunk | Finished | Failed
 Sink = Callable[[Event], None]  # called on the engine's thread; must not block
 
 
@@ -280,7 +289,7 @@ class SteppedBackend(Backend, Protocol[RowT]):
 @runtime_checkable
 class Scheduler(Protocol):
     """Queues requests in front of a backend; every request's events go to its sink in the order
-    Queued* -> Started -> TextChunk* -> Finished | Failed (a cancelled waiter gets Finished only)."""
+    Queued* -> Started -> Reading* -> TextChunk* -> Finished | Failed (a cancelled waiter gets Finished only)."""
 
     def expect(self) -> None:
         """Announce a request being prepared, so an idle worker may wait for it to join."""

@@ -256,6 +256,7 @@ FRAME_TYPES = ("prompt", "continue", "cancel", "ping", "resume")
 EVENT_TYPES = (
     "accepted",
     "queued",
+    "reading",
     "chunk",
     "buffering",
     "retract",

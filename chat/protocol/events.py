@@ -59,6 +59,17 @@ class Queued(Event):
 
 
 @dataclass(frozen=True)
+class Reading(Event):
+    """The model is reading a long prompt (a pasted document): tokens read so far, of all."""
+
+    type: ClassVar[str] = "reading"
+    request_id: str
+    tokens_read: int
+    prompt_tokens: int
+    seq: int | None = None  # its number in the answer's journal (chat/turns/journal.py)
+
+
+@dataclass(frozen=True)
 class Chunk(Event):
     """Chunks are not tokens or words: clients append them and never split on them."""
 
@@ -166,7 +177,19 @@ def event_fields(event: Event) -> dict[str, Any]:
 
 _BY_TYPE: dict[str, type[Event]] = {
     cls.type: cls
-    for cls in (Accepted, Queued, Chunk, Buffering, Retract, Cut, Done, Error, CancelAck, Pong)
+    for cls in (
+        Accepted,
+        Queued,
+        Reading,
+        Chunk,
+        Buffering,
+        Retract,
+        Cut,
+        Done,
+        Error,
+        CancelAck,
+        Pong,
+    )
 }
 
 

@@ -13,6 +13,7 @@ stream at once and leaves a marker that no later write of a turn still ending cr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from typing import Any
@@ -31,6 +32,10 @@ LISTENING_MS = 3000
 # How long an answer's stream is kept after its last event: long enough for a phone that
 # wakes a tab, short enough that finished answers do not pile up.
 STREAM_TTL_SECONDS = 15 * 60
+# An answer's events reach its stream in batches at most this often: one Redis round trip (and
+# one hop to a thread) per batch, not per token. A client resuming in another process is at
+# most this far behind; this process's own clients read the journal in memory.
+FLUSH_SECONDS = 0.05
 # Left by an erasure, as long as a stream would live: a turn still ending writes nothing more.
 ERASED_PREFIX = "chat:answer-erased:"
 
@@ -116,9 +121,14 @@ class StreamWriter:
         self._pending: list[tuple[int, str]] = []
         self._flushing: asyncio.Task | None = None
         self._fresh = True
+        self._urgent = asyncio.Event()
 
-    def push(self, seq: int, payload: str) -> None:
+    def push(self, seq: int, payload: str, *, final: bool = False) -> None:
+        """Append one event; the answer's last one (`final`) is written at once, with what
+        waits before it, so a resume right after the end reads the end."""
         self._pending.append((seq, payload))
+        if final:
+            self._urgent.set()
         if self._flushing is None or self._flushing.done():
             self._flushing = asyncio.get_running_loop().create_task(self._flush())
 
@@ -129,6 +139,9 @@ class StreamWriter:
 
     async def _flush(self) -> None:
         while self._pending:
+            if not self._fresh:  # the first batch (accepted) goes at once
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._urgent.wait(), FLUSH_SECONDS)
             batch, self._pending = self._pending, []
             fresh, self._fresh = self._fresh, False
             try:

@@ -129,6 +129,7 @@ class _Reply:
         self.shown = ""
         self.done: dict | None = None  # the `done` event's wire fields
         self.error: OpenAIError | None = None
+        self._content_template: tuple[str, str] | None = None
 
     def take(self, event: events.Event) -> str:
         """Note one event; the text it adds to the answer now ("" for none)."""
@@ -150,6 +151,16 @@ class _Reply:
     def chunk(self, **fields) -> str:
         body = chunk(completion_id=self.id, created=self.created, model=self.chat.model, **fields)
         return _sse(body.wire())
+
+    def content_chunk(self, text: str) -> str:
+        """`chunk(delta=Delta(content=text))`, from a template built once per answer: the
+        one event sent per token, so its model and dict are not rebuilt each time."""
+        if self._content_template is None:
+            head, mark, tail = self.chunk(delta=Delta(content=_MARK)).partition(json.dumps(_MARK))
+            assert mark, "the chunk's wire form carries its delta's text as a JSON string"
+            self._content_template = (head, tail)
+        head, tail = self._content_template
+        return head + json.dumps(text, ensure_ascii=False) + tail
 
     def ending(self) -> list[str]:
         """The last server-sent events of a stream, after every delta."""
@@ -181,6 +192,10 @@ class _Reply:
             usage=usage_of(self.done),
             done=self.done,
         ).wire()
+
+
+# Stands for a delta's text in the template of a content chunk (never in a model's text).
+_MARK = "\u0000chat-content\u0000"
 
 
 def _sse(body: dict) -> str:
@@ -247,7 +262,7 @@ async def chat_completions(request):
                 if event is KEEPALIVE:
                     yield event
                 elif text := reply.take(event):
-                    yield reply.chunk(delta=Delta(content=text))
+                    yield reply.content_chunk(text)
             for event in reply.ending():
                 yield event
             yield "data: [DONE]\n\n"

@@ -15,6 +15,9 @@ from ..protocol import event_json
 from ..protocol.events import Event
 from ..stores.answer_events import StreamWriter
 
+# The events after which an answer's stream gets nothing more.
+FINAL_TYPES = frozenset({"done", "error"})
+
 
 class Journal:
     """One turn's numbered events (a Continue starts a new journal on the same message)."""
@@ -32,7 +35,7 @@ class Journal:
         """`event` with its number, kept and written to the answer's stream."""
         numbered = replace(cast(Any, event), seq=len(self.events) + 1)
         self.events.append(numbered)
-        self.stream.push(numbered.seq, event_json(numbered))
+        self.stream.push(numbered.seq, event_json(numbered), final=numbered.type in FINAL_TYPES)
         return numbered
 
     def since(self, after: int) -> list[Event]:

@@ -64,9 +64,24 @@ class Given:
         )
 
 
+# Of the model's context, what a new prompt may not take by default: the longest answer, and
+# room for the policy's system prompt and examples and the latest turns.
+CONTEXT_KEPT_FOR_THE_REST = 1024
+
+
+def prompt_token_limit(backend: Backend) -> int:
+    """The longest new prompt in tokens (0: none but the context): CHAT_LIMITS' prompt_tokens,
+    or by default what the model's context leaves after the answer's room (about 6,000 tokens
+    of the bundled model's 8,192), so a pasted document fits."""
+    if settings.CHAT_MAX_PROMPT_TOKENS is not None:
+        return settings.CHAT_MAX_PROMPT_TOKENS
+    room = settings.CHAT_MAX_NEW_TOKENS_CAP + CONTEXT_KEPT_FOR_THE_REST
+    return max(backend.context_length - room, backend.context_length // 2)
+
+
 def check_prompt_tokens(backend: Backend, text: str) -> None:
     """A per-prompt limit in the model's tokens; characters alone let odd text cost many tokens each."""
-    limit = settings.CHAT_MAX_PROMPT_TOKENS
+    limit = prompt_token_limit(backend)
     if limit <= 0:
         return
     tokens = backend.token_count(text)

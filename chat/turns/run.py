@@ -20,6 +20,7 @@ from ..engine.types import (
     Finished,
     GenerationRequest,
     Queued,
+    Reading,
     Started,
     TextChunk,
     Ticket,
@@ -36,6 +37,7 @@ from ..stores.selectors import Owner
 from .budget import answer_charge
 from .finish import TurnFinish, Verdict, to_ms
 from .handle import Send, Turn
+from .inbox import EventInbox
 from .journal import Journal
 from .prepare import Prepared
 from .running import running_turns
@@ -103,12 +105,8 @@ class TurnRun(TurnFinish):
 
     def submit(self, request: GenerationRequest, *, expected: bool = False) -> int:
         """Queue `request` (the first attempt or a re-ask); its queue position."""
-        loop = asyncio.get_running_loop()
-
-        def sink(event) -> None:  # called on the generation thread; must not block
-            loop.call_soon_threadsafe(self._events.put_nowait, event)
-
-        self._ticket, position = self._scheduler.submit(request, sink, expected=expected)
+        inbox = EventInbox(asyncio.get_running_loop(), self._events)
+        self._ticket, position = self._scheduler.submit(request, inbox.sink, expected=expected)
         self.request = request
         return position
 
@@ -303,6 +301,12 @@ class TurnRun(TurnFinish):
             elif isinstance(event, Queued):
                 await self.turn.emit(
                     events.Queued(self.turn.request_id, queue_position=event.position)
+                )
+            elif isinstance(event, Reading):
+                await self.turn.emit(
+                    events.Reading(
+                        self.turn.request_id, tokens_read=event.done, prompt_tokens=event.total
+                    )
                 )
             elif isinstance(event, Started):
                 self.started_at = self.started_at or event.at

@@ -45,6 +45,8 @@ class Row:
     # A seeded request samples from its own generator, so its answer does not depend on what
     # else the process sampled before or beside it.
     generator: torch.Generator | None = None
+    # Told (tokens read, prompt tokens) after each chunk of a long prompt read in chunks.
+    on_reading: Callable[[int, int], None] | None = None
 
     def prepare(self, stop_criteria: Callable[[tuple[str, ...]], StopStringCriteria]) -> None:
         """Build what the row needs once it runs: stop-string matcher, holdback, text decoder."""

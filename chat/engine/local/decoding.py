@@ -61,6 +61,8 @@ class RunningBatch:
 
     # Newcomers arriving together prefill a prefix they share once, if it is at least this long.
     shared_prefix_min = 16
+    # With no row decoding, a pending prompt is read this many chunks at a time.
+    CHUNK_ALONE_FACTOR = 4
 
     def __init__(
         self,
@@ -108,12 +110,25 @@ class RunningBatch:
         self._use_weights()
         prefill = self._reusing_prefill(list(rows))
         ids, mask = prefill.ids, prefill.mask
-        if self.prefill_chunk and (self.rows or self.pending) and ids.shape[1] > self.prefill_chunk:
-            # Rows are decoding: a long prompt is prefilled a chunk per step (in step()), so
-            # they wait for one chunk at a time, not for the whole prompt.
+        if self._read_in_chunks(ids.shape[1]):
+            # A long prompt is prefilled a chunk per step (in step()): rows decoding wait for one
+            # chunk at a time, not for the whole prompt, and newcomers join between chunks.
             self.pending.append(prefill)
             return []
         return self._join(prefill, self._forward(ids, mask, prefill.cache))
+
+    def _read_in_chunks(self, tokens: int) -> bool:
+        """Whether a prompt of `tokens` new tokens is prefilled over several steps: always when
+        longer than a chunk while others decode or wait, and alone when longer than a chunk read
+        alone (a document), so whoever arrives during it is not stuck behind the whole of it."""
+        if not self.prefill_chunk or tokens <= self.prefill_chunk:
+            return False
+        return bool(self.rows or self.pending) or tokens > self._chunk_alone
+
+    @property
+    def _chunk_alone(self) -> int:
+        # Nobody decoding waits on a chunk then: a longer one reads a document faster.
+        return self.prefill_chunk * self.CHUNK_ALONE_FACTOR
 
     def _join(self, prefill: _Prefill, logits: torch.Tensor) -> list[Row]:
         """Prefilled rows join the batch and pick their first tokens; returns rows already done."""
@@ -248,18 +263,21 @@ class RunningBatch:
             )
 
     def _advance_prefill(self) -> list[Row]:
-        """Feed the oldest pending prefill its next chunk; when it is complete, its rows join."""
+        """Feed the pending prefill with the least left to read its next chunk (a short prompt
+        never waits behind a document); when it is complete, its rows join."""
         if not self.pending:
             return []
-        prefill = self.pending[0]
-        end = min(prefill.done + self.prefill_chunk, prefill.ids.shape[1])
+        prefill = min(self.pending, key=lambda p: p.ids.shape[1] - p.done)
+        chunk = self.prefill_chunk if self.rows else self._chunk_alone
+        end = min(prefill.done + chunk, prefill.ids.shape[1])
         logits = self._forward(
             prefill.ids[:, prefill.done : end], prefill.mask[:, : prefill.past + end], prefill.cache
         )
         prefill.done = end
         if end < prefill.ids.shape[1]:
+            prefill.report()
             return []
-        self.pending.pop(0)
+        self.pending.remove(prefill)
         return self._join(prefill, logits)
 
     def _merge(self, rows: list[Row], cache: DynamicCache, mask: torch.Tensor) -> None:
@@ -376,6 +394,13 @@ class _Prefill:
         self.cache = cache if cache is not None else GrowingCache()
         self.past = past
         self.done = 0  # columns of `ids` already in the cache
+
+    def report(self) -> None:
+        """Tell each row how much of its prompt is read (reused KV counts as read)."""
+        read, total = self.past + self.done, self.past + self.ids.shape[1]
+        for row in self.rows:
+            if row.on_reading is not None:
+                row.on_reading(read, total)
 
     def keep(self, rows: list[Row]) -> None:
         """Select `rows` (a subset, in order), e.g. when some were cancelled mid-prefill."""

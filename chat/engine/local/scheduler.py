@@ -26,6 +26,7 @@ from ..types import (
     GenerationRequest,
     Queued,
     QueueFull,
+    Reading,
     Scheduler,
     Sink,
     Started,
@@ -256,6 +257,7 @@ class ContinuousScheduler(Scheduler):
             except Exception as exc:  # e.g. PromptTooLong: this request alone fails
                 self._fail([(ticket, now)], exc)
                 continue
+            row.on_reading = lambda done, total, s=ticket.sink: s(Reading(done, total))
             ticket.sink(Started(at=now))
             tickets[id(row)] = (ticket, now)
             rows.append(row)

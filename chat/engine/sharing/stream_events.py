@@ -9,7 +9,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..types import Event, Failed, Finished, GenerationResult, Queued, Started, TextChunk
+from ..types import (
+    Event,
+    Failed,
+    Finished,
+    GenerationResult,
+    Queued,
+    Reading,
+    Started,
+    TextChunk,
+)
 
 
 def encode(event: Event, n: int) -> dict[str, Any]:
@@ -18,6 +27,8 @@ def encode(event: Event, n: int) -> dict[str, Any]:
         return {"n": n, "t": "queued", "position": event.position}
     if isinstance(event, Started):
         return {"n": n, "t": "started"}
+    if isinstance(event, Reading):
+        return {"n": n, "t": "reading", "done": event.done, "total": event.total}
     if isinstance(event, TextChunk):
         return {"n": n, "t": "chunk", "text": event.text}
     if isinstance(event, Finished):
@@ -44,6 +55,8 @@ def decode(data: dict[str, Any]) -> Event:
         return Queued(int(data["position"]))
     if kind == "started":
         return Started(at=now)
+    if kind == "reading":
+        return Reading(int(data["done"]), int(data["total"]))
     if kind == "chunk":
         return TextChunk(str(data["text"]))
     if kind == "finished":

@@ -34,6 +34,17 @@ function onQueued(answer, msg) {
   }
 }
 
+// A long prompt (a pasted document) is read in chunks before the first word: say how far.
+function onReading(answer, msg) {
+  if (answer.started) return;
+  const read = Number(msg.tokens_read) || 0;
+  const total = Number(msg.prompt_tokens) || 0;
+  if (!total) return;
+  const percent = Math.min(99, Math.floor((100 * read) / total));
+  setState(answer, 'reading');
+  show(answer.parts.queue, `Reading your message… ${percent}%`);
+}
+
 function onChunk(answer, msg) {
   if (answer.retracted) return;
   const piece = typeof msg.text === 'string' ? msg.text : '';
@@ -138,7 +149,7 @@ function onError(msg) {
 
 // By the server's names: one it does not list throws here, at start (config.js).
 const HANDLERS = {
-  [EVENT.accepted]: onAccepted, [EVENT.queued]: onQueued, [EVENT.chunk]: onChunk,
+  [EVENT.accepted]: onAccepted, [EVENT.queued]: onQueued, [EVENT.reading]: onReading, [EVENT.chunk]: onChunk,
   [EVENT.buffering]: onBuffering, [EVENT.retract]: onRetract, [EVENT.cut]: onCut, [EVENT.done]: onDone,
 };
 

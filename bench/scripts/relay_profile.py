@@ -1,0 +1,188 @@
+"""What the web tier costs per relayed token: CPU ms, resident memory, and where the time goes.
+
+A scripted OpenAI-compatible upstream (aiohttp, its own process) streams each request's tokens
+at a fixed rate, one SSE event per token as llama-server does; the product runs in front of it
+(`CHAT_BACKEND=openai`) and N clients stream `/v1/chat/completions` through it at once. The web
+process's CPU time (utime + stime from /proc) over the run, divided by the tokens the clients
+received, is the figure; with --py-spy PATH it also records where that time went.
+
+    .venv/bin/python bench/scripts/relay_profile.py --users 8 --tokens 256 --rate 25
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from harness.liveserver import LiveServer, free_port  # noqa: E402
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def upstream(port: int, tokens: int, rate: float) -> None:
+    """A scripted OpenAI-compatible server: `tokens` one-word deltas at `rate` per second each."""
+    from aiohttp import web
+
+    async def models(_request):
+        return web.json_response(
+            {"object": "list", "data": [{"id": "scripted", "object": "model"}]}
+        )
+
+    async def completions(request):
+        body = await request.json()
+        wanted = min(int(body.get("max_tokens") or tokens), tokens)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        base = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "scripted"}
+        started = time.monotonic()
+        for n in range(wanted):
+            delay = started + n / rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            delta = {
+                "choices": [{"index": 0, "delta": {"content": f"w{n} "}, "finish_reason": None}]
+            }
+            try:
+                await response.write(f"data: {json.dumps(base | delta)}\n\n".encode())
+            except ConnectionError:  # the relay hung up (it had what it asked for)
+                return response
+        end = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
+        usage = {
+            "usage": {"prompt_tokens": 12, "completion_tokens": wanted, "total_tokens": wanted + 12}
+        }
+        await response.write(f"data: {json.dumps(base | end | usage)}\n\ndata: [DONE]\n\n".encode())
+        return response
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", completions)
+    web.run_app(app, host="127.0.0.1", port=port, print=None)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+
+
+def status_mb(pid: int, key: str) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def clients(url: str, key: str, users: int, tokens: int, round_: int) -> int:
+    """`users` streams at once, each a distinct prompt (no cache hit); the tokens received."""
+    import httpx
+
+    async def one(i: int) -> int:
+        body = {
+            "model": "smollm2",
+            "stream": True,
+            "max_tokens": tokens,
+            "messages": [{"role": "user", "content": f"round {round_} user {i}: tell me more"}],
+        }
+        received = 0
+        async with httpx.AsyncClient(timeout=300) as client:
+            headers = {"Authorization": f"Bearer {key}"}
+            async with client.stream(
+                "POST", url + "/v1/chat/completions", json=body, headers=headers
+            ) as r:
+                r.raise_for_status()
+                async for line in r.aiter_lines():
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        chunk = json.loads(line[6:])
+                        if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
+                            received += 1
+        return received
+
+    return sum(await asyncio.gather(*(one(i) for i in range(users))))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--users", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=256, help="tokens per answer")
+    parser.add_argument("--rate", type=float, default=25.0, help="tokens a second per stream")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--py-spy", help="record the web process with py-spy to this file")
+    args = parser.parse_args()
+
+    port = free_port()
+    server_process = multiprocessing.Process(
+        target=upstream, args=(port, args.tokens, args.rate), daemon=True
+    )
+    server_process.start()
+    from bench import benchmarking as bm
+
+    bm.flush_cache_db()
+    workdir = Path(tempfile.mkdtemp(prefix="relay-"))
+    env = {
+        "CHAT_BACKEND": "openai",
+        "CHAT_REMOTE": f"http://127.0.0.1:{port}/v1?model=scripted&concurrency={args.users * 2}",
+        "REDIS_URL": bm.CACHE_REDIS_URL,
+        "DJANGO_SETTINGS_MODULE": "project.settings_bench",
+    }
+    server = LiveServer(workdir, **env).start(wait_for_model=True)
+    try:
+        key = bm.api_key(server)
+        pid = server.pid
+        assert pid is not None
+        asyncio.run(clients(server.url, key, args.users, 4, 0))  # warm: imports, connections
+        spy = None
+        if args.py_spy:
+            spy = subprocess.Popen(
+                [
+                    "py-spy",
+                    "record",
+                    "--gil",
+                    "-o",
+                    args.py_spy,
+                    "--format",
+                    "raw",
+                    "-r",
+                    "200",
+                    "-p",
+                    str(pid),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            time.sleep(1)
+        before, started = cpu_seconds(pid), time.perf_counter()
+        received = sum(
+            asyncio.run(clients(server.url, key, args.users, args.tokens, n + 1))
+            for n in range(args.rounds)
+        )
+        elapsed, cpu = time.perf_counter() - started, cpu_seconds(pid) - before
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its file on an interrupt
+            spy.wait()
+        print(
+            f"users {args.users}, {args.tokens} tokens each at {args.rate:g} tok/s, {args.rounds} rounds"
+        )
+        print(f"tokens relayed        {received}")
+        print(f"relayed tok/s         {received / elapsed:.0f}")
+        print(f"web CPU ms per token  {1000 * cpu / max(received, 1):.3f}")
+        print(
+            f"web RSS               {status_mb(pid, 'VmRSS'):.0f} MB (peak {status_mb(pid, 'VmHWM'):.0f} MB)"
+        )
+    finally:
+        server.stop()
+        server_process.terminate()
+
+
+if __name__ == "__main__":
+    main()
