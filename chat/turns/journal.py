@@ -22,10 +22,13 @@ FINAL_TYPES = frozenset({"done", "error"})
 class Journal:
     """One turn's numbered events (a Continue starts a new journal on the same message)."""
 
-    def __init__(self, message_id: int):
+    def __init__(self, message_id: int, *, resumable: bool = True):
+        """`resumable`: kept in the answer's Redis stream too, for a client that comes back
+        through another process; an OpenAI-compatible API answer is never resumed, so its
+        events are only numbered here."""
         self.message_id = message_id
         self.events: list[Event] = []
-        self.stream = StreamWriter(message_id)
+        self.stream = StreamWriter(message_id) if resumable else None
 
     @property
     def last_seq(self) -> int:
@@ -35,7 +38,8 @@ class Journal:
         """`event` with its number, kept and written to the answer's stream."""
         numbered = replace(cast(Any, event), seq=len(self.events) + 1)
         self.events.append(numbered)
-        self.stream.push(numbered.seq, event_json(numbered), final=numbered.type in FINAL_TYPES)
+        if self.stream is not None:
+            self.stream.push(numbered.seq, event_json(numbered), final=numbered.type in FINAL_TYPES)
         return numbered
 
     def since(self, after: int) -> list[Event]:

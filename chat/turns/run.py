@@ -70,7 +70,11 @@ class TurnRun(TurnFinish):
             grace_s=settings.CHAT_RESUME_GRACE_S,
             text_before=prepared.answer_so_far,
             # A staff trial (trial.py) has no stored message: nothing to number, keep or save.
-            journal=Journal(prepared.assistant.pk) if prepared.assistant.pk is not None else None,
+            journal=(
+                Journal(prepared.assistant.pk, resumable=prepared.conversation.api_key_id is None)
+                if prepared.assistant.pk is not None
+                else None
+            ),
             _run=self,
         )
         # The text shown so far, saved as it grows: what a crash must not take away.
