@@ -13,7 +13,7 @@ from django.db import transaction
 from ..engine.types import Backend, EngineError, GenerationRequest
 from ..models import Conversation, Feedback, Message
 from ..protocol import Prompt
-from ..stores import feedback, policy_store
+from ..stores import feedback, policy_store, user_settings
 from ..stores.selectors import Owner, answer_history, conversations_for
 from .identity import answer_identity
 from .prompting import fit_prompt, request_for
@@ -63,6 +63,12 @@ class Given:
         )
 
 
+def own_settings(given: Given) -> bool:
+    """Whether the user's own settings (custom instructions, default policy) apply: on the page
+    and /api, not on /v1, whose request brings its own system prompt and names its model."""
+    return given.api_key_id is None
+
+
 def check_prompt_tokens(backend: Backend, text: str) -> None:
     """A per-prompt limit in the model's tokens; characters alone let odd text cost many tokens each."""
     limit = settings.CHAT_MAX_PROMPT_TOKENS
@@ -90,8 +96,13 @@ def overridden(
 def prepare_prompt(owner: Owner, prompt: Prompt, backend: Backend, given: Given) -> Prepared:
     """Resolve the policy, store the prompt and its streaming answer, fit the prompt to the model."""
     check_prompt_tokens(backend, prompt.text)
+    own = own_settings(given)
     try:
-        policy = policy_store.policy_for(prompt.policy)
+        policy = (
+            user_settings.policy_for(owner, prompt.policy)
+            if own
+            else policy_store.policy_for(prompt.policy)
+        )
     except policy_store.UnknownPolicy as exc:
         raise TurnError(exc.code, str(exc)) from None
     if given.override is not None:
@@ -115,6 +126,7 @@ def prepare_prompt(owner: Owner, prompt: Prompt, backend: Backend, given: Given)
                 policy,
                 answer_history(conversation) if given.history is None else given.history,
                 prompt.text,
+                instructions=user_settings.instructions_for(owner) if own else "",
             )
         except EngineError as exc:
             raise TurnError(exc.code, str(exc)) from None
