@@ -13,14 +13,15 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from chat.models import ChatSettings
+from chat.models import ChatSettings, Message
 from chat.models.user_settings import MAX_INSTRUCTIONS_CHARS
-from chat.protocol import Prompt
+from chat.protocol import CONTINUABLE, Prompt
 from chat.stores import user_settings
 from chat.stores.apikeys import apikey_create
 from chat.stores.erasure import account_erase
 from chat.stores.policy_store import PolicyOverride
 from chat.stores.selectors import Owner
+from chat.turns.continuation import prepare_continue
 from chat.turns.prepare import Given, prepare_prompt
 from harness.scripted import ScriptedBackend
 from tests.conftest import TEST_CACHE_URL
@@ -329,3 +330,24 @@ def test_v1_requests_do_not_read_the_users_instructions(example_policies):
     v1 = prepared(user, given=Given(override=PolicyOverride(), api_key_id=key.pk))
     assert all(NOTE not in m["content"] for m in v1.messages)
     assert v1.policy.slug == "chat"  # the site's default, not the user's page choice
+
+
+def test_a_continue_reads_the_instructions_and_keeps_its_identity_only_while_they_are_the_same():
+    user = User.objects.create_user("q", "", PASSWORD)
+    noted(user)
+    first = prepared(user)
+
+    def cut_off_and_continue():
+        Message.objects.filter(pk=first.assistant.pk).update(
+            status=Message.Status.DONE, finish_reason=CONTINUABLE, text="Bonjour"
+        )
+        prompt = Prompt(
+            request_id="c", text="", conversation=None, policy=None, continues=first.assistant.pk
+        )
+        return prepare_continue(owner(user), prompt, ScriptedBackend([]))
+
+    going_on = cut_off_and_continue()
+    assert going_on.messages[0] == {"role": "system", "content": NOTE}
+    assert going_on.identity == first.identity
+    noted(user, "Answer in German.")  # changed since: the whole would not be what it names
+    assert cut_off_and_continue().identity is None
