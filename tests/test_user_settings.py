@@ -326,6 +326,7 @@ def test_v1_requests_do_not_read_the_users_instructions(example_policies):
     user = User.objects.create_user("k", "", PASSWORD)
     noted(user)
     ChatSettings.objects.filter(user=user).update(default_policy=example_policies["json"])
+    assert prepared(user).policy.slug == "json"  # the page's and /api's prompt naming none
     key, _ = apikey_create(user=user)
     v1 = prepared(user, given=Given(override=PolicyOverride(), api_key_id=key.pk))
     assert all(NOTE not in m["content"] for m in v1.messages)
