@@ -77,7 +77,8 @@ def test_a_visitor_is_told_to_sign_in_to_keep_settings():
 
 def test_custom_instructions_and_the_default_policy_are_saved(ada, example_policies):
     client = browser(ada)
-    assert 'id="chat-settings"' in client.get("/settings/").content.decode()
+    page = client.get("/settings/").content.decode()
+    assert 'id="chat-settings"' in page and "autofocus" not in page  # opens at its top
     saved = client.post(
         "/settings/",
         {
@@ -352,3 +353,19 @@ def test_a_continue_reads_the_instructions_and_keeps_its_identity_only_while_the
     assert going_on.identity == first.identity
     noted(user, "Answer in German.")  # changed since: the whole would not be what it names
     assert cut_off_and_continue().identity is None
+
+
+def test_an_account_without_a_password_here_has_its_address_shown_not_changed():
+    """An account the OpenID Connect provider signs in: the provider keeps its address, and it
+    has no password here to change or to confirm a change with."""
+    user = User.objects.create_user("oi", "oi@provider.example")
+    user.set_unusable_password()
+    user.save()
+    client = browser(user)
+    page = client.get("/settings/").content.decode()
+    assert 'id="email-managed"' in page and "oi@provider.example" in page
+    assert 'id="email-settings"' not in page and 'id="password-settings"' not in page
+    assert client.post("/settings/", {"section": "email"}).status_code == 400
+    assert (
+        client.post("/settings/", {"section": "chat", "chat-instructions": NOTE}).status_code == 302
+    )

@@ -70,6 +70,10 @@ def section_forms(request, section: str | None) -> dict:
         )
         if settings.CHAT_LOCAL_ACCOUNTS:
             forms["password"] = PasswordChangeKeepingForm(user, data("password"), prefix="password")
+    for form in forms.values():
+        if not form.is_bound:  # the page opens at its top, not scrolled to the password form
+            for field in form.fields.values():
+                field.widget.attrs.pop("autofocus", None)
     return forms
 
 
