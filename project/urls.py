@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
+from django.views.decorators.cache import never_cache
 
 from chat.transports import (
     account_forms,
@@ -53,10 +54,13 @@ urlpatterns = [
     ),
     path(
         "accounts/password_change/",
-        password_view(
-            auth_views.PasswordChangeView,
-            "password_change_form",
-            form_class=account_forms.PasswordChangeKeepingForm,
+        # never_cache: a mismatch's answer holds the passwords typed (account_forms.py).
+        never_cache(
+            password_view(
+                auth_views.PasswordChangeView,
+                "password_change_form",
+                form_class=account_forms.PasswordChangeKeepingForm,
+            )
         ),
         name="password_change",
     ),

@@ -369,3 +369,29 @@ def test_an_account_without_a_password_here_has_its_address_shown_not_changed():
     assert (
         client.post("/settings/", {"section": "chat", "chat-instructions": NOTE}).status_code == 302
     )
+
+
+@pytest.mark.parametrize(
+    ("path", "fields"),
+    [
+        ("/accounts/signup/", {"username": "fay", "password1": PASSWORD, "password2": "other"}),
+        (
+            "/accounts/password_change/",
+            {"old_password": PASSWORD, "new_password1": PASSWORD + "1", "new_password2": "x"},
+        ),
+        (
+            "/settings/",
+            {
+                "section": "password",
+                "password-old_password": PASSWORD,
+                "password-new_password1": PASSWORD + "1",
+                "password-new_password2": "x",
+            },
+        ),
+    ],
+)
+def test_an_answer_holding_typed_passwords_is_never_stored(ada, path, fields):
+    client = browser(None if "signup" in path else ada)
+    response = client.post(path, fields)
+    assert PASSWORD in response.content.decode()  # kept, for the mismatch
+    assert "no-store" in response["Cache-Control"]
