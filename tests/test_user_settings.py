@@ -11,6 +11,7 @@ import re
 
 import pytest
 from django.contrib.auth.models import User
+from django.core import mail
 from django.test import Client
 
 from chat.models import ChatSettings, Message
@@ -224,6 +225,9 @@ def test_sign_up_takes_an_optional_email_unique_in_any_case():
     assert "Another account already uses this e-mail address." in taken.content.decode()
     bad = signup(browser(), "carl", "not-an-address")
     assert "Enter a valid email address." in bad.content.decode()
+    # A password reset reaches the account that gave the address, typed in any case.
+    browser().post("/accounts/password_reset/", {"email": "BOB@example.org"})
+    assert [m.to for m in mail.outbox] == [["Bob@example.org"]]  # its domain in lower case
 
 
 def test_a_sign_up_password_mismatch_keeps_the_rest():
