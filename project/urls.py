@@ -1,8 +1,10 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
+from django.views.decorators.cache import never_cache
 
 from chat.transports import (
+    account_forms,
     account_views,
     accounts,
     api,
@@ -10,6 +12,7 @@ from chat.transports import (
     feedback_api,
     oidc_views,
     openai_api,
+    settings_views,
     usage_views,
     views,
 )
@@ -23,11 +26,11 @@ handler404 = "chat.transports.error_pages.page_not_found"
 handler500 = "chat.transports.error_pages.server_error"
 
 
-def password_view(view_class, template: str):
+def password_view(view_class, template: str, **options):
     """Django's own password view with the chat's look (the admin keeps its own templates),
     refused with CHAT_LOCAL_ACCOUNTS=0."""
     return accounts.local_accounts_only(
-        view_class.as_view(template_name=f"accounts/{template}.html")
+        view_class.as_view(template_name=f"accounts/{template}.html", **options)
     )
 
 
@@ -51,7 +54,14 @@ urlpatterns = [
     ),
     path(
         "accounts/password_change/",
-        password_view(auth_views.PasswordChangeView, "password_change_form"),
+        # never_cache: a mismatch's answer holds the passwords typed (account_forms.py).
+        never_cache(
+            password_view(
+                auth_views.PasswordChangeView,
+                "password_change_form",
+                form_class=account_forms.PasswordChangeKeepingForm,
+            )
+        ),
         name="password_change",
     ),
     path(
@@ -100,6 +110,7 @@ urlpatterns = [
     path("api/chat/stream", api.chat_stream, name="api-chat-stream"),
     path("api/chat/cancel", api.cancel, name="api-chat-cancel"),
     path("api/csrf", api.csrf, name="api-csrf"),
+    path("settings/", settings_views.settings_page, name="settings"),
     path("account/api-keys/", apikey_views.api_keys, name="account-api-keys"),
     path("account/usage/", usage_views.usage, name="account-usage"),
     path("account/export", account_views.account_export, name="account-export"),

@@ -27,6 +27,7 @@ ADMIN_PAGES = [
     # The signed-in person's own pages, with the same session.
     "/account/api-keys/",
     "/accounts/password_change/",
+    "/settings/",
 ]
 
 

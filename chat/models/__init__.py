@@ -8,6 +8,7 @@ from here (`chat.models`).
 - keys.py: ApiKey (the OpenAI-compatible API's keys).
 - identities.py: OidcIdentity (the OpenID Connect provider's user behind an account).
 - budgets.py: Budget, BudgetDefault, Usage (token and answer budgets and what was spent).
+- user_settings.py: ChatSettings (a user's custom instructions and default policy).
 """
 
 from .budgets import Budget, BudgetDefault, Usage
@@ -17,6 +18,7 @@ from .feedback import Feedback
 from .identities import OidcIdentity
 from .keys import ApiKey
 from .policies import OutputPolicy, PolicyRevision, RegressionCase, RegressionRun
+from .user_settings import ChatSettings
 
 __all__ = [
     "ApiKey",
@@ -24,6 +26,7 @@ __all__ = [
     "BudgetDefault",
     "CachedAnswer",
     "CachedAnswerSource",
+    "ChatSettings",
     "Conversation",
     "Feedback",
     "Message",

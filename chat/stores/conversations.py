@@ -16,6 +16,7 @@ from .apikeys import keys_of
 from .branches import Tree
 from .erasure import conversations_erase
 from .selectors import Owner, conversation_detail, conversations_for, message_as_dict
+from .user_settings import settings_export
 
 MAX_TITLE = 120
 
@@ -117,7 +118,8 @@ def _all_details(user) -> list[dict]:
 
 
 def export_all_json(*, user) -> str:
-    """The account, its API keys (never the secret) and every conversation, as one JSON file."""
+    """The account, its API keys (never the secret), its settings and every conversation, as
+    one JSON file."""
     keys = [
         {
             "name": key.name,
@@ -137,6 +139,7 @@ def export_all_json(*, user) -> str:
     export = {
         "account": account,
         "api_keys": keys,
+        "settings": settings_export(user),
         "conversations": _all_details(user),
         "exported_at": timezone.now().isoformat(),
     }
@@ -144,13 +147,26 @@ def export_all_json(*, user) -> str:
 
 
 def export_all_markdown(*, user) -> str:
-    """Every conversation of the account, each as its own Markdown export, in one file."""
+    """The account's settings, then every conversation of the account, each as its own
+    Markdown export, in one file."""
     lines = [
         f"# Conversations of {user.get_username()}",
         "",
         f"_Exported {timezone.now():%Y-%m-%d %H:%M} UTC_",
         "",
     ]
+    own = settings_export(user)
+    if own["custom_instructions"] or own["default_policy"]:
+        lines += ["## Settings", ""]
+        if own["default_policy"]:
+            lines += [f"New chats start with the policy `{own['default_policy']}`.", ""]
+        if own["custom_instructions"]:
+            lines += [
+                "Custom instructions:",
+                "",
+                *(f"> {line}" for line in own["custom_instructions"].splitlines()),
+                "",
+            ]
     for detail in _all_details(user):
         via = f" (API key {detail['api_key']}…)" if detail["api_key"] else ""
         lines += [f"## {detail['title']}{via}", ""] + _markdown_messages(detail, level=3)

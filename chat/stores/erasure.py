@@ -168,7 +168,7 @@ def sources_sweep() -> int:
 
 def account_erase(*, user) -> None:
     """Delete `user` and everything the account holds: API keys (revoked first), conversations
-    and messages, the cached answers only they held, their sessions. The page's "Delete account"
+    and messages, the cached answers only they held, their settings, their sessions. The page's "Delete account"
     and the admin's delete both come here. The audit trail keeps its records, redacted."""
     user_id = user.pk
     username, email = user.get_username(), getattr(user, "email", "")

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import math
-
 from django import forms
 from django.contrib import auth
 from django.contrib.auth.decorators import login_required
@@ -14,12 +12,12 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_GET, require_http_methods
 
-from ..infra import signin_throttle
 from ..models import Conversation
 from ..protocol import error_fields
 from ..stores.apikeys import keys_of
 from ..stores.conversations import export_all_json, export_all_markdown
 from ..stores.erasure import account_erase
+from .account_forms import current_password_check
 
 EXPORTS = {
     "json": (export_all_json, "application/json", "json"),
@@ -70,22 +68,8 @@ class AccountDeleteForm(forms.Form):
             if typed != self.user.get_username():
                 raise forms.ValidationError("That is not your user name.", code="name_incorrect")
             return typed
-        # The sign-in limits apply: this is a password check like any other.
-        username = self.user.get_username()
-        address = signin_throttle.client_address(self.request)
-        wait = signin_throttle.wait_seconds(username, address)
-        if wait:
-            minutes = math.ceil(wait / 60)
-            raise forms.ValidationError(
-                "Too many failed sign-in attempts; try again in %(n)d minute%(s)s.",
-                code="throttled",
-                params={"n": minutes, "s": "" if minutes == 1 else "s"},
-            )
         password = self.cleaned_data["password"]
-        if not self.user.check_password(password):
-            signin_throttle.record_failure(username, address)
-            raise forms.ValidationError("That is not your password.", code="password_incorrect")
-        signin_throttle.record_success(username)
+        current_password_check(self.user, self.request, password)
         return password
 
 

@@ -10,12 +10,11 @@ from __future__ import annotations
 import functools
 import math
 
-from django import forms
 from django.conf import settings
 from django.contrib import admin, auth
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth import get_user_model
-from django.contrib.auth.forms import AuthenticationForm, UserCreationForm
+from django.contrib.auth.forms import AuthenticationForm
 from django.contrib.auth.tokens import default_token_generator
 from django.contrib.auth.views import LoginView
 from django.core.exceptions import PermissionDenied
@@ -32,6 +31,7 @@ from ..infra.signin_throttle import ThrottledSignInMixin
 from ..infra.signup_throttle import signup_count, signup_wait
 from ..models import Conversation
 from ..protocol.inputs import id_parse
+from .account_forms import ConfirmedSignUpForm, SignUpForm
 
 
 class SignInForm(ThrottledSignInMixin, AuthenticationForm):
@@ -121,20 +121,11 @@ def signup_open() -> bool:
 PENDING_SIGNUP = "signup_pending"
 
 
-class ConfirmedSignUpForm(UserCreationForm):
-    """Sign-up with CHAT_SIGNUP=confirm: the e-mail address the confirmation link goes to."""
-
-    email = forms.EmailField(help_text="The link that opens your account is sent here.")
-
-    class Meta(UserCreationForm.Meta):
-        fields = ("username", "email")
-
-
 @sensitive_post_parameters("password1", "password2")
 @csrf_protect
 @never_cache
 def sign_up(request):
-    """A new account (Django's UserCreationForm), throttled per address; signed in at once with
+    """A new account (Django's UserCreationForm, with an e-mail address), throttled per address; signed in at once with
     the visitor's chats, or (CHAT_SIGNUP=confirm) inactive until its mailed link is followed."""
     local_accounts_refuse()
     if not signup_open():
@@ -142,7 +133,7 @@ def sign_up(request):
     if request.user.is_authenticated:
         return redirect(settings.LOGIN_REDIRECT_URL)
     confirm = settings.CHAT_SIGNUP == "confirm"
-    form = (ConfirmedSignUpForm if confirm else UserCreationForm)(request.POST or None)
+    form = (ConfirmedSignUpForm if confirm else SignUpForm)(request.POST or None)
     if request.method == "POST":
         if wait := signup_wait(request):
             minutes = math.ceil(wait / 60)

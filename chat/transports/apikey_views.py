@@ -12,10 +12,15 @@ from ..stores.apikeys import LIFETIME_CHOICES, apikey_create, apikey_revoke, key
 @login_required
 @require_http_methods(["GET", "POST"])
 def api_keys(request):
-    """GET lists the keys; POST `create` (with a `name` and an `expires` of LIFETIME_CHOICES)
-    or `revoke` (with a `key`) changes them."""
+    """GET lists the keys (with `?revoke=<id>`, asking first whether to revoke that one); POST
+    `create` (with a `name` and an `expires` of LIFETIME_CHOICES) or `revoke` (with a `key`)
+    changes them."""
     new_key = None
     error = ""
+    keys = list(keys_of(request.user))
+    # Revoke is asked in the page (a link here, then a form), never by the browser's confirm().
+    asked = id_parse(request.GET.get("revoke"))
+    confirming = next((k for k in keys if k.pk == asked and k.is_active), None)
     if request.method == "POST":
         if "create" in request.POST:
             lifetime = request.POST.get("expires", "never")
@@ -38,7 +43,10 @@ def api_keys(request):
         request,
         "chat/api_keys.html",
         {
-            "keys": keys_of(request.user),
+            "keys": [key for key in keys if key.is_active],
+            # Kept (the export lists them too), but folded away under their count.
+            "revoked": [key for key in keys if not key.is_active],
+            "confirming": confirming,
             "new_key": new_key,
             "error": error,
             "base_url": request.build_absolute_uri("/v1"),

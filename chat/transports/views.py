@@ -12,7 +12,7 @@ from ..infra.runtime import runtime
 from ..models import OutputPolicy
 from ..protocol import error_fields, inputs
 from ..protocol.errors import error_code
-from ..stores import branches, selectors
+from ..stores import branches, selectors, user_settings
 from ..stores.conversations import (
     MAX_TITLE,
     BadTitle,
@@ -32,6 +32,11 @@ def index(request):
     if current_id is not None and selectors.conversation_detail(owner, current_id) is None:
         current_id = None
     conversations = selectors.conversation_list(owner)
+    policies = list(OutputPolicy.objects.only("slug", "name", "description", "is_default"))
+    # A new chat starts with the user's chosen policy (settings page), else the site's default.
+    start_policy = user_settings.default_policy_slug(owner) or next(
+        (p.slug for p in policies if p.is_default), ""
+    )
     model_name = (
         runtime.backend.model_id
         if runtime.backend
@@ -45,7 +50,8 @@ def index(request):
             "current_conversation_id": current_id,
             "max_prompt_chars": settings.CHAT_MAX_PROMPT_CHARS,
             "max_title_chars": MAX_TITLE,
-            "policies": OutputPolicy.objects.only("slug", "name", "description", "is_default"),
+            "policies": policies,
+            "start_policy": start_policy,
             "model_name": model_name,
             "signup_open": settings.CHAT_LOCAL_ACCOUNTS and settings.CHAT_SIGNUP != "closed",
             "local_accounts": settings.CHAT_LOCAL_ACCOUNTS,

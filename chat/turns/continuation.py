@@ -9,7 +9,7 @@ from django.db import transaction
 from ..engine.types import Backend, EngineError
 from ..models import Message
 from ..protocol import CONTINUABLE, Prompt
-from ..stores import policy_store
+from ..stores import policy_store, user_settings
 from ..stores.branches import Tree
 from ..stores.selectors import Owner, branch_history, conversations_for
 from .identity import answer_identity
@@ -74,13 +74,23 @@ def prepare_continue(owner: Owner, prompt: Prompt, backend: Backend) -> Prepared
         if answer.overrides:  # the request's own settings, applied as they were to its answer
             policy = overridden(policy, policy_store.PolicyOverride.from_json(answer.overrides))
         history = branch_history(tree, upto=asked.parent_id)
+        # The user's custom instructions as they are now; a /v1 answer had none. Changed since,
+        # they change the identity below, which is then dropped.
+        instructions = (
+            "" if conversation.api_key_id is not None else user_settings.instructions_for(owner)
+        )
         try:
             messages, _rendered, input_ids = fit_prompt(
-                backend, policy, history, asked.text, answer_so_far=answer.text
+                backend,
+                policy,
+                history,
+                asked.text,
+                answer_so_far=answer.text,
+                instructions=instructions,
             )
             # The review record shows the prompt's model input, as if the answer was made at once.
             asked_messages, asked_rendered, asked_ids = fit_prompt(
-                backend, policy, history, asked.text
+                backend, policy, history, asked.text, instructions=instructions
             )
         except EngineError as exc:
             raise TurnError(exc.code, str(exc)) from None

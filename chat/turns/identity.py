@@ -3,8 +3,9 @@
 Computed once, when a turn is prepared, and stored on its message. The completion cache, the
 sharing of generations in flight (in this process and across processes) and the review record
 are all keyed by it, so an answer reaches another user only when everything that decided it was
-the same: the model's exact input ids and the tokenizer that made them, the weights and how they
-are computed, the policy and its effective settings, and every decoding setting.
+the same: the model's exact input ids and the tokenizer that made them (the user's custom
+instructions among them, in the system message), the weights and how they are computed, the
+policy and its effective settings, and every decoding setting.
 
 An answer that is not reproducible, or whose context the server does not hold, has no identity
 and is never shared (docs/policies.md, "What makes two answers the same").

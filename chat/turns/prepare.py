@@ -13,7 +13,7 @@ from django.db import transaction
 from ..engine.types import Backend, EngineError, GenerationRequest
 from ..models import Conversation, Feedback, Message
 from ..protocol import Prompt
-from ..stores import feedback, policy_store
+from ..stores import feedback, policy_store, user_settings
 from ..stores.branches import Tree, branch_show, message_add
 from ..stores.selectors import Owner, branch_history, conversations_for
 from .identity import answer_identity
@@ -79,6 +79,12 @@ def prompt_token_limit(backend: Backend) -> int:
     return max(backend.context_length - room, backend.context_length // 2)
 
 
+def own_settings(given: Given) -> bool:
+    """Whether the user's own settings (custom instructions, default policy) apply: on the page
+    and /api, not on /v1, whose request brings its own system prompt and names its model."""
+    return given.api_key_id is None
+
+
 def check_prompt_tokens(backend: Backend, text: str) -> None:
     """A per-prompt limit in the model's tokens; characters alone let odd text cost many tokens each."""
     limit = prompt_token_limit(backend)
@@ -106,8 +112,13 @@ def overridden(
 def prepare_prompt(owner: Owner, prompt: Prompt, backend: Backend, given: Given) -> Prepared:
     """Resolve the policy, store the prompt and its streaming answer, fit the prompt to the model."""
     check_prompt_tokens(backend, prompt.text)
+    own = own_settings(given)
     try:
-        policy = policy_store.policy_for(prompt.policy)
+        policy = (
+            user_settings.policy_for(owner, prompt.policy)
+            if own
+            else policy_store.policy_for(prompt.policy)
+        )
     except policy_store.UnknownPolicy as exc:
         raise TurnError(exc.code, str(exc)) from None
     if given.override is not None:
@@ -142,7 +153,13 @@ def prepare_prompt(owner: Owner, prompt: Prompt, backend: Backend, given: Given)
         if history is None:
             history = [] if tree is None else branch_history(tree, upto=after.pk if after else None)
         try:
-            messages, rendered, input_ids = fit_prompt(backend, policy, history, prompt.text)
+            messages, rendered, input_ids = fit_prompt(
+                backend,
+                policy,
+                history,
+                prompt.text,
+                instructions=user_settings.instructions_for(owner) if own else "",
+            )
         except EngineError as exc:
             raise TurnError(exc.code, str(exc)) from None
         request = request_for(backend, policy, input_ids, prompt.request_id, messages)

@@ -16,14 +16,18 @@ def fit_prompt(
     text: str,
     *,
     answer_so_far: str = "",
+    instructions: str = "",
 ) -> tuple[list[dict], str, list[int]]:
     """(messages, rendered prompt, input ids); drops the oldest turns when the context is full,
     never the new prompt. Raises PromptTooLong when even the prompt alone does not fit.
 
     With `answer_so_far` the chat ends on that unfinished answer, for the model to go on with.
+    `instructions` (the user's own, from their settings) follow the policy's system prompt in
+    the one system message: chat templates take one, first.
     """
     max_new_tokens = policy.sampling.max_new_tokens
-    head = [{"role": "system", "content": policy.system_prompt}] if policy.system_prompt else []
+    system = "\n\n".join(part for part in (policy.system_prompt, instructions) if part)
+    head = [{"role": "system", "content": system}] if system else []
     for user, assistant in policy.examples:
         head += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
     tail = [{"role": "assistant", "content": answer_so_far}] if answer_so_far else []

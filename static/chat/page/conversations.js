@@ -236,6 +236,8 @@ export function startNewChat() {
   setSidebar(false);
   state.conversation = null;
   els.messages.replaceChildren();
+  // A new chat starts with the policy the page opened with (the user's choice in settings).
+  if (els.policy?.dataset.start) els.policy.value = els.policy.dataset.start;
   history.pushState({ c: null }, '', '/');
   markCurrent();
   els.prompt.focus();
