@@ -178,3 +178,22 @@ def test_a_failed_json_answer_explains_itself_and_still_does_after_a_reload(brow
         expect(answers.last.locator(".version-position")).to_have_text("Version 2/2")
     finally:
         context.close()
+
+
+def test_a_pasted_document_shows_its_reading_then_an_answer(page, daphne_server):
+    """A 20,000-character paste is sent whole; while the model reads it the answer says how far
+    ("Reading your message… N%"), then the answer streams in the same bubble."""
+    from tests.test_documents import ask
+
+    short_policy(daphne_server)
+    open_chat(page, daphne_server)
+    page.select_option("#policy", "short")
+    page.fill("#prompt", ask("What colour was the harbour light painted?"))
+    page.keyboard.press("Enter")
+    answer = page.locator(".message.assistant").last
+    expect(answer).to_have_attribute("data-state", "reading", timeout=30_000)
+    expect(answer.locator(".queue")).to_contain_text("Reading your message…")
+    expect(answer).to_have_attribute("data-state", "done", timeout=180_000)
+    expect(answer.locator(".queue")).to_be_hidden()
+    expect(answer.locator(".text")).not_to_be_empty()
+    expect(page.locator(".message.user .text")).to_contain_text("harbour light of Varnholm")

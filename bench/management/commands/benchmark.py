@@ -19,8 +19,9 @@ from django.core.management.base import BaseCommand, CommandError
 
 import chat.engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads, as the server does)
 from bench import benchmarking as bm
+from bench import documents, prefix_reuse
 from bench import head_to_head as h2h
-from bench import prefix_reuse
+from bench import openai_client as oc
 from chat.infra.stats import percentile
 from chat.management.commands._engine import load
 
@@ -563,18 +564,47 @@ class Command(BaseCommand):
                 note=self.note,
             )
             llama.peak_rss_mb = bm.process_peak_rss_mb(server.pid)
+            self.documents_race(product.target, binary)
         product.peak_rss_mb = run.peak_rss_mb
+
+    def documents_race(self, product: oc.Target, binary: str) -> None:
+        """A pasted document on each side (bench/documents.py): llama-server again, with two
+        slots of the bundled model's whole context, so a 6,000-token prompt fits one."""
+        from chat.engine.weights.loading import bundled_gguf_path
+        from harness.peer import LlamaServer
+
+        reader = LlamaServer(
+            bundled_gguf_path(),
+            binary=binary,
+            threads=os.cpu_count() or 1,
+            slots=2,
+            context=8192,
+            log_path=self.workdir / "llama-server-documents.log",
+        )
+        self.note("  starting llama-server (2 slots of 8,192 tokens) for the document rows")
+        with reader as server:
+            sides = [
+                documents.DocumentSide(product),
+                documents.DocumentSide(
+                    oc.Target("llama-server", "llama", server.base_url, server.model)
+                ),
+            ]
+            documents.race(sides, rounds=self.llama_rounds, note=self.note)
+        self.results["documents"] = sides
 
     def head_to_head_lines(self) -> list[str]:
         if "h2h" not in self.results:
             return []
         product, llama = self.results["h2h"]
-        return [
+        lines = [
             "",
             *h2h.report(
                 product, llama, slots=self.slots, busy=self.slots, rounds=self.llama_rounds
             ),
         ]
+        if "documents" in self.results:
+            lines += ["", *documents.report(*self.results["documents"], rounds=self.llama_rounds)]
+        return lines
 
     def head_to_head_report(self):
         """`--llama-only`'s report: the race and its targets."""
@@ -597,7 +627,10 @@ class Command(BaseCommand):
     def head_to_head_targets(self) -> list:
         if "h2h" not in self.results:
             return []
-        return h2h.targets(*self.results["h2h"])
+        found = h2h.targets(*self.results["h2h"])
+        if "documents" in self.results:
+            found += documents.targets(*self.results["documents"])
+        return found
 
     def api_peer(self):
         from harness.peer import TransformersServe, serving_available
