@@ -20,7 +20,9 @@ def axe_page(browser):
 
 
 def chat_item(page, title):
-    return page.locator("#sidebar li.chat-item", has=page.get_by_role("link", name=title, exact=True))
+    return page.locator(
+        "#sidebar li.chat-item", has=page.get_by_role("link", name=title, exact=True)
+    )
 
 
 def open_menu(page, title):
