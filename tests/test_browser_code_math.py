@@ -56,7 +56,9 @@ def test_code_is_highlighted_and_math_drawn_under_the_strict_csp(page, daphne_se
     expect(python).to_have_class("language-python hljs")
     expect(python.locator(".hljs-keyword").first).to_have_text("def")
     expect(python.locator(".hljs-comment")).to_have_text("# a comment")
-    keyword_colour = python.locator(".hljs-keyword").first.evaluate("e => getComputedStyle(e).color")
+    keyword_colour = python.locator(".hljs-keyword").first.evaluate(
+        "e => getComputedStyle(e).color"
+    )
     assert keyword_colour != python.evaluate("e => getComputedStyle(e).color")
     expect(text.locator("pre code").nth(1).locator("span")).to_have_count(0)  # no language named
     assert python.inner_text() == "def area(r):\n    return 3.14 * r ** 2  # a comment\n"
