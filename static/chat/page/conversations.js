@@ -4,7 +4,7 @@ import { LIMITS, toId } from './config.js';
 import { csrfToken, el, els, showBanner } from './dom.js';
 import { renderHistoryMessage } from './render.js';
 import { adoptRunning, resumeRunning, stopEditing, updateLastActions } from './composer.js';
-import { menuButton } from './chat-menu-button.js';
+import { menuButton } from './menubutton.js';
 import { confirmDelete } from './confirm.js';
 import { setSidebar } from './sidebar.js';
 import { state } from './state.js';

@@ -4,7 +4,7 @@ import { onMessagesClick, onMessagesKeydown, onMessagesSubmit } from './actions.
 import {
   autosize, cancelEditing, markRunningLost, resumeRunning, sendPrompt, stopRunning, updateControls,
 } from './composer.js';
-import { closeMenu, wireChatMenu } from './chat-menu.js';
+import { closeMenu, wireChatMenu } from './chatmenu.js';
 import {
   deleteConversation, endRename, loadConversation, markCurrent, onConversationClick, onPopState,
   refreshConversations, saveRename, startNewChat, startRename, toggleArchived,

@@ -1,4 +1,4 @@
-// The "⋯" button beside each chat in the sidebar, which opens the chat menu (chat-menu.js).
+// The "⋯" button beside each chat in the sidebar, which opens the chat menu (chatmenu.js).
 import { el } from './dom.js';
 
 export function menuButton(title) {
