@@ -113,6 +113,7 @@ def test_rename_pin_archive_and_delete_chats_from_the_sidebar_menu(axe_page, dap
     menu.get_by_role("menuitem", name="Delete").click()
     dialog.get_by_role("button", name="Delete").click()
     expect(chat_item(page, "Night birds")).to_have_count(0)
+    expect(page.locator("#search")).to_be_focused()  # not lost to the page's top
     expect(page.locator("#conversation-title")).to_have_text("Tell me about bread.")  # still open
 
     page.reload()

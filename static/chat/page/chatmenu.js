@@ -119,7 +119,12 @@ function run(action, chat) {
   if (action === 'archive') {
     change(chat, { archived: !chat.archived }, chat.archived ? 'Chat unarchived' : 'Chat archived');
   }
-  if (action === 'delete') deleteConversation(chat.id, chat.title);
+  if (action === 'delete') {
+    // Its button went with it: the keyboard goes on from the search box, not the page's top.
+    deleteConversation(chat.id, chat.title).then(() => {
+      if (!document.activeElement || document.activeElement === document.body) els.search.focus();
+    });
+  }
 }
 
 function onSidebarClick(event) {

@@ -166,7 +166,7 @@ export async function deleteConversation(id = state.conversation, title = state.
   if (!res.ok) return;
   if (id === state.conversation) startNewChat();
   els.announcer.textContent = 'Chat deleted';
-  refreshConversations();
+  await refreshConversations();
 }
 
 // A new conversation's title, as the server makes it (Conversation.title_from_prompt): cut in
