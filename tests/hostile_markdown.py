@@ -47,4 +47,16 @@ PAYLOADS = [
     '<input type="image" src=x onerror="window.__pwned=28">',
     "| a | b |\n|---|---|\n| <script>window.__pwned=29</script> | [x](javascript:alert(29)) |",
     "&lt;script&gt;window.__pwned=30&lt;/script&gt; &#60;img src=x onerror=window.__pwned=30&#62;",
+    # Highlighted code: highlight.js's HTML must keep the code as text.
+    "```python\n</code></pre><script>window.__pwned=31</script>\n```",
+    '```js\nconst s = "<img src=x onerror=window.__pwned=32>"; // </span><b>\n```',
+    "```html\n<svg onload=window.__pwned=33><a href=javascript:alert(33)>x</a>\n```",
+    # Math: KaTeX draws it without trust (no links, classes, styles or images from TeX).
+    "$\\href{javascript:window.__pwned=34}{click}$ and $\\url{javascript:alert(34)}$",
+    f"$$\\includegraphics{{{EVIL}/x.png}}$$",
+    "$$\\htmlStyle{position:fixed;inset:0;background:red}{cover}\\htmlClass{x}{y}$$",
+    "\\(\\def\\a{\\a\\a}\\a\\)",  # an expansion bomb
+    "\\[\\rule{99999em}{99999em}\\]",
+    "$<img src=x onerror=window.__pwned=35>$ and $x$</span><script>window.__pwned=36</script>$y$",
+    "$$\n\\text{</div><iframe src=javascript:parent.__pwned=37>}\n$$",
 ]

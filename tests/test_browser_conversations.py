@@ -51,12 +51,15 @@ def test_rename_search_export_and_delete_a_conversation(page, daphne_server):
     data = json.loads(Path(download.value.path()).read_text(encoding="utf-8"))
     assert data["title"] == "Baking notes" and len(data["messages"]) == 2
 
-    # Delete, after a confirmation that can be declined.
-    page.once("dialog", lambda dialog: dialog.dismiss())
+    # Delete, after the page's own confirmation, which can be declined.
     page.click("#delete")
+    expect(page.locator("#confirm-delete")).to_be_visible()
+    expect(page.locator("#confirm-delete-text")).to_contain_text("Baking notes")
+    page.click("#confirm-delete-cancel")
+    expect(page.locator("#confirm-delete")).to_be_hidden()
     expect(links).to_have_count(2)
-    page.once("dialog", lambda dialog: dialog.accept())
     page.click("#delete")
+    page.click("#confirm-delete-ok")
     expect(links).to_have_count(1)
     expect(page.locator("#messages .message")).to_have_count(0)
     expect(page.locator("#conversation-tools")).to_be_hidden()

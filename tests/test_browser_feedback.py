@@ -46,7 +46,8 @@ def test_thumbs_down_with_a_comment_is_stored_and_shown_after_a_reload(page, dap
     answer.screenshot(path=str(target() / "rating.png"))
     answer.get_by_role("button", name="Send feedback").click()
     expect(comment).to_be_hidden()
-    expect(page.locator("#announcer")).to_contain_text("feedback was saved")
+    expect(page.locator("#announcer")).to_contain_text("feedback was sent")
+    expect(answer.locator(".feedback-thanks")).to_be_visible()
     assert stored_feedback(daphne_server, message_id) == [["rating", -1, "It used four words."]]
 
     page.reload()

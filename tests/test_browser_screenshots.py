@@ -102,3 +102,53 @@ def test_screenshot_branches(browser, daphne_server):
         page.screenshot(path=str(folder / "branches.png"))
     finally:
         context.close()
+
+
+# The shipped "JSON answer" policy, held to four tokens and no retry: its answer cannot be whole
+# JSON, so it fails and explains itself whatever the model writes.
+HELD_JSON = """
+from chat.models import OutputPolicy as P
+if not P.objects.filter(slug="json-held").exists():
+    p = P.objects.get(slug="json")
+    p.pk, p.slug, p.is_default, p.max_new_tokens, p.max_retries = None, "json-held", False, 4, 0
+    p.save()
+"""
+
+
+def test_screenshot_a_held_answer_that_failed(browser, daphne_server):
+    daphne_server.manage("shell", "-c", HELD_JSON)
+    context = browser.new_context(viewport={"width": 1280, "height": 800}, color_scheme="light")
+    page = context.new_page()
+    try:
+        sign_up(page, daphne_server)
+        open_chat(page, daphne_server)
+        page.select_option("#policy", "json-held")
+        ask(page, "What is the capital of France?")
+        answer = page.locator(".message.assistant").last
+        expect(answer).to_have_attribute("data-state", "invalid")
+        expect(answer.locator(".explanation-expected")).to_be_visible()
+        page.wait_for_timeout(300)
+        page.screenshot(path=str(target() / "screenshot-failed-json.png"))
+    finally:
+        context.close()
+
+
+def test_screenshot_the_review_page_with_feedback(browser, daphne_server):
+    from tests.test_browser_review import MADE_AND_RATED, sign_in
+    from tests.test_browser_review import PASSWORD as ADMIN_PASSWORD
+
+    tag = uuid.uuid4().hex[:10]
+    name = f"admin{tag}"
+    daphne_server.manage(
+        "shell", "-c", MADE_AND_RATED.format(name=name, password=ADMIN_PASSWORD, tag=tag)
+    )
+    context = browser.new_context(viewport={"width": 1280, "height": 800}, color_scheme="light")
+    page = context.new_page()
+    try:
+        sign_in(page, daphne_server, name, f"/admin/chat/cachedanswer/?q={tag}")
+        page.locator("#result_list a.review-read").first.click()
+        expect(page.locator(".field-feedback_panel")).to_contain_text("they hunt at night")
+        page.wait_for_timeout(300)
+        page.screenshot(path=str(target() / "screenshot-review-feedback.png"), full_page=True)
+    finally:
+        context.close()

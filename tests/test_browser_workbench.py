@@ -47,8 +47,10 @@ def test_try_this_draft_shows_the_answer_of_the_unsaved_form(page, daphne_server
     expect(page.locator("#trial-verdict")).to_have_count(0)
 
     # Fixed, plus an unsaved hook that vetoes any visible character: the user would get nothing.
-    # The hook is added in the hooks editor (its inputs come from the hook's signature).
+    # The hook is added in the hooks editor (its inputs come from the hook's signature), in the
+    # form's folded "Checks" fieldset.
     page.fill("#id_json_schema", "")
+    page.get_by_text("Checks before anyone sees the answer").click()
     page.locator('details.hook-add[data-hook="blocklist"] summary').click()
     page.check("#moderation_hooks-add-blocklist")
     page.fill("#moderation_hooks-new-blocklist-p-patterns", "\\S")

@@ -25,6 +25,10 @@ class Conversation(models.Model):
     api_key = models.ForeignKey(
         "ApiKey", null=True, blank=True, on_delete=models.RESTRICT, related_name="conversations"
     )
+    # Pinned chats head the sidebar; archived ones leave it for its Archived section. Both change
+    # through QuerySet.update, so neither moves the chat in the by-day list (updated_at).
+    pinned = models.BooleanField(default=False)
+    archived_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -55,6 +55,7 @@ ERROR_CODES: dict[str, ErrorCode] = {
         # pages (chat/transports/error_pages.py) for /api and /v1 paths.
         ErrorCode("bad_query", 400, "a ?q= with a NUL"),
         ErrorCode("bad_title", 400, "a rename's body"),
+        ErrorCode("bad_change", 400, "a conversation's pinned or archived that is not a boolean"),
         ErrorCode("bad_feedback", 400, "a feedback body: rating 1 or -1, an optional comment"),
         ErrorCode(
             "invalid_api_key",

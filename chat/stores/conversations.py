@@ -1,4 +1,4 @@
-"""Managing one's conversations: rename, delete, export. Always through the owner's own queryset.
+"""Managing one's conversations: rename, pin, archive, delete, export. Always through the owner's own queryset.
 
 Deleting a conversation deletes its messages, cancels an answer still generating in it, and
 reaches the completion cache: a cached answer that no other conversation holds goes from Redis
@@ -25,6 +25,10 @@ class BadTitle(ValueError):
     pass
 
 
+class BadChange(ValueError):
+    """A pin or archive change that is not true or false."""
+
+
 def conversation_rename(*, owner: Owner, conversation_id: int, title) -> bool:
     """Give the owner's conversation a new title; False if it is not theirs (or does not exist)."""
     if not isinstance(title, str) or not title.strip():
@@ -33,6 +37,24 @@ def conversation_rename(*, owner: Owner, conversation_id: int, title) -> bool:
     if len(title) > MAX_TITLE:
         raise BadTitle(f"title is {len(title)} characters; the limit is {MAX_TITLE}")
     return bool(conversations_for(owner).filter(pk=conversation_id).update(title=title))
+
+
+def conversation_mark(*, owner: Owner, conversation_id: int, pinned=None, archived=None) -> bool:
+    """Pin or unpin, archive or unarchive the owner's conversation (None leaves a flag alone);
+    False if it is not theirs. Neither change moves it in the list by day (updated_at)."""
+    for name, value in (("pinned", pinned), ("archived", archived)):
+        if value is not None and not isinstance(value, bool):
+            raise BadChange(f"{name} must be true or false")
+    rows = conversations_for(owner).filter(pk=conversation_id)
+    if not rows.exists():
+        return False
+    if pinned is not None:
+        rows.update(pinned=pinned)
+    if archived:  # archiving it again keeps when it was first archived
+        rows.filter(archived_at__isnull=True).update(archived_at=timezone.now())
+    elif archived is not None:
+        rows.update(archived_at=None)
+    return True
 
 
 def conversation_delete(*, owner: Owner, conversation_id: int) -> bool:

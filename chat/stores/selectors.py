@@ -121,23 +121,33 @@ def owner_of_api_key(key) -> Owner:
     return Owner(user_id=key.user_id, session_key="")
 
 
-def conversation_list(owner: Owner, limit: int = 50, query: str = "") -> list[dict]:
-    """The owner's conversations, newest first; with `query`, those whose title or text has it."""
-    conversations = conversations_for(owner)
+def conversation_list(
+    owner: Owner, limit: int = 50, query: str = "", *, archived: bool = False
+) -> list[dict]:
+    """The owner's conversations, pinned ones first, then newest first; with `query`, those whose
+    title or text has it. Archived ones only with `archived` (and then only they)."""
+    conversations = conversations_for(owner).filter(archived_at__isnull=not archived)
     query = query.strip()
     if query:
         matching = Message.objects.filter(text__icontains=query).values("conversation_id")
         conversations = conversations.filter(Q(title__icontains=query) | Q(pk__in=matching))
+    # API requests make one conversation each; they would bury the page's own.
+    conversations = conversations.filter(api_key__isnull=True)
     return [
-        {
-            "id": c.pk,
-            "title": c.title or f"Conversation {c.pk}",
-            "updated_at": c.updated_at.isoformat(),
-            "day": c.updated_at.date().isoformat(),
-        }
-        # API requests make one conversation each; they would bury the page's own.
-        for c in conversations.filter(api_key__isnull=True).order_by("-updated_at")[:limit]
+        conversation_summary(c)
+        for c in conversations.order_by("-pinned", "-updated_at", "-pk")[:limit]
     ]
+
+
+def conversation_summary(c: Conversation) -> dict:
+    return {
+        "id": c.pk,
+        "title": c.title or f"Conversation {c.pk}",
+        "updated_at": c.updated_at.isoformat(),
+        "day": c.updated_at.date().isoformat(),
+        "pinned": c.pinned,
+        "archived_at": c.archived_at.isoformat() if c.archived_at else None,
+    }
 
 
 def message_as_dict(message: Message, feedback: dict | None = None) -> dict:
@@ -192,8 +202,7 @@ def conversation_detail(owner: Owner, conversation_id: int) -> dict | None:
             shown["request_id"] = m.request_id  # a running answer's events name it, to resume
         messages.append(shown)
     return {
-        "id": conversation.pk,
-        "title": conversation.title or f"Conversation {conversation.pk}",
+        **conversation_summary(conversation),
         "messages": messages,
     }
 

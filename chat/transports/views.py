@@ -15,8 +15,10 @@ from ..protocol.errors import error_code
 from ..stores import branches, selectors, user_settings
 from ..stores.conversations import (
     MAX_TITLE,
+    BadChange,
     BadTitle,
     conversation_delete,
+    conversation_mark,
     conversation_rename,
     export_json,
     export_markdown,
@@ -64,12 +66,15 @@ def index(request):
 
 @require_GET
 def conversations(request):
-    """The caller's conversations; `?q=` searches their titles and message text."""
+    """The caller's conversations; `?q=` searches their titles and message text; `?archived=1`
+    lists the archived ones instead."""
     owner = selectors.owner_of_request(request)
     query = request.GET.get("q", "")[:200]
     if problem := inputs.text_problem(query):
         return _error(400, "bad_query", f"q {problem}")
-    return JsonResponse({"conversations": selectors.conversation_list(owner, query=query)})
+    archived = request.GET.get("archived", "0") not in ("", "0", "false")
+    listed = selectors.conversation_list(owner, query=query, archived=archived)
+    return JsonResponse({"conversations": listed})
 
 
 def _error(status: int, code: str, message: str) -> JsonResponse:
@@ -86,33 +91,56 @@ def _not_found(conversation_id: int) -> JsonResponse:
 
 @require_http_methods(["GET", "PATCH", "DELETE"])
 def conversation(request, conversation_id: int):
-    """GET one of the caller's conversations; PATCH {"title": ...} renames it; DELETE deletes it."""
+    """GET one of the caller's conversations; PATCH {"title": ..., "pinned": bool, "archived":
+    bool} (any of them) renames, pins or archives it; DELETE deletes it."""
     owner = selectors.owner_of_request(request)
     if request.method == "DELETE":
         if not conversation_delete(owner=owner, conversation_id=conversation_id):
             return _not_found(conversation_id)
         return HttpResponse(status=204)
     if request.method == "PATCH":
-        try:
-            body = inputs.json_parse(
-                inputs.body_read(request, limit=MAX_TITLE_BODY) or b"{}", limit=MAX_TITLE_BODY
-            )
-            renamed = conversation_rename(
-                owner=owner, conversation_id=conversation_id, title=body.get("title")
-            )
-        except inputs.InputError as exc:
-            if exc.code == inputs.TOO_LARGE:
-                return _error(413, "frame_too_large", f"the body {exc.message}")
-            return _error(400, "bad_title", f'send JSON {{"title": "..."}}: {exc.message}')
-        except (BadTitle, AttributeError) as exc:
-            message = str(exc) if isinstance(exc, BadTitle) else 'send JSON {"title": "..."}'
-            return _error(400, "bad_title", message)
-        if not renamed:
-            return _not_found(conversation_id)
+        problem = _change(request, owner, conversation_id)
+        if problem is not None:
+            return problem
     detail = selectors.conversation_detail(owner, conversation_id)
     if detail is None:
         return _not_found(conversation_id)
     return JsonResponse(detail)
+
+
+CHANGE_SHAPE = 'send JSON {"title": "...", "pinned": true|false, "archived": true|false}'
+
+
+def _change(request, owner, conversation_id: int) -> JsonResponse | None:
+    """A PATCH's changes made, or the error that refused them all (a bad body changes nothing)."""
+    try:
+        body = inputs.json_parse(
+            inputs.body_read(request, limit=MAX_TITLE_BODY) or b"{}", limit=MAX_TITLE_BODY
+        )
+    except inputs.InputError as exc:
+        if exc.code == inputs.TOO_LARGE:
+            return _error(413, "frame_too_large", f"the body {exc.message}")
+        return _error(400, "bad_title", f"{CHANGE_SHAPE}: {exc.message}")
+    if not isinstance(body, dict) or not body.keys() & {"title", "pinned", "archived"}:
+        return _error(400, "bad_title", CHANGE_SHAPE)
+    for flag in ("pinned", "archived"):
+        if flag in body and not isinstance(body[flag], bool):
+            return _error(400, "bad_change", f"{flag} must be true or false")
+    try:
+        if "title" in body and not conversation_rename(
+            owner=owner, conversation_id=conversation_id, title=body["title"]
+        ):
+            return _not_found(conversation_id)
+        if not conversation_mark(
+            owner=owner,
+            conversation_id=conversation_id,
+            pinned=body.get("pinned"),
+            archived=body.get("archived"),
+        ):
+            return _not_found(conversation_id)
+    except (BadTitle, BadChange) as exc:
+        return _error(400, "bad_title" if isinstance(exc, BadTitle) else "bad_change", str(exc))
+    return None
 
 
 # A switch's body: {"message": <id>}.

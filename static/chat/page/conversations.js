@@ -4,22 +4,28 @@ import { LIMITS, toId } from './config.js';
 import { csrfToken, el, els, showBanner } from './dom.js';
 import { renderHistoryMessage, setVersions } from './render.js';
 import { adoptRunning, resumeRunning, stopEditing, updateLastActions } from './composer.js';
+import { menuButton } from './menubutton.js';
+import { confirmDelete } from './confirm.js';
 import { setSidebar } from './sidebar.js';
 import { state } from './state.js';
 
 function conversationItem(c) {
-  const li = el('li');
-  const a = el('a', '', c.title || 'Untitled chat');
+  const li = el('li', 'chat-item');
+  const title = c.title || 'Untitled chat';
+  const a = el('a', '', title);
   a.href = `/?c=${c.id}`;
   a.dataset.id = String(c.id);
   if (c.updated_at) a.title = new Date(c.updated_at).toLocaleString();
-  li.append(a);
+  li.dataset.id = String(c.id);
+  li.dataset.pinned = String(Boolean(c.pinned));
+  li.dataset.archived = String(Boolean(c.archived_at));
+  li.append(a, menuButton(title));
   return li;
 }
 
 export function markCurrent() {
   let current = null;
-  for (const a of els.conversations.querySelectorAll('a')) {
+  for (const a of els.sidebar.querySelectorAll('a[data-id]')) {
     if (Number(a.dataset.id) === state.conversation) {
       a.setAttribute('aria-current', 'page');
       current = a;
@@ -39,12 +45,13 @@ function dayLabel(iso) {
   return day.toLocaleDateString(undefined, { weekday: 'short', day: 'numeric', month: 'short', year: 'numeric' });
 }
 
-// Newest first, under a heading per day (the reader's local day).
-function renderConversationList(list) {
+// Pinned ones first under "Pinned", then newest first, under a heading per day (the reader's
+// local day).
+function listItems(list) {
   const items = [];
   let last = null;
   for (const c of list) {
-    const label = c.updated_at ? dayLabel(c.updated_at) : '';
+    const label = c.pinned ? 'Pinned' : (c.updated_at ? dayLabel(c.updated_at) : '');
     if (label !== last) {
       // A list item of its own: a list may hold only items (role=presentation made it none, which
       // axe-core counts as a serious violation), and a reader hears the day before its chats.
@@ -53,20 +60,52 @@ function renderConversationList(list) {
     }
     items.push(conversationItem(c));
   }
+  return items;
+}
+
+function renderConversationList(list) {
+  const items = listItems(list);
   if (!list.length && els.search.value.trim()) items.push(el('li', 'day-label', 'No chats match.'));
   els.conversations.replaceChildren(...items);
   markCurrent();
 }
 
-export async function refreshConversations() {
+async function fetchList(archived) {
   const q = els.search.value.trim();
+  const params = new URLSearchParams();
+  if (q) params.set('q', q);
+  if (archived) params.set('archived', '1');
+  const query = params.toString();
+  const res = await fetch(`/api/conversations/${query ? `?${query}` : ''}`, { headers: { Accept: 'application/json' } });
+  if (!res.ok) return null;
+  const data = await res.json();
+  if (!Array.isArray(data.conversations) || els.search.value.trim() !== q) return null;
+  return data.conversations;
+}
+
+// The archived chats, listed only while their section is open.
+async function refreshArchived() {
+  if (els.archivedToggle.getAttribute('aria-expanded') !== 'true') return;
+  const list = await fetchList(true);
+  if (list == null) return;
+  const items = list.map(conversationItem);
+  if (!items.length) items.push(el('li', 'day-label', 'No archived chats.'));
+  els.archived.replaceChildren(...items);
+  markCurrent();
+}
+
+export function toggleArchived() {
+  const open = els.archivedToggle.getAttribute('aria-expanded') !== 'true';
+  els.archivedToggle.setAttribute('aria-expanded', String(open));
+  els.archived.hidden = !open;
+  if (open) refreshArchived();
+}
+
+export async function refreshConversations() {
   try {
-    const url = q ? `/api/conversations/?q=${encodeURIComponent(q)}` : '/api/conversations/';
-    const res = await fetch(url, { headers: { Accept: 'application/json' } });
-    if (!res.ok) return;
-    const data = await res.json();
-    if (!Array.isArray(data.conversations) || els.search.value.trim() !== q) return;
-    renderConversationList(data.conversations);
+    const list = await fetchList(false);
+    if (list != null) renderConversationList(list);
+    await refreshArchived();
   } catch { /* the list is a convenience; keep the old one */ }
 }
 
@@ -95,8 +134,8 @@ export function endRename() {
   els.rename.focus();
 }
 
-async function conversationRequest(method, body) {
-  const res = await fetch(`/api/conversations/${state.conversation}/`, {
+export async function conversationRequest(method, body, id = state.conversation) {
+  const res = await fetch(`/api/conversations/${id}/`, {
     method,
     headers: { 'Content-Type': 'application/json', 'X-CSRFToken': csrfToken(), Accept: 'application/json' },
     body: body == null ? undefined : JSON.stringify(body),
@@ -119,14 +158,15 @@ export async function saveRename(event) {
   refreshConversations();
 }
 
-export async function deleteConversation() {
-  if (state.conversation == null || state.running) return;
-  const title = state.title || 'this chat';
-  if (!window.confirm(`Delete “${title}” and all its messages? This cannot be undone.`)) return;
-  const res = await conversationRequest('DELETE');
+// Deletes chat `id` (the open one by default) once the reader confirms it in the page's dialog.
+export async function deleteConversation(id = state.conversation, title = state.title) {
+  if (id == null || (id === state.conversation && state.running)) return;
+  if (!(await confirmDelete(title || 'this chat'))) return;
+  const res = await conversationRequest('DELETE', null, id);
   if (!res.ok) return;
-  startNewChat();
-  refreshConversations();
+  if (id === state.conversation) startNewChat();
+  els.announcer.textContent = 'Chat deleted';
+  await refreshConversations();
 }
 
 // A new conversation's title, as the server makes it (Conversation.title_from_prompt): cut in

@@ -13,6 +13,8 @@ export const els = {
   search: $('search'), tools: $('conversation-tools'), title: $('conversation-title'),
   renameForm: $('rename-form'), renameInput: $('rename-input'), renameCancel: $('rename-cancel'),
   rename: $('rename'), remove: $('delete'), exportMd: $('export-md'), exportJson: $('export-json'),
+  sidebar: $('sidebar'), archived: $('archived'), archivedToggle: $('archived-toggle'),
+  chatMenu: $('chat-menu'),
   policy: $('policy'), // absent when no policy is stored
 };
 

@@ -38,7 +38,17 @@ export function buildFeedback() {
   const buttons = el('div', 'feedback-buttons');
   buttons.append(send, close);
   form.append(label, comment, buttons);
-  return { up: thumb(1, 'Good'), down: thumb(-1, 'Bad'), form, comment };
+  // What replaces the form once it is sent (the announcer says it too).
+  const thanks = el('p', 'feedback-thanks', THANKS);
+  thanks.hidden = true;
+  return { up: thumb(1, 'Good'), down: thumb(-1, 'Bad'), form, comment, thanks };
+}
+
+const THANKS = 'Thanks — your feedback was sent';
+
+function openCommentForm(answer) {
+  answer.feedback.thanks.hidden = true;
+  answer.feedback.form.hidden = false;
 }
 
 function showRating(answer, rating) {
@@ -85,6 +95,7 @@ export async function onThumb(answer, button) {
     if (await send(answer, 'DELETE')) {
       showRating(answer, null);
       answer.feedback.form.hidden = true;
+      answer.feedback.thanks.hidden = true;
       els.announcer.textContent = 'Rating taken back';
     }
     return;
@@ -92,7 +103,7 @@ export async function onThumb(answer, button) {
   const comment = answer.feedback.comment.value.trim();
   if (!(await send(answer, 'POST', { rating, comment }))) return;
   showRating(answer, rating);
-  answer.feedback.form.hidden = false;
+  openCommentForm(answer);
   els.announcer.textContent = `Rated: ${LABELS[rating]}. You may add a comment.`;
   answer.feedback.comment.focus();
 }
@@ -103,7 +114,8 @@ export async function onCommentSubmit(answer, event) {
   const body = { rating: answer.rating, comment: answer.feedback.comment.value.trim() };
   if (!(await send(answer, 'POST', body))) return;
   answer.feedback.form.hidden = true;
-  els.announcer.textContent = 'Thanks: your feedback was saved';
+  answer.feedback.thanks.hidden = false;
+  els.announcer.textContent = THANKS;
   (answer.rating === 1 ? answer.feedback.up : answer.feedback.down).focus();
 }
 

@@ -4,9 +4,10 @@ import { onMessagesClick, onMessagesKeydown, onMessagesSubmit } from './actions.
 import {
   autosize, cancelEditing, markRunningLost, resumeRunning, sendPrompt, stopRunning, updateControls,
 } from './composer.js';
+import { closeMenu, wireChatMenu } from './chatmenu.js';
 import {
   deleteConversation, endRename, loadConversation, markCurrent, onConversationClick, onPopState,
-  refreshConversations, saveRename, startNewChat, startRename,
+  refreshConversations, saveRename, startNewChat, startRename, toggleArchived,
 } from './conversations.js';
 import { els } from './dom.js';
 import { handleEvent } from './events.js';
@@ -30,7 +31,7 @@ function wireComposer() {
   els.messages.addEventListener('keydown', onMessagesKeydown);
   // Esc closes the drawer, else stops the running answer, else leaves editing.
   document.addEventListener('keydown', (event) => {
-    if (event.key !== 'Escape') return;
+    if (event.key !== 'Escape' || document.querySelector('dialog[open]')) return; // the dialog's own
     if (sidebarOpen()) { event.preventDefault(); setSidebar(false); return; }
     if (state.running) { event.preventDefault(); stopRunning(); } else if (state.editing) {
       event.preventDefault();
@@ -42,6 +43,9 @@ function wireComposer() {
 function wireConversations() {
   els.newChat.addEventListener('click', startNewChat);
   els.conversations.addEventListener('click', onConversationClick);
+  els.archived.addEventListener('click', onConversationClick);
+  els.archivedToggle.addEventListener('click', toggleArchived);
+  wireChatMenu();
   window.addEventListener('popstate', onPopState);
   let searchTimer = null;
   els.search.addEventListener('input', () => {
@@ -54,12 +58,12 @@ function wireConversations() {
   els.renameInput.addEventListener('keydown', (event) => {
     if (event.key === 'Escape') { event.preventDefault(); event.stopPropagation(); endRename(); }
   });
-  els.remove.addEventListener('click', deleteConversation);
+  els.remove.addEventListener('click', () => deleteConversation());
   els.sidebarToggle.addEventListener('click', () => setSidebar(!sidebarOpen()));
-  // A tap beside the open drawer closes it.
+  // A tap beside the open drawer closes it (not one in the delete dialog it opened).
   document.addEventListener('click', (event) => {
     if (!sidebarOpen()) return;
-    if (!event.target.closest('#sidebar, #sidebar-toggle')) setSidebar(false);
+    if (!event.target.closest('#sidebar, #sidebar-toggle, dialog')) { closeMenu(); setSidebar(false); }
   });
 }
 

@@ -4,6 +4,7 @@
 import { constants, lookup } from './config.js';
 import { el, keepScrolled, show } from './dom.js';
 import { applyStoredFeedback, buildFeedback } from './feedback.js';
+import { timingToggle } from './timing.js';
 
 // Chunks received vs Markdown renders done, for the page's tests and the figure in docs/using.md.
 export const renderStats = { chunks: 0, renders: 0 };
@@ -100,10 +101,10 @@ export function buildAnswer() {
   more.hidden = true;
   const feedback = buildFeedback();
   parts.actions.append(actionButton('copy-answer', 'Copy', 'Copy the answer as Markdown'), more, regenerate,
-    feedback.up, feedback.down);
+    feedback.up, feedback.down, timingToggle(parts.metrics));
   meta.append(el('span', 'role', 'Assistant'), parts.badge);
   root.append(meta, parts.queue, parts.status, parts.text, parts.valid, parts.json, parts.error,
-    parts.explanation, parts.metrics, parts.actions, feedback.form);
+    parts.explanation, parts.actions, parts.metrics, feedback.form, feedback.thanks);
   const answer = { root, parts, feedback, rating: null, text: '', plain: false, renderQueued: false };
   root.chatAnswer = answer;
   return answer;
