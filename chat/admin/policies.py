@@ -128,7 +128,16 @@ class OutputPolicyForm(forms.ModelForm):
 @admin.register(OutputPolicy)
 class OutputPolicyAdmin(admin.ModelAdmin):
     form = OutputPolicyForm
-    list_display = ("name", "slug", "mode", "is_default", "version", "cache_enabled", "updated_at")
+    list_display = (
+        "name",
+        "slug",
+        "mode",
+        "engine",
+        "is_default",
+        "version",
+        "cache_enabled",
+        "updated_at",
+    )
     list_filter = ("mode", "is_default", "cache_enabled")
     search_fields = ("name", "slug")
     prepopulated_fields = {"slug": ("name",)}
@@ -150,6 +159,7 @@ class OutputPolicyAdmin(admin.ModelAdmin):
                 )
             },
         ),
+        ("Engine", {"fields": ("engine", "fallback_engine")}),
         (
             "Checks before anyone sees the answer",
             {

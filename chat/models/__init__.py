@@ -8,11 +8,13 @@ from here (`chat.models`).
 - keys.py: ApiKey (the OpenAI-compatible API's keys).
 - identities.py: OidcIdentity (the OpenID Connect provider's user behind an account).
 - budgets.py: Budget, BudgetDefault, Usage (token and answer budgets and what was spent).
+- engines.py: Engine (a model a policy is answered by, beside the default one).
 """
 
 from .budgets import Budget, BudgetDefault, Usage
 from .cache import CachedAnswer, CachedAnswerSource, PendingEviction
 from .conversations import Conversation, Message
+from .engines import Engine
 from .feedback import Feedback
 from .identities import OidcIdentity
 from .keys import ApiKey
@@ -25,6 +27,7 @@ __all__ = [
     "CachedAnswer",
     "CachedAnswerSource",
     "Conversation",
+    "Engine",
     "Feedback",
     "Message",
     "OidcIdentity",

@@ -17,14 +17,14 @@ import time
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError
 
-from ..engine.stack import SchedulerStack
-from ..engine.types import Backend, EngineError
+from ..engine.types import EngineError
 from ..infra import metrics as prometheus
-from ..infra.runtime import NotReady, runtime
+from ..infra.runtime import NotReady, Serving, runtime
 from ..models import Message
 from ..protocol import API_KEY_REVOKED, Prompt, events
-from ..stores import storage
+from ..stores import engine_routes, storage
 from ..stores.cache import completion_cache
+from ..stores.policy_store import UnknownPolicy
 from ..stores.review import entry_servable
 from ..stores.selectors import Owner, apikey_active
 from .budget import budget_check
@@ -64,22 +64,37 @@ async def admit(
     await sync_to_async(budget_check)(
         owner.user_id, given.api_key_id, visitor=owner.rate_key, address=address
     )
-    try:
-        backend, stack = runtime.require()
-    except NotReady as exc:
-        raise TurnError(exc.code, str(exc)) from None
+    serving = await _serving(owner, prompt)
     token = object()  # request ids are the client's: two sockets may use the same one
     starting.add(token)
     try:
-        return await _start(owner, prompt, send, given, backend, stack, address)
+        return await _start(owner, prompt, send, given, serving, address)
     finally:
         starting.discard(token)
 
 
-def _prepare(owner: Owner, prompt: Prompt, backend: Backend, given: Given) -> Prepared:
+async def _serving(owner: Owner, prompt: Prompt) -> Serving:
+    """The engine that answers `prompt`'s policy (engine_routes.py), its fallback while it is
+    down, or a TurnError: the policy is not the user's (unknown_policy) or nothing can answer."""
+    try:
+        route = await sync_to_async(engine_routes.route_for)(owner.user_id, prompt)
+    except UnknownPolicy as exc:
+        raise TurnError(exc.code, str(exc)) from None
+    try:
+        if route.engine is None and route.fallback is None:
+            return runtime.serving(None)
+        # A remote engine's first prompt builds it: a few questions to its server.
+        return await sync_to_async(runtime.serving, thread_sensitive=False)(
+            route.engine, route.fallback
+        )
+    except NotReady as exc:
+        raise TurnError(exc.code, str(exc)) from None
+
+
+def _prepare(owner: Owner, prompt: Prompt, serving: Serving, given: Given) -> Prepared:
     if prompt.continues is not None:
-        return prepare_continue(owner, prompt, backend)
-    return prepare_prompt(owner, prompt, backend, given)
+        return prepare_continue(owner, prompt, serving.backend, engine=serving.engine)
+    return prepare_prompt(owner, prompt, serving.backend, given, engine=serving.engine)
 
 
 async def _start(
@@ -87,17 +102,17 @@ async def _start(
     prompt: Prompt,
     send: Send,
     given: Given,
-    backend: Backend,
-    stack: SchedulerStack,
+    serving: Serving,
     address: str | None,
 ) -> Turn:
+    stack = serving.stack
     accepted_at = time.perf_counter()
     stack.expect()  # users arriving together are batched together
     submitted = False
     try:
         try:
             prepared = await sync_to_async(storage.closing_on_error)(
-                _prepare, owner, prompt, backend, given
+                _prepare, owner, prompt, serving, given
             )
         except DatabaseError as exc:
             log.warning("could not start %s: %s", prompt.request_id, exc)
@@ -110,9 +125,10 @@ async def _start(
             prompt,
             prepared,
             send=send,
-            backend=backend,
+            backend=serving.backend,
             stack=stack,
             accepted_at=accepted_at,
+            serving=serving,
         )
         turn = run.turn
         turn.api_key_id = given.api_key_id

@@ -16,6 +16,8 @@ from asgiref.sync import sync_to_async
 
 from ..engine.types import Backend, Failed
 from ..infra import metrics as prometheus
+from ..infra.engines import ENGINE_UNAVAILABLE, EngineSpec
+from ..infra.runtime import runtime
 from ..models import Message
 from ..protocol import events, metrics
 from ..protocol.events import Finish
@@ -61,6 +63,16 @@ class TurnFinish:
     tokens_before: int  # a Continue's answer so far, charged when it was generated
     _backend: Backend
     _saver: PartialSaver | None
+    engine: EngineSpec | None  # the engine row answering; None: the default engine
+    fallback: bool  # it stands in for the policy's own engine
+
+    def engine_metrics(self) -> dict:
+        """Which engine answered, for `done`'s metrics: its name, its model, as a fallback?"""
+        return {
+            "engine": self.engine.name if self.engine is not None else "default",
+            "model": self._backend.model_id,
+            "fallback": self.fallback,
+        }
 
     async def _saver_close(self) -> None:
         if self._saver is not None:
@@ -80,6 +92,7 @@ class TurnFinish:
             else 0.0,
             prompt_tokens=result.prompt_tokens if result else None,
             retries=self.retries,
+            **self.engine_metrics(),
         )
 
     async def _finish(
@@ -257,6 +270,18 @@ class TurnFinish:
         except Exception:
             log.exception("could not store the failure of %s", turn.request_id)
         prometheus.FAILURES.inc()
+        if event.code == ENGINE_UNAVAILABLE:
+            if self.engine is not None:  # refused at once for a while, or sent to its fallback
+                await asyncio.to_thread(runtime.engines.failed, self.engine, event.error)
+            name = self.engine.name if self.engine is not None else "the model's server"
+            await turn.emit(
+                events.Error(
+                    turn.request_id,
+                    ENGINE_UNAVAILABLE,
+                    f"{name} stopped answering; what it wrote is kept, try again in a moment",
+                )
+            )
+            return
         await turn.emit(
             events.Error(
                 turn.request_id, "model_error", "the model failed while answering; please try again"

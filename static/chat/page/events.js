@@ -126,7 +126,7 @@ function onError(msg) {
   if (answer.live) {
     setStatus(answer, '');
     // The model failed mid-answer: what it wrote is kept, and Continue may finish it.
-    if (msg.code === 'model_error') answer.finishReason = 'failed';
+    if (msg.code === 'model_error' || msg.code === 'engine_unavailable') answer.finishReason = 'failed';
     finish(answer, 'error');
   }
 }
