@@ -182,8 +182,11 @@ class EngineSlots:
                 progress(f"Engine {spec.name}: {self._slot(spec).detail}")
 
     def close(self) -> None:
+        """Every slot's stack closed and forgotten (its row is built anew when next used)."""
         for slot in self.slots():
             slot.close()
+        with self._lock:
+            self._slots.clear()
 
     def _slot(self, spec: EngineSpec) -> EngineSlot:
         with self._lock:

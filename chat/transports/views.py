@@ -9,7 +9,6 @@ from django.views.decorators.http import require_GET, require_http_methods
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..infra.runtime import runtime
-from ..models import OutputPolicy
 from ..protocol import error_fields, inputs
 from ..stores import selectors
 from ..stores.conversations import (
@@ -20,6 +19,7 @@ from ..stores.conversations import (
     export_json,
     export_markdown,
 )
+from ..stores.engine_routes import visible_policies
 from .health import health, public
 from .page_constants import page_constants
 
@@ -44,7 +44,10 @@ def index(request):
             "current_conversation_id": current_id,
             "max_prompt_chars": settings.CHAT_MAX_PROMPT_CHARS,
             "max_title_chars": MAX_TITLE,
-            "policies": OutputPolicy.objects.only("slug", "name", "description", "is_default"),
+            # Only the policies whose engine this user may use; each names its engine.
+            "policies": visible_policies(owner.user_id)
+            .select_related("engine")
+            .only("slug", "name", "description", "is_default", "engine__name"),
             "model_name": model_name,
             "signup_open": settings.CHAT_LOCAL_ACCOUNTS and settings.CHAT_SIGNUP != "closed",
             "local_accounts": settings.CHAT_LOCAL_ACCOUNTS,

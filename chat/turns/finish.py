@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from enum import StrEnum
 
@@ -144,6 +145,13 @@ class TurnFinish:
         )
         await self._account(text, json_value, finish_reason, outcome, done_metrics)
 
+    def charged_tokens(self) -> int:
+        """The tokens generated for this answer times its engine's cost weight (budgets count
+        these), rounded up: a weighted engine's one token is never free."""
+        generated = self.new_tokens - self.tokens_before
+        weight = self.engine.cost_weight if self.engine is not None else 1.0
+        return generated if weight == 1.0 else math.ceil(generated * weight)
+
     async def _charge(self, done_metrics: dict) -> None:
         """The tokens generated for this answer charged to its user's and key's budgets, or to a
         visitor's session and address."""
@@ -153,7 +161,7 @@ class TurnFinish:
                     visitor_charge,
                     self.turn.owner.rate_key,
                     self.turn.address,
-                    self.new_tokens - self.tokens_before,
+                    self.charged_tokens(),
                 )
             except Exception:
                 log.exception("could not charge the answer of %s", self.turn.request_id)
@@ -163,7 +171,7 @@ class TurnFinish:
                 user_id=self.turn.owner.user_id,
                 api_key_id=self.turn.api_key_id,
                 policy=self.policy.slug,
-                tokens=self.new_tokens - self.tokens_before,
+                tokens=self.charged_tokens(),
                 prompt_tokens=done_metrics.get("prompt_tokens") or 0,
             )
         except Exception:  # the answer is stored and goes out all the same

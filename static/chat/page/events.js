@@ -101,6 +101,7 @@ function onDone(answer, msg) {
     show(answer.parts.metrics, formatMetrics({
       firstMs: answer.tFirst - answer.t0, lastMs: now - answer.t0,
       tokens: m.new_tokens, tps: m.tokens_per_s,
+      engine: m.engine, model: m.model, fallback: m.fallback,
     }));
   });
   answer.messageId = msg.message ?? answer.messageId;
