@@ -150,10 +150,12 @@ class EngineSlots:
         if not spec.enabled:
             raise NotServing(f"the engine {spec.name} is turned off")
         slot = self._slot(spec)
-        if slot.state == "ready" and slot.backend is not None and slot.stack is not None:
-            return slot.backend, slot.stack
         if time.monotonic() < slot.down_until:
             raise NotServing(f"the engine {spec.name} is unavailable ({slot.detail})")
+        if slot.down_until and slot.state == "ready":
+            self._probe(slot)  # it was down: asked again (a second at most) before it is trusted
+        if slot.state == "ready" and slot.backend is not None and slot.stack is not None:
+            return slot.backend, slot.stack
         if spec.kind == "local":
             self._load_local(slot)
             if slot.state == "ready":
@@ -168,6 +170,30 @@ class EngineSlots:
                 self._build_remote(slot)
         assert slot.backend is not None and slot.stack is not None
         return slot.backend, slot.stack
+
+    def _probe(self, slot: EngineSlot) -> None:
+        with slot.lock:
+            if not slot.down_until:
+                return
+            probe = getattr(slot.backend, "probe", None)  # a remote backend's; local ones are here
+            status = probe(timeout=1.0) if probe is not None else "ok"
+            if status != "ok":
+                slot.mark_down(status)
+                raise NotServing(f"the engine {slot.spec.name} is unavailable ({status})")
+            slot.down_until = 0.0
+            _record(slot.spec.id, error="")
+
+    def statuses(self) -> dict[str, str]:
+        """Each engine this process has used, by slug: "ok", or what is wrong (for /healthz)."""
+        found = {}
+        for slot in self.slots():
+            if time.monotonic() < slot.down_until or slot.state == "failed":
+                found[slot.spec.slug] = f"unavailable: {slot.detail}"
+            elif slot.state == "ready":
+                found[slot.spec.slug] = "ok"
+            else:
+                found[slot.spec.slug] = f"{slot.state}: {slot.detail}"
+        return found
 
     def failed(self, spec: EngineSpec, detail: str) -> None:
         """An answer on `spec` found it unreachable: refuse it for a while (then try again)."""
