@@ -6,6 +6,7 @@ budget know of it, and an engine that stops mid-answer beside one that goes on."
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import threading
 
@@ -223,3 +224,28 @@ async def test_an_engine_that_stops_mid_answer_fails_alone(engines, make_client,
     stood_in = await ask(remote_chat, QUESTION, "far-or-near")
     assert stood_in["metrics"]["engine"] == "Local engine"
     assert stood_in["metrics"]["fallback"] is True and stood_in["text"]
+
+
+def test_the_workbench_runs_a_draft_on_both_engines_side_by_side(engines, peer, runtime):
+    """Staff try a draft of `far` on its own engine (the peer) and on the default engine at once:
+    one column each, each answered by its own model."""
+    from chat.models import OutputPolicy
+    from tests.test_workbench import form_data
+
+    staff = Client()
+    staff.force_login(get_user_model().objects.create_superuser("staff", "s@example.com", "pw"))
+    policy = OutputPolicy.objects.get(slug="far")
+    data = {
+        **form_data(policy),
+        "engine": str(engines["remote"].pk),
+        "trial_prompt": QUESTION,
+        "trial_engines": ["default"],
+    }
+    response = staff.post(f"/admin/chat/outputpolicy/{policy.pk}/try/", data)
+    html = response.content.decode()
+    assert response.status_code == 200, html[:2000]
+    columns = re.findall(r'class="trial-engine" data-engine="([^"]+)"', html)
+    assert columns == ["Peer engine", "default"]
+    side = html[html.index('id="trial-side-by-side"') :]
+    assert "errornote" not in side
+    assert peer.model in side and runtime.backend.model_id in side

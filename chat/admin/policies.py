@@ -17,15 +17,16 @@ from django.urls import path
 
 from ..engine.sampling_params import POLICY_SETTINGS
 from ..infra.audit import audit_record
+from ..infra.engines import EngineSpec
 from ..infra.runtime import runtime
-from ..models import OutputPolicy, PolicyRevision, RegressionCase, RegressionRun
+from ..models import Engine, OutputPolicy, PolicyRevision, RegressionCase, RegressionRun
 from ..stores.policy_store import compile_policy, policy_errors
 from ..stores.selectors import Owner
 from ..transports.policy_fields import ExamplesField, HooksField
 from ..turns import regressions
 from ..turns.limits import turn_rate_check
 from ..turns.refusals import TurnError
-from ..turns.trial import trial_run
+from ..turns.trial import trial_run, trial_side_by_side
 
 
 class PolicyRevisionInline(admin.TabularInline):
@@ -42,6 +43,18 @@ class PolicyRevisionInline(admin.TabularInline):
 
 # A refused trial's HTTP status: too many prompts, or no model to run it on yet.
 TRIAL_REFUSED_STATUS = {"rate_limited": 429, "model_loading": 503, "server_restarting": 503}
+
+
+def trial_engines(draft, chosen: list[str]) -> list[EngineSpec | None]:
+    """The engines a draft is tried on: its own (None: the default) first, then those ticked in
+    the workbench ("default" for the default engine, else an engine row's id)."""
+    own = EngineSpec.of(draft.engine) if draft.engine is not None else None
+    engines: list[EngineSpec | None] = [own]
+    if "default" in chosen and own is not None:
+        engines.append(None)
+    ids = [int(value) for value in chosen if value.isdigit() and int(value) != draft.engine_id]
+    engines += [EngineSpec.of(row) for row in Engine.objects.filter(pk__in=ids, enabled=True)]
+    return engines
 
 
 def audit_trial(stored, draft, kind: str) -> None:
@@ -292,7 +305,20 @@ class OutputPolicyAdmin(admin.ModelAdmin):
     def change_view(self, request, object_id, form_url="", extra_context=None):
         last = RegressionRun.objects.filter(policy_id=unquote(object_id)).first()
         return super().change_view(
-            request, object_id, form_url, {**(extra_context or {}), "last_regression_run": last}
+            request,
+            object_id,
+            form_url,
+            {
+                **(extra_context or {}),
+                "last_regression_run": last,
+                "trial_engines": Engine.objects.filter(enabled=True),
+            },
+        )
+
+    def add_view(self, request, form_url="", extra_context=None):
+        engines = Engine.objects.filter(enabled=True)
+        return super().add_view(
+            request, form_url, {**(extra_context or {}), "trial_engines": engines}
         )
 
     def try_draft(self, request, object_id=None):
@@ -323,9 +349,23 @@ class OutputPolicyAdmin(admin.ModelAdmin):
             draft = form.save(commit=False)  # only in memory: the stored row is untouched
             audit_trial(stored, draft, "prompt")
             try:
-                context["result"] = async_to_sync(trial_run)(
-                    policy=compile_policy(draft), text=prompt, user_id=request.user.pk
-                )
+                engines = trial_engines(draft, request.POST.getlist("trial_engines"))
+                if len(engines) == 1:
+                    context["result"] = async_to_sync(trial_run)(
+                        policy=compile_policy(draft),
+                        text=prompt,
+                        user_id=request.user.pk,
+                        engine=engines[0],
+                    )
+                else:  # side by side: the draft's own engine first
+                    trials = async_to_sync(trial_side_by_side)(
+                        policy=compile_policy(draft),
+                        text=prompt,
+                        user_id=request.user.pk,
+                        engines=engines,
+                    )
+                    context["result"], context["problem"] = trials[0].result, trials[0].problem
+                    context["side_by_side"] = trials
             except TurnError as exc:
                 context["problem"] = str(exc)
                 status = TRIAL_REFUSED_STATUS.get(exc.code, 400)
