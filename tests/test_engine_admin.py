@@ -1,0 +1,74 @@
+"""Engine rows around the answers: a remote engine's key only ever named from the operator's
+allow-list, /healthz's line per engine (ok or unavailable, why only in the log), and the latency
+page's split by engine. No model: the runtime's slots are set by hand."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.core.exceptions import ValidationError
+
+from chat.infra import latency
+from chat.infra.engines import EngineSpec
+from chat.infra.runtime import runtime
+from chat.models import Conversation, Engine
+from chat.transports.health import health, public
+from tests.test_latency_page import store
+
+pytestmark = [pytest.mark.unit, pytest.mark.django_db]
+
+
+def remote(**fields) -> Engine:
+    return Engine(
+        name="Big server",
+        slug="big",
+        kind=Engine.Kind.REMOTE,
+        api_root="http://10.0.0.5:8000/v1",
+        served_model="qwen",
+        **fields,
+    )
+
+
+def test_a_remote_engines_key_is_named_from_the_allow_list_and_shown_only_as_set(settings):
+    """Only a variable CHAT_HOOKS secrets= lists may be named; the row holds the name, and
+    whether it holds a key is all anyone is shown."""
+    settings.CHAT_HOOK_SECRETS = {"VLLM_KEY": "sk-secret", "UNSET_KEY": ""}
+    with pytest.raises(ValidationError) as refused:
+        remote(api_key_variable="SECRET_KEY").full_clean()
+    assert "api_key_variable" in refused.value.message_dict
+    named = remote(api_key_variable="VLLM_KEY")
+    named.full_clean()
+    assert named.api_key_set and not remote(api_key_variable="UNSET_KEY").api_key_set
+    with pytest.raises(ValidationError):
+        Engine(name="Half", slug="half", kind=Engine.Kind.REMOTE).full_clean()  # no root, model
+
+
+def test_healthz_says_which_engine_is_down_without_saying_why():
+    """An engine refused after a failure is `unavailable` under `engines` and the process is
+    degraded, not down; the public report carries no detail (the URL, the error)."""
+    spec = EngineSpec.of(remote(id=41))
+    try:
+        runtime.engines.failed(spec, "refused the connection at http://10.0.0.5:8000/v1")
+        _, report = health()
+        assert report["engines"] == {
+            "big": "unavailable: refused the connection at http://10.0.0.5:8000/v1"
+        }
+        shown = public(report)
+        assert shown["engines"] == {"big": "unavailable"}
+        assert "10.0.0.5" not in str(shown)
+    finally:
+        runtime.engines.close()
+
+
+def test_the_latency_page_splits_answers_by_engine(admin_client):
+    """?engine= keeps one engine's answers, by the name their metrics carry."""
+    conversation = Conversation.objects.create(session_key="s", title="engines")
+    for engine, ttft in (("default", 100), ("default", 200), ("Big server", 900)):
+        store(conversation, ago=timedelta(minutes=5), ttft_ms=ttft, total_ms=ttft, engine=engine)
+    assert latency.latency_report(24).totals.count == 3
+    assert latency.latency_report(24, engine="Big server").totals.ttft_p50 == 900
+    assert latency.latency_report(24, engine="default").totals.count == 2
+    remote().save()
+    page = admin_client.get("/admin/latency/?engine=Big+server").content.decode()
+    assert '<option value="Big server" selected>' in page
