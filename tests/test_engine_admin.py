@@ -72,3 +72,23 @@ def test_the_latency_page_splits_answers_by_engine(admin_client):
     remote().save()
     page = admin_client.get("/admin/latency/?engine=Big+server").content.decode()
     assert '<option value="Big server" selected>' in page
+
+
+def test_the_providers_groups_claim_fills_the_groups_engines_are_kept_for():
+    """With a groups claim configured, each sign-in sets the user's membership of the groups an
+    engine names from the claim; a group no engine names is the admin's and left alone."""
+    from django.contrib.auth.models import Group
+
+    from chat.stores.oidc_accounts import account_for
+
+    engine_group, other = Group.objects.create(name="gpu"), Group.objects.create(name="other")
+    row = remote()
+    row.save()
+    row.groups.add(engine_group)
+    mapping = {"groups_claim": "groups", "staff_groups": set(), "superuser_groups": set()}
+    issuer = "https://id.example"
+    user = account_for({"sub": "u1", "groups": ["/gpu"]}, issuer=issuer, mapping=mapping)
+    assert set(user.groups.values_list("name", flat=True)) == {"gpu"}
+    user.groups.add(other)
+    account_for({"sub": "u1", "groups": []}, issuer=issuer, mapping=mapping)
+    assert set(user.groups.values_list("name", flat=True)) == {"other"}
