@@ -92,3 +92,32 @@ def test_the_providers_groups_claim_fills_the_groups_engines_are_kept_for():
     user.groups.add(other)
     account_for({"sub": "u1", "groups": []}, issuer=issuer, mapping=mapping)
     assert set(user.groups.values_list("name", flat=True)) == {"other"}
+
+
+def test_a_full_or_down_engine_sends_its_policies_to_the_fallback(monkeypatch):
+    """The policy's own engine while it has room; its fallback, marked so, while it is full or
+    refused; without a fallback, the engine's own refusal."""
+    from types import SimpleNamespace
+
+    from chat.infra.runtime import NotReady
+
+    own, stand_in = EngineSpec.of(remote(id=51)), EngineSpec(52, "Small", "small", "remote")
+    queues = {"big": SimpleNamespace(waiting=0, max_waiting=2), "small": SimpleNamespace(waiting=0)}
+    monkeypatch.setattr(
+        runtime.engines,
+        "get",
+        lambda spec: (object(), SimpleNamespace(base=queues[spec.slug])),
+    )
+    assert runtime.serving(own, stand_in).engine == own
+    queues["big"].waiting = 2
+    chosen = runtime.serving(own, stand_in)
+    assert chosen.engine == stand_in and chosen.fallback
+    assert runtime.serving(own).engine == own  # no fallback: the queue itself refuses
+    monkeypatch.undo()
+    try:
+        runtime.engines.failed(own, "refused")
+        with pytest.raises(NotReady) as refused:
+            runtime.serving(own)
+        assert refused.value.code == "engine_unavailable"
+    finally:
+        runtime.engines.close()

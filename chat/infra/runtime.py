@@ -153,10 +153,18 @@ class Runtime:
         return self.backend, self.stack
 
     def serving(self, engine: EngineSpec | None, fallback: EngineSpec | None = None) -> Serving:
-        """The engine a policy's turn runs on: its own, or its fallback while that is down or
-        loading. Sync: a remote engine is built on its first prompt (a network call)."""
+        """The engine a policy's turn runs on: its own, or its fallback while that is down,
+        loading or its queue full. Sync: a remote engine is built on its first prompt (a network
+        call)."""
         try:
-            return self._serving(engine)
+            chosen = self._serving(engine)
+            base = chosen.stack.base
+            # Full now: the fallback takes it (without one, the queue's own refusal answers).
+            if fallback is not None and base.waiting >= getattr(base, "max_waiting", 1 << 30):
+                raise NotReady(
+                    f"{engine.name if engine else 'the default engine'} is full", "queue_full"
+                )
+            return chosen
         except NotReady as exc:
             if fallback is None or exc.code == SERVER_RESTARTING:
                 raise
