@@ -285,7 +285,9 @@ class OutputPolicyAdmin(admin.ModelAdmin):
             try:
                 turn_rate_check(owner=Owner(request.user.pk, ""))  # the run counts as one prompt
                 audit_trial(stored, unsaved, "regression set")
-                results = async_to_sync(regressions.regressions_run)(draft, cases)
+                results = async_to_sync(regressions.regressions_run)(
+                    draft, cases, trial_engines(unsaved, [])[0]
+                )
             except TurnError as exc:
                 context["problem"] = str(exc)
                 status = TRIAL_REFUSED_STATUS.get(exc.code, 400)
