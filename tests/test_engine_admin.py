@@ -121,3 +121,34 @@ def test_a_full_or_down_engine_sends_its_policies_to_the_fallback(monkeypatch):
         assert refused.value.code == "engine_unavailable"
     finally:
         runtime.engines.close()
+
+
+def test_a_remote_engine_that_refuses_or_says_nothing_is_refused_at_its_first_prompt():
+    """A server that refuses the connection, or accepts it and says nothing, is
+    `engine_unavailable` at once (asked for a second at most), never built to fail later."""
+    import socket
+
+    from chat.infra.runtime import NotReady
+
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    refusing_port = closed.getsockname()[1]
+    closed.close()
+    silent = socket.create_server(("127.0.0.1", 0))  # listens, never answers
+    try:
+        for number, port in enumerate((refusing_port, silent.getsockname()[1])):
+            spec = EngineSpec(
+                60 + number,
+                f"Engine {number}",
+                f"e{number}",
+                "remote",
+                api_root=f"http://127.0.0.1:{port}/v1",
+                served_model="m",
+            )
+            with pytest.raises(NotReady) as refused:
+                runtime.serving(spec)
+            assert refused.value.code == "engine_unavailable"
+            assert runtime.engines.statuses()[spec.slug].startswith("unavailable")
+    finally:
+        silent.close()
+        runtime.engines.close()

@@ -9,6 +9,7 @@ engine that failed is refused at once (`engine_unavailable`) for `RETRY_SECONDS`
 
 from __future__ import annotations
 
+import http.client
 import logging
 import threading
 import time
@@ -20,6 +21,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from ..engine.remote.stream import Endpoint
 from ..engine.stack import SchedulerStack, StackConfig, build_stack
 from ..engine.types import Backend
 
@@ -175,9 +177,8 @@ class EngineSlots:
         with slot.lock:
             if not slot.down_until:
                 return
-            probe = getattr(slot.backend, "probe", None)  # a remote backend's; local ones are here
-            status = probe(timeout=1.0) if probe is not None else "ok"
-            if status != "ok":
+            status = unreachable(slot.spec) if slot.spec.kind == "remote" else ""
+            if status:
                 slot.mark_down(status)
                 raise NotServing(f"the engine {slot.spec.name} is unavailable ({status})")
             slot.down_until = 0.0
@@ -229,6 +230,12 @@ class EngineSlots:
         from ..engine.remote.openai_backend import OpenAIBackend
 
         spec = slot.spec
+        # Asked first, a second at most: a server that refuses or says nothing is refused now,
+        # not after the start-up questions' own waits.
+        silent = unreachable(spec)
+        if silent:
+            slot.mark_down(silent)
+            raise NotServing(f"the engine {spec.name} is unavailable: {silent}")
         config = replace(
             self._remote_config(),
             base_url=spec.api_root.rstrip("/"),
@@ -298,6 +305,23 @@ class EngineSlots:
         else:
             slot.state, slot.detail = "ready", f"{backend.model_id} loaded"
             _record(spec.id, error="")
+
+
+def unreachable(spec: EngineSpec, timeout: float = 1.0) -> str:
+    """Why a remote engine's server does not answer HTTP within `timeout`, or "" when it does.
+
+    Any answer counts (`transformers serve` answers its model list with a 500): this asks only
+    whether something is there and talking, which `probe` cannot say once a stream has failed."""
+    endpoint = Endpoint(spec.api_root.rstrip("/"), "")
+    connection = endpoint.connection(timeout)
+    try:
+        connection.request("GET", f"{endpoint.path}/models", headers=endpoint.headers())
+        connection.getresponse().read(1 << 16)
+        return ""
+    except (OSError, http.client.HTTPException) as exc:
+        return f"no answer from {spec.api_root}: {exc or type(exc).__name__}"
+    finally:
+        connection.close()
 
 
 def memory_refusal(spec: EngineSpec) -> str:
