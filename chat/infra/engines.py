@@ -295,7 +295,9 @@ class EngineSlots:
                 replace(self._engine_config(), model_path=spec.model_path or None),
                 progress=progress,
             )
-            slot.stack = build_stack(backend, self._stack_config())
+            slot.stack = build_stack(
+                backend, replace(self._stack_config(), max_batch=spec.max_concurrency)
+            )
             slot.backend = backend
         except Exception as exc:
             log.error("engine %s failed to load: %s", spec.slug, exc)

@@ -6,6 +6,8 @@ policy names (OutputPolicy.engine). Credentials are never stored here: a remote 
 one of the variables CHAT_HOOKS `secrets=` allows, and the process reads its value.
 """
 
+from pathlib import Path
+
 from django.conf import settings
 from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
@@ -98,5 +100,7 @@ class Engine(models.Model):
                 )
         elif self.api_root or self.served_model or self.api_key_variable:
             errors["kind"] = "a local engine has no API root, served model or key"
+        elif self.model_path and not Path(self.model_path).exists():
+            errors["model_path"] = f"nothing at {self.model_path} on this server"
         if errors:
             raise ValidationError(errors)

@@ -72,8 +72,9 @@ def route_for(user_id: int | None, prompt: Prompt) -> Route:
         .values_list("pk", flat=True)
     )
     if policy.engine_id is not None and policy.engine_id not in usable:
-        name = prompt.policy or "the default policy"
-        raise UnknownPolicy(f"no output policy {name!r} for you")
+        if prompt.policy is None:
+            raise UnknownPolicy("the default policy is not available to you; name a policy")
+        raise UnknownPolicy(f"no output policy {prompt.policy!r} for you")
     fallback = policy.fallback_engine
     return Route(
         engine=EngineSpec.of(policy.engine) if policy.engine is not None else None,
