@@ -190,11 +190,11 @@ async def test_each_engine_answers_its_policy_caches_its_own_and_charges_by_weig
     assert again["metrics"]["engine"] == "Peer engine"
 
     usage = {
-        row.policy: row.tokens
+        (row.policy, row.engine): row.tokens
         async for row in Usage.objects.filter(user=alice, policy__in=["near", "far"])
     }
-    assert usage["near"] == near["metrics"]["new_tokens"] > 0
-    assert usage["far"] == REMOTE_WEIGHT * far["metrics"]["new_tokens"] > 0
+    assert usage[("near", "")] == near["metrics"]["new_tokens"] > 0
+    assert usage[("far", "Peer engine")] == REMOTE_WEIGHT * far["metrics"]["new_tokens"] > 0
 
 
 async def test_an_engine_that_stops_mid_answer_fails_alone(engines, make_client, relay):

@@ -80,6 +80,12 @@ async def _serving(owner: Owner, prompt: Prompt) -> Serving:
         route = await sync_to_async(engine_routes.route_for)(owner.user_id, prompt)
     except UnknownPolicy as exc:
         raise TurnError(exc.code, str(exc)) from None
+    except DatabaseError as exc:
+        log.warning("could not route %s: %s", prompt.request_id, exc)
+        raise TurnError(
+            "storage_failed",
+            "the database is unavailable, so the prompt was not started; try again in a moment",
+        ) from None
     try:
         if route.engine is None and route.fallback is None:
             return runtime.serving(None)

@@ -173,6 +173,7 @@ class TurnFinish:
                 policy=self.policy.slug,
                 tokens=self.charged_tokens(),
                 prompt_tokens=done_metrics.get("prompt_tokens") or 0,
+                engine=self.engine.name if self.engine is not None else "",
             )
         except Exception:  # the answer is stored and goes out all the same
             log.exception("could not charge the answer of %s", self.turn.request_id)

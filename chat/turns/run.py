@@ -201,6 +201,7 @@ class TurnRun(TurnFinish):
                 tokens=0,
                 prompt_tokens=cached_metrics["prompt_tokens"] or 0,
                 cached=True,
+                engine=self.engine.name if self.engine is not None else "",
             )
         except Exception:
             log.exception("could not record the cache hit of %s", turn.request_id)
