@@ -83,7 +83,3 @@ def route_for(user_id: int | None, prompt: Prompt) -> Route:
         else None,
     )
 
-
-def engine_label(policy: OutputPolicy) -> str:
-    """What a policy's picker entry names as its engine (the default engine: "")."""
-    return policy.engine.name if policy.engine_id is not None and policy.engine else ""
