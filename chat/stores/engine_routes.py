@@ -82,4 +82,3 @@ def route_for(user_id: int | None, prompt: Prompt) -> Route:
         if fallback is not None and fallback.pk in usable and fallback.pk != policy.engine_id
         else None,
     )
-
