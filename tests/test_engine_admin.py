@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.core.exceptions import ValidationError
 
-from chat.infra import latency
+from chat.infra import behaviour, latency
 from chat.infra.engines import EngineSpec
 from chat.infra.runtime import runtime
 from chat.models import Conversation, Engine
@@ -61,7 +61,7 @@ def test_healthz_says_which_engine_is_down_without_saying_why():
         runtime.engines.close()
 
 
-def test_the_latency_page_splits_answers_by_engine(admin_client):
+def test_the_latency_and_behaviour_pages_split_answers_by_engine(admin_client):
     """?engine= keeps one engine's answers, by the name their metrics carry."""
     conversation = Conversation.objects.create(session_key="s", title="engines")
     for engine, ttft in (("default", 100), ("default", 200), ("Big server", 900)):
@@ -69,9 +69,12 @@ def test_the_latency_page_splits_answers_by_engine(admin_client):
     assert latency.latency_report(24).totals.count == 3
     assert latency.latency_report(24, engine="Big server").totals.ttft_p50 == 900
     assert latency.latency_report(24, engine="default").totals.count == 2
+    assert behaviour.behaviour_report(24).totals.finished == 3
+    assert behaviour.behaviour_report(24, engine="Big server").totals.finished == 1
     remote().save()
-    page = admin_client.get("/admin/latency/?engine=Big+server").content.decode()
-    assert '<option value="Big server" selected>' in page
+    for page in ("latency", "behaviour"):
+        html = admin_client.get(f"/admin/{page}/?engine=Big+server").content.decode()
+        assert '<option value="Big server" selected>' in html
 
 
 def test_the_providers_groups_claim_fills_the_groups_engines_are_kept_for():
