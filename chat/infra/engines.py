@@ -141,6 +141,8 @@ class EngineSlots:
         # (backend, stack) of the default engine when a local row names the same weights.
         self._share_default = share_default
         self._slots: dict[int, EngineSlot] = {}
+        # Stacks whose row changed while they still ran answers: closed once idle.
+        self._retired: list[EngineSlot] = []
         self._lock = threading.Lock()
 
     def slots(self) -> list[EngineSlot]:
@@ -213,18 +215,33 @@ class EngineSlots:
         for slot in self.slots():
             slot.close()
         with self._lock:
+            for slot in self._retired:
+                slot.close()
             self._slots.clear()
+            self._retired.clear()
 
     def _slot(self, spec: EngineSpec) -> EngineSlot:
         with self._lock:
             slot = self._slots.get(spec.id)
+            self._close_idle_retired()
             if slot is None or slot.spec.built_from() != spec.built_from():
-                if slot is not None:
-                    slot.close()  # its row changed: built anew
+                if slot is not None:  # its row changed: built anew, the old one serves out
+                    self._retired.append(slot)
+                    self._close_idle_retired()
                 slot = self._slots[spec.id] = EngineSlot(spec)
             elif slot.spec != spec:
                 slot.spec = spec  # name, weight or enabled: nothing to rebuild
             return slot
+
+    def _close_idle_retired(self) -> None:
+        still = []
+        for slot in self._retired:
+            base = slot.stack.base if slot.stack is not None else None
+            if base is not None and (base.running or base.waiting):
+                still.append(slot)
+            else:
+                slot.close()
+        self._retired = still
 
     def _build_remote(self, slot: EngineSlot) -> None:
         from ..engine.remote.openai_backend import OpenAIBackend

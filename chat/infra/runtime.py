@@ -147,8 +147,8 @@ class Runtime:
         """The default engine's backend and stack when a local row names its very weights."""
         if settings.CHAT_BACKEND != "local" or (model_path or None) != settings.CHAT_MODEL_PATH:
             return None
-        if not self.wait():
-            return None
+        if self.state != "ready":  # never a second copy, nor a request held while it loads
+            raise NotServing("the default engine's model is not loaded yet", code="model_loading")
         assert self.backend is not None and self.stack is not None
         return self.backend, self.stack
 
@@ -168,7 +168,8 @@ class Runtime:
         except NotReady as exc:
             if fallback is None or exc.code == SERVER_RESTARTING:
                 raise
-            log.info("engine %s unavailable (%s): answered by %s", engine, exc, fallback.name)
+            name = engine.name if engine is not None else "the default engine"
+            log.info("%s cannot answer (%s): %s answers instead", name, exc, fallback.name)
             return replace(self._serving(fallback), fallback=True)
 
     def _serving(self, engine: EngineSpec | None) -> Serving:
