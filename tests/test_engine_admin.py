@@ -155,3 +155,32 @@ def test_a_remote_engine_that_refuses_or_says_nothing_is_refused_at_its_first_pr
     finally:
         silent.close()
         runtime.engines.close()
+
+
+def test_an_engine_changed_while_it_answers_keeps_its_old_stack_until_those_end(monkeypatch):
+    """Staff change an engine's limits while it answers: the next prompt gets a new stack, the
+    running answers keep the old one, which is closed once it is idle."""
+    from types import SimpleNamespace
+
+    queue = SimpleNamespace(running=1, waiting=0)
+    closed: list[int] = []
+    made = iter(range(10))
+
+    def build(slot):
+        number = next(made)
+        slot.backend = object()
+        slot.stack = SimpleNamespace(base=queue, close=lambda: closed.append(number))
+        slot.state = "ready"
+
+    monkeypatch.setattr(runtime.engines, "_build_remote", build)
+    spec = EngineSpec.of(remote(id=70))
+    try:
+        _, first = runtime.engines.get(spec)
+        changed = EngineSpec.of(remote(id=70, max_concurrency=2))
+        _, second = runtime.engines.get(changed)
+        assert second is not first and closed == []  # the old one still answers
+        queue.running = 0
+        runtime.engines.get(changed)
+        assert closed == [0]
+    finally:
+        runtime.engines.close()
