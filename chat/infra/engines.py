@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 ENGINE_UNAVAILABLE = "engine_unavailable"
 # How long an engine that failed is refused before it is tried again.
 RETRY_SECONDS = 5.0
+# How often an engine's answers update its row's `last_seen_at` (the admin's), at most.
+SEEN_EVERY_SECONDS = 60.0
 # A second local model loads only when its weights, this many times over, fit the free memory.
 MEMORY_HEADROOM = 1.5
 
@@ -113,6 +115,7 @@ class EngineSlot:
         self.detail = ""
         self.down_until = 0.0
         self.shared = False  # the default engine's stack, not this slot's to close
+        self.recorded_at = float("-inf")  # when `last_seen_at` was last written
         self.lock = threading.Lock()
 
     def mark_down(self, detail: str) -> None:
@@ -197,6 +200,18 @@ class EngineSlots:
             else:
                 found[slot.spec.slug] = f"{slot.state}: {slot.detail}"
         return found
+
+    def seen_due(self, spec: EngineSpec) -> bool:
+        """Whether an answer from `spec` should update its row's `last_seen_at` now."""
+        slot = self._slots.get(spec.id)
+        return slot is not None and time.monotonic() - slot.recorded_at >= SEEN_EVERY_SECONDS
+
+    def seen(self, spec: EngineSpec) -> None:
+        """An answer came from `spec`: its row says when (once a minute at most)."""
+        slot = self._slots.get(spec.id)
+        if slot is not None:
+            slot.recorded_at = time.monotonic()
+            _record(spec.id, error="")
 
     def failed(self, spec: EngineSpec, detail: str) -> None:
         """An answer on `spec` found it unreachable: refuse it for a while (then try again)."""

@@ -233,6 +233,8 @@ class TurnFinish:
     ) -> None:
         """After `done`: the answer counted in the process's metrics, and cached when it may be."""
         prometheus.observe_done(done_metrics, finish_reason, cached=False)
+        if self.engine is not None and runtime.engines.seen_due(self.engine):
+            await asyncio.to_thread(runtime.engines.seen, self.engine)  # the admin's "last seen"
         if (
             outcome is Verdict.OK
             and finish_reason in CACHEABLE_FINISH
