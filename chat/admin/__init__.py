@@ -3,6 +3,7 @@ imports every module, so each registers its ModelAdmins.
 
 - chats.py: conversations and messages.
 - accounts.py: users (deleted as they delete themselves) and their API keys.
+- engines.py: the engines policies are answered by (beside the default one), and their state.
 - policies.py: output policies, their workbench (try a draft, run the regression set), revisions
   and regression runs.
 - review.py: cached answers' review (approve, edit, reject, evict, reset).
@@ -15,9 +16,9 @@ imports every module, so each registers its ModelAdmins.
 from django.contrib import admin
 
 from ..transports.accounts import AdminSignInForm
-from . import accounts, audit, budgets, chats, feedback, policies, review
+from . import accounts, audit, budgets, chats, engines, feedback, policies, review
 
 # /admin/login/ counts failed attempts exactly like the page's sign-in.
 admin.site.login_form = AdminSignInForm
 
-__all__ = ["accounts", "audit", "budgets", "chats", "feedback", "policies", "review"]
+__all__ = ["accounts", "audit", "budgets", "chats", "engines", "feedback", "policies", "review"]

@@ -17,15 +17,16 @@ from django.urls import path
 
 from ..engine.sampling_params import POLICY_SETTINGS
 from ..infra.audit import audit_record
+from ..infra.engines import EngineSpec
 from ..infra.runtime import runtime
-from ..models import OutputPolicy, PolicyRevision, RegressionCase, RegressionRun
+from ..models import Engine, OutputPolicy, PolicyRevision, RegressionCase, RegressionRun
 from ..stores.policy_store import compile_policy, policy_errors
 from ..stores.selectors import Owner
 from ..transports.policy_fields import ExamplesField, HooksField
 from ..turns import regressions
 from ..turns.limits import turn_rate_check
 from ..turns.refusals import TurnError
-from ..turns.trial import trial_run
+from ..turns.trial import trial_run, trial_side_by_side
 
 
 class PolicyRevisionInline(admin.TabularInline):
@@ -43,6 +44,18 @@ class PolicyRevisionInline(admin.TabularInline):
 
 # A refused trial's HTTP status: too many prompts, or no model to run it on yet.
 TRIAL_REFUSED_STATUS = {"rate_limited": 429, "model_loading": 503, "server_restarting": 503}
+
+
+def trial_engines(draft, chosen: list[str]) -> list[EngineSpec | None]:
+    """The engines a draft is tried on: its own (None: the default) first, then those ticked in
+    the workbench ("default" for the default engine, else an engine row's id)."""
+    own = EngineSpec.of(draft.engine) if draft.engine is not None else None
+    engines: list[EngineSpec | None] = [own]
+    if "default" in chosen and own is not None:
+        engines.append(None)
+    ids = [int(value) for value in chosen if value.isdigit() and int(value) != draft.engine_id]
+    engines += [EngineSpec.of(row) for row in Engine.objects.filter(pk__in=ids, enabled=True)]
+    return engines
 
 
 def audit_trial(stored, draft, kind: str) -> None:
@@ -140,7 +153,16 @@ OPEN_SETTINGS = ("max_new_tokens", "temperature")
 @admin.register(OutputPolicy)
 class OutputPolicyAdmin(admin.ModelAdmin):
     form = OutputPolicyForm
-    list_display = ("name", "slug", "mode", "is_default", "version", "cache_enabled", "updated_at")
+    list_display = (
+        "name",
+        "slug",
+        "mode",
+        "engine",
+        "is_default",
+        "version",
+        "cache_enabled",
+        "updated_at",
+    )
     list_filter = ("mode", "is_default", "cache_enabled")
     search_fields = ("name", "slug")
     prepopulated_fields = {"slug": ("name",)}
@@ -164,6 +186,7 @@ class OutputPolicyAdmin(admin.ModelAdmin):
                 )
             },
         ),
+        ("Engine", {"fields": ("engine", "fallback_engine")}),
         (
             "The answer",
             {"fields": ("system_prompt", ("max_new_tokens", "temperature"), "json_schema")},
@@ -289,7 +312,9 @@ class OutputPolicyAdmin(admin.ModelAdmin):
             try:
                 turn_rate_check(owner=Owner(request.user.pk, ""))  # the run counts as one prompt
                 audit_trial(stored, unsaved, "regression set")
-                results = async_to_sync(regressions.regressions_run)(draft, cases)
+                results = async_to_sync(regressions.regressions_run)(
+                    draft, cases, trial_engines(unsaved, [])[0]
+                )
             except TurnError as exc:
                 context["problem"] = str(exc)
                 status = TRIAL_REFUSED_STATUS.get(exc.code, 400)
@@ -309,7 +334,20 @@ class OutputPolicyAdmin(admin.ModelAdmin):
     def change_view(self, request, object_id, form_url="", extra_context=None):
         last = RegressionRun.objects.filter(policy_id=unquote(object_id)).first()
         return super().change_view(
-            request, object_id, form_url, {**(extra_context or {}), "last_regression_run": last}
+            request,
+            object_id,
+            form_url,
+            {
+                **(extra_context or {}),
+                "last_regression_run": last,
+                "trial_engines": Engine.objects.filter(enabled=True),
+            },
+        )
+
+    def add_view(self, request, form_url="", extra_context=None):
+        engines = Engine.objects.filter(enabled=True)
+        return super().add_view(
+            request, form_url, {**(extra_context or {}), "trial_engines": engines}
         )
 
     def try_draft(self, request, object_id=None):
@@ -340,9 +378,23 @@ class OutputPolicyAdmin(admin.ModelAdmin):
             draft = form.save(commit=False)  # only in memory: the stored row is untouched
             audit_trial(stored, draft, "prompt")
             try:
-                context["result"] = async_to_sync(trial_run)(
-                    policy=compile_policy(draft), text=prompt, user_id=request.user.pk
-                )
+                engines = trial_engines(draft, request.POST.getlist("trial_engines"))
+                if len(engines) == 1:
+                    context["result"] = async_to_sync(trial_run)(
+                        policy=compile_policy(draft),
+                        text=prompt,
+                        user_id=request.user.pk,
+                        engine=engines[0],
+                    )
+                else:  # side by side: the draft's own engine first
+                    trials = async_to_sync(trial_side_by_side)(
+                        policy=compile_policy(draft),
+                        text=prompt,
+                        user_id=request.user.pk,
+                        engines=engines,
+                    )
+                    context["result"], context["problem"] = trials[0].result, trials[0].problem
+                    context["side_by_side"] = trials
             except TurnError as exc:
                 context["problem"] = str(exc)
                 status = TRIAL_REFUSED_STATUS.get(exc.code, 400)

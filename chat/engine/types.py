@@ -45,6 +45,12 @@ class QueueFull(EngineError):
     code = "queue_full"
 
 
+class EngineUnavailable(EngineError):
+    """The engine cannot be reached (a remote server refused, went silent or hung up)."""
+
+    code = "engine_unavailable"
+
+
 @dataclass
 class GenerationRequest:
     """One answer to generate.
@@ -133,6 +139,7 @@ class Finished:
 class Failed:
     error: str
     at: float
+    code: str = "model_error"  # the EngineError's wire code; engine_unavailable is told apart
 
 
 Event = Queued | Started | Reading | TextChunk | Finished | Failed

@@ -158,10 +158,11 @@ def summarize(
 
 
 def fetch_answers(
-    since: datetime, until: datetime, limit: int = MAX_ROWS
+    since: datetime, until: datetime, limit: int = MAX_ROWS, engine: str = ""
 ) -> tuple[list[tuple], bool]:
-    """The rows `summarize` takes, of the newest `limit` assistant messages in the window, and
-    whether there were more. The texts are compared in the database; only booleans come back."""
+    """The rows `summarize` takes, of the newest `limit` assistant messages in the window (of one
+    engine, by the name its answers' metrics carry, when `engine` is given), and whether there
+    were more. The texts are compared in the database; only booleans come back."""
     from django.db.models import BooleanField, ExpressionWrapper, F, Q
 
     from ..models import Message
@@ -169,11 +170,13 @@ def fetch_answers(
     def flag(condition: Q) -> ExpressionWrapper:
         return ExpressionWrapper(condition, output_field=BooleanField())
 
+    answers = Message.objects.filter(
+        role=Message.Role.ASSISTANT, created_at__gte=since, created_at__lte=until
+    )
+    if engine:
+        answers = answers.filter(metrics__engine=engine)
     rows = list(
-        Message.objects.filter(
-            role=Message.Role.ASSISTANT, created_at__gte=since, created_at__lte=until
-        )
-        .annotate(
+        answers.annotate(
             # A mask leaves the raw text masked too; the answer's metrics say it happened.
             same_text=flag(Q(text=F("raw_text")) & ~Q(metrics__has_key="masked")),
             kept_prefix=flag(Q(raw_text__startswith=F("text"))),
@@ -202,11 +205,12 @@ def behaviour_report(
     version: int | None = None,
     now: datetime | None = None,
     limit: int = MAX_ROWS,
+    engine: str = "",
 ) -> BehaviourReport:
     from django.utils import timezone
 
     until = now or timezone.now()
-    rows, truncated = fetch_answers(until - timedelta(hours=hours), until, limit)
+    rows, truncated = fetch_answers(until - timedelta(hours=hours), until, limit, engine)
     return summarize(
         rows,
         until=until,

@@ -231,18 +231,22 @@ def summarize(
 
 
 def fetch_answers(
-    since: datetime, until: datetime, limit: int = MAX_ROWS
+    since: datetime, until: datetime, limit: int = MAX_ROWS, engine: str = ""
 ) -> tuple[list[tuple], bool]:
-    """(created_at, status, metrics) of the newest `limit` assistant messages in the window, and
-    whether there were more. Only those three columns are read."""
+    """(created_at, status, metrics) of the newest `limit` assistant messages in the window (of
+    one engine, by the name its answers' metrics carry, when `engine` is given), and whether
+    there were more. Only those three columns are read."""
     from ..models import Message
 
+    answers = Message.objects.filter(
+        role=Message.Role.ASSISTANT, created_at__gte=since, created_at__lte=until
+    )
+    if engine:
+        answers = answers.filter(metrics__engine=engine)
     rows = list(
-        Message.objects.filter(
-            role=Message.Role.ASSISTANT, created_at__gte=since, created_at__lte=until
-        )
-        .order_by("-created_at", "-id")
-        .values_list("created_at", "status", "metrics")[: limit + 1]
+        answers.order_by("-created_at", "-id").values_list("created_at", "status", "metrics")[
+            : limit + 1
+        ]
     )
     return rows[:limit], len(rows) > limit
 
@@ -253,12 +257,13 @@ def latency_report(
     *,
     now: datetime | None = None,
     limit: int = MAX_ROWS,
+    engine: str = "",
 ) -> LatencyReport:
     from django.utils import timezone
 
     until = now or timezone.now()
     hours = parse_hours(hours)
-    rows, truncated = fetch_answers(until - timedelta(hours=hours), until, limit)
+    rows, truncated = fetch_answers(until - timedelta(hours=hours), until, limit, engine)
     return summarize(
         rows, until=until, hours=hours, include_cached=include_cached, truncated=truncated
     )

@@ -43,6 +43,22 @@ CANCELLATIONS = Counter(
     f"{PREFIX}_cancellations", "Requests stopped by the user or a closed socket."
 )
 FAILURES = Counter(f"{PREFIX}_request_failures", "Requests that failed in the model.")
+# The same split by the engine that answered (its slug-free name as `done` gives it; "default"
+# for the engine CHAT_BACKEND describes), beside the unlabelled series dashboards already read.
+ENGINE_ANSWERS = Counter(
+    f"{PREFIX}_engine_answers",
+    "Finished answers by engine and finish_reason.",
+    ["engine", "finish_reason"],
+)
+ENGINE_TOKENS = Counter(
+    f"{PREFIX}_engine_generation_tokens", "Tokens generated, by engine.", ["engine"]
+)
+ENGINE_E2E = Histogram(
+    f"{PREFIX}_engine_e2e_request_latency_seconds",
+    "Prompt accepted to answer done, by engine.",
+    ["engine"],
+    buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300),
+)
 VALIDATION_FAILURES = Counter(
     f"{PREFIX}_validation_failures", "Structured answers that failed validation (each attempt)."
 )
@@ -147,6 +163,10 @@ def track_prefix_store(backend) -> None:
 def observe_done(metrics: dict, finish_reason: str, cached: bool) -> None:
     """Record one finished turn from the metrics dict sent to the client (milliseconds)."""
     REQUESTS.labels(finish_reason).inc()
+    engine = str(metrics.get("engine") or "default")
+    ENGINE_ANSWERS.labels(engine, finish_reason).inc()
+    if metrics.get("total_ms") is not None:
+        ENGINE_E2E.labels(engine).observe(metrics["total_ms"] / 1000)
     if finish_reason == "cancelled":
         CANCELLATIONS.inc()
     if cached:
@@ -163,6 +183,7 @@ def observe_done(metrics: dict, finish_reason: str, cached: bool) -> None:
     tokens = metrics.get("new_tokens") or 0
     if tokens and not cached:
         GENERATION_TOKENS.inc(tokens)
+        ENGINE_TOKENS.labels(engine).inc(tokens)
         if metrics.get("tokens_per_s"):
             TOKENS_PER_S.observe(metrics["tokens_per_s"])
             TPOT.observe(1 / metrics["tokens_per_s"])

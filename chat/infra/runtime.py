@@ -9,12 +9,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass, replace
 
 from django.conf import settings
 
 from ..engine.stack import SchedulerStack, StackConfig, build_stack
 from ..engine.types import Backend, EngineConfig, Scheduler
 from ..protocol import SERVER_RESTARTING
+from .engines import EngineSlots, EngineSpec, NotServing
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +25,17 @@ class NotReady(RuntimeError):
     def __init__(self, message: str, code: str = "model_loading"):
         super().__init__(message)
         self.code = code
+
+
+@dataclass(frozen=True)
+class Serving:
+    """Which engine answers a turn: its backend and stack, its row (None: the default engine),
+    and whether it stands in for the policy's own engine as its fallback."""
+
+    backend: Backend
+    stack: SchedulerStack
+    engine: EngineSpec | None = None
+    fallback: bool = False
 
 
 class Runtime:
@@ -37,6 +50,13 @@ class Runtime:
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self._tokenizer = None
+        # The engine rows' stacks, beside the default one (engines.py).
+        self.engines = EngineSlots(
+            stack_config=self.stack_config,
+            engine_config=self.engine_config,
+            remote_config=self.remote_config,
+            share_default=self._default_for,
+        )
 
     @property
     def scheduler(self) -> Scheduler | None:
@@ -123,6 +143,59 @@ class Runtime:
 
         return load_backend(self.engine_config(), progress=self._progress)
 
+    def _default_for(self, model_path: str) -> tuple[Backend, SchedulerStack] | None:
+        """The default engine's backend and stack when a local row names its very weights."""
+        if settings.CHAT_BACKEND != "local" or (model_path or None) != settings.CHAT_MODEL_PATH:
+            return None
+        if self.state != "ready":  # never a second copy, nor a request held while it loads
+            raise NotServing("the default engine's model is not loaded yet", code="model_loading")
+        assert self.backend is not None and self.stack is not None
+        return self.backend, self.stack
+
+    def serving(self, engine: EngineSpec | None, fallback: EngineSpec | None = None) -> Serving:
+        """The engine a policy's turn runs on: its own, or its fallback while that is down,
+        loading or its queue full. Sync: a remote engine is built on its first prompt (a network
+        call)."""
+        try:
+            chosen = self._serving(engine)
+            base = chosen.stack.base
+            # Full now: the fallback takes it (without one, the queue's own refusal answers).
+            if fallback is not None and base.waiting >= getattr(base, "max_waiting", 1 << 30):
+                raise NotReady(
+                    f"{engine.name if engine else 'the default engine'} is full", "queue_full"
+                )
+            return chosen
+        except NotReady as exc:
+            if fallback is None or exc.code == SERVER_RESTARTING:
+                raise
+            name = engine.name if engine is not None else "the default engine"
+            log.info("%s cannot answer (%s): %s answers instead", name, exc, fallback.name)
+            return replace(self._serving(fallback), fallback=True)
+
+    def _serving(self, engine: EngineSpec | None) -> Serving:
+        if engine is None:
+            return Serving(*self.require())
+        if self.draining:
+            self.require()  # raises server_restarting
+        try:
+            backend, stack = self.engines.get(engine)
+        except NotServing as exc:
+            raise NotReady(str(exc), code=exc.code) from None
+        return Serving(backend, stack, engine)
+
+    def _load_engine_rows(self) -> None:
+        """The enabled local engine rows, loaded at start (a database not there yet: later)."""
+        try:
+            from ..models import Engine
+
+            specs = [
+                EngineSpec.of(row) for row in Engine.objects.filter(kind="local", enabled=True)
+            ]
+        except Exception as exc:
+            log.info("engine rows not read at start (%s): loaded on their first prompt", exc)
+            return
+        self.engines.load_at_start(specs, self._progress)
+
     def _load(self) -> None:
         started = time.perf_counter()
         try:
@@ -144,6 +217,8 @@ class Runtime:
             )
         finally:
             self._ready.set()
+        if self.state == "ready":
+            self._load_engine_rows()
 
     def tokenizer(self):
         """The model's tokenizer, also before the model has loaded (staff validate policies with it)."""

@@ -9,11 +9,13 @@ from here (`chat.models`).
 - identities.py: OidcIdentity (the OpenID Connect provider's user behind an account).
 - budgets.py: Budget, BudgetDefault, Usage (token and answer budgets and what was spent).
 - user_settings.py: ChatSettings (a user's custom instructions and default policy).
+- engines.py: Engine (a model a policy is answered by, beside the default one).
 """
 
 from .budgets import Budget, BudgetDefault, Usage
 from .cache import CachedAnswer, CachedAnswerSource, PendingEviction
 from .conversations import Conversation, Message
+from .engines import Engine
 from .feedback import Feedback
 from .identities import OidcIdentity
 from .keys import ApiKey
@@ -28,6 +30,7 @@ __all__ = [
     "CachedAnswerSource",
     "ChatSettings",
     "Conversation",
+    "Engine",
     "Feedback",
     "Message",
     "OidcIdentity",

@@ -86,6 +86,12 @@ class Usage(models.Model):
         "ApiKey", null=True, blank=True, on_delete=models.CASCADE, related_name="+"
     )
     policy = models.CharField(max_length=64, help_text="the output policy's slug")
+    engine = models.CharField(
+        max_length=100,
+        blank=True,
+        default="",
+        help_text="the name of the engine that answered; empty: the default engine",
+    )
     day = models.DateField(help_text="UTC")
     tokens = models.PositiveBigIntegerField(default=0, help_text="tokens generated (charged)")
     answers = models.PositiveIntegerField(default=0, help_text="answers generated (charged)")
@@ -96,12 +102,12 @@ class Usage(models.Model):
         verbose_name_plural = "usage"
         constraints = [
             models.UniqueConstraint(
-                fields=["user", "policy", "day"],
+                fields=["user", "policy", "engine", "day"],
                 condition=Q(api_key__isnull=True),
                 name="one_usage_row_per_user_day",
             ),
             models.UniqueConstraint(
-                fields=["api_key", "policy", "day"],
+                fields=["api_key", "policy", "engine", "day"],
                 condition=Q(api_key__isnull=False),
                 name="one_usage_row_per_key_day",
             ),

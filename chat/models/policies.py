@@ -78,6 +78,22 @@ class OutputPolicy(models.Model):
         "it failed; a withdrawn (moderated) answer's text is never shown",
     )
     system_prompt = models.TextField(blank=True)
+    engine = models.ForeignKey(
+        "Engine",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="policies",
+        help_text="the engine that answers this policy; empty: the default engine",
+    )
+    fallback_engine = models.ForeignKey(
+        "Engine",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="fallback_for",
+        help_text="answers while the policy's own engine is down or full; its answers say so",
+    )
     max_new_tokens = models.PositiveIntegerField(
         default=256, help_text="capped by CHAT_MAX_NEW_TOKENS_CAP"
     )
@@ -183,6 +199,8 @@ class OutputPolicy(models.Model):
             "max_retries",
             "show_failed_text",
             "system_prompt",
+            "engine_id",
+            "fallback_engine_id",
             "max_new_tokens",
             "stop_strings",
             "extra_eos_tokens",

@@ -290,6 +290,9 @@ METRIC_KEYS = (
     "prompt_tokens",
     "retries",
     "cached_new_tokens",
+    "engine",
+    "model",
+    "fallback",
 )
 
 
@@ -305,6 +308,9 @@ def metrics(
     prompt_tokens: int | None,
     retries: int,
     cached_new_tokens: int | None = None,
+    engine: str | None = None,
+    model: str | None = None,
+    fallback: bool = False,
 ) -> dict[str, Any]:
     """A `done` event's metrics, in milliseconds from when the server accepted the prompt.
 
@@ -322,6 +328,9 @@ def metrics(
         "prompt_tokens": prompt_tokens,
         "retries": retries,
         "cached_new_tokens": cached_new_tokens,
+        "engine": engine,
+        "model": model,
+        "fallback": fallback,
     }
 
 

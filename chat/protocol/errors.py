@@ -124,6 +124,13 @@ ERROR_CODES: dict[str, ErrorCode] = {
         # database outage is one of these (not a bug of the server's), hence 503, not 500.
         ErrorCode("model_loading", 503, "the model is still loading", openai_type=_SERVICE),
         ErrorCode("queue_full", 503, "the generation queue is full", openai_type=_SERVICE),
+        ErrorCode(
+            "engine_unavailable",
+            503,
+            "the policy's engine cannot be reached (and it has no fallback that can)",
+            openai_type=_SERVICE,
+            retry_after=5,
+        ),
         ErrorCode("storage_failed", 503, "the database is unavailable", openai_type=_SERVICE),
         ErrorCode(
             "server_restarting",

@@ -88,10 +88,18 @@ def usage_record(
     prompt_tokens: int = 0,
     cached_answers: int = 0,
     day: date | None = None,
+    engine: str = "",
 ) -> None:
-    """Add one answer's spending to its (user, key, policy, day) row, made if it is the first."""
+    """Add one answer's spending to its (user, key, policy, engine, day) row, made if it is the
+    first (`engine` the answering engine's name; "" the default engine)."""
     day = day or datetime.now(UTC).date()
-    match = {"user_id": user_id, "api_key_id": api_key_id, "policy": policy, "day": day}
+    match = {
+        "user_id": user_id,
+        "api_key_id": api_key_id,
+        "policy": policy,
+        "engine": engine,
+        "day": day,
+    }
     increments = {
         "tokens": F("tokens") + tokens,
         "answers": F("answers") + answers,

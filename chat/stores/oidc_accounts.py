@@ -8,6 +8,7 @@ import hashlib
 import logging
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.db import IntegrityError, transaction
 
 from ..models import OidcIdentity
@@ -40,6 +41,8 @@ def account_for(claims: dict, *, issuer: str, mapping: dict) -> object:
         changed = _claims_apply(user, claims, mapping)
         if changed:
             user.save(update_fields=changed)
+        if mapping.get("groups_claim"):
+            _engine_groups_apply(user, groups_of(claims, mapping["groups_claim"]))
         identity.save(update_fields=["last_sign_in_at"])
     return user
 
@@ -73,6 +76,14 @@ def groups_of(claims: dict, claim: str) -> set[str]:
     value = claims.get(claim) or []
     names = [value] if isinstance(value, str) else value if isinstance(value, list) else []
     return {str(name).strip().lstrip("/") for name in names if str(name).strip()}
+
+
+def _engine_groups_apply(user, groups: set[str]) -> None:
+    """The user's membership of the groups engines are kept for (models/engines.py) as the
+    provider's groups say; other groups are the admin's and left alone."""
+    engine_groups = Group.objects.filter(engine__isnull=False).distinct()
+    user.groups.remove(*[g for g in engine_groups if g.name not in groups])
+    user.groups.add(*[g for g in engine_groups if g.name in groups])
 
 
 def _claims_apply(user, claims: dict, mapping: dict) -> list[str]:

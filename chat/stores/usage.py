@@ -60,9 +60,11 @@ def usage_report(
     key_prefix: str = "",
     policy: str = "",
     by_user: bool = True,
+    engine: str | None = None,
 ) -> UsageReport:
-    """The last `days` UTC days (today included), newest first, filtered as given; one row per
-    day, policy and (with `by_user`) user and key."""
+    """The last `days` UTC days (today included), newest first, filtered as given (`engine`:
+    an engine's name, "" the default engine's); one row per day, policy, engine and (with
+    `by_user`) user and key."""
     days = max(1, min(MAX_DAYS, days))
     until = datetime.now(UTC).date()
     since = until - timedelta(days=days - 1)
@@ -75,7 +77,9 @@ def usage_report(
         rows = rows.filter(api_key__prefix__startswith=key_prefix)
     if policy:
         rows = rows.filter(policy=policy)
-    group = ["day", "policy"] + (["user__username", "api_key__prefix"] if by_user else [])
+    if engine is not None:
+        rows = rows.filter(engine=engine)
+    group = ["day", "policy", "engine"] + (["user__username", "api_key__prefix"] if by_user else [])
     grouped = (
         rows.values(*group)
         .annotate(
@@ -92,6 +96,7 @@ def usage_report(
             "user": row.get("user__username", ""),
             "key": row.get("api_key__prefix") or "",
             "policy": row["policy"],
+            "engine": row["engine"] or "default",
             "tokens": row["tokens_sum"] or 0,
             "answers": row["answers_sum"] or 0,
             "prompt_tokens": row["prompt_tokens_sum"] or 0,

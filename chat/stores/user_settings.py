@@ -7,6 +7,7 @@ import contextlib
 
 from ..models import ChatSettings
 from . import policy_store
+from .engine_routes import visible_policies
 from .selectors import Owner
 
 
@@ -32,7 +33,11 @@ def default_policy_slug(owner: Owner) -> str | None:
     if owner.user_id is None:
         return None
     return (
-        ChatSettings.objects.filter(user_id=owner.user_id, default_policy__isnull=False)
+        ChatSettings.objects.filter(
+            user_id=owner.user_id,
+            # One on an engine they may no longer use (a group left) is as if none was chosen.
+            default_policy__in=visible_policies(owner.user_id).values("pk"),
+        )
         .values_list("default_policy__slug", flat=True)
         .first()
     )

@@ -13,6 +13,7 @@ from django.contrib.auth.forms import PasswordChangeForm, UserCreationForm
 from ..infra import signin_throttle
 from ..models import ChatSettings, OutputPolicy
 from ..models.user_settings import MAX_INSTRUCTIONS_CHARS
+from ..stores.engine_routes import visible_policies
 
 
 def email_in_use(email: str, *, other_than=None) -> bool:
@@ -160,7 +161,9 @@ class ChatSettingsForm(forms.ModelForm):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         field = self.fields["default_policy"]
-        field.queryset = OutputPolicy.objects.order_by("name")  # type: ignore[attr-defined]
+        field.queryset = visible_policies(  # type: ignore[attr-defined]
+            self.instance.user_id if self.instance else None
+        ).order_by("name")
         site_default = OutputPolicy.objects.filter(is_default=True).first()
         field.empty_label = (  # type: ignore[attr-defined]
             f"The site's default ({site_default.name})" if site_default else "The site's default"

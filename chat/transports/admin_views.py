@@ -22,7 +22,7 @@ from django.views.decorators.http import require_safe
 
 from ..infra import behaviour, latency
 from ..infra.feedback_report import FeedbackCounts, feedback_by_version
-from ..models import Message, OutputPolicy
+from ..models import Engine, Message, OutputPolicy
 
 PERMISSION = "chat.view_message"
 PRESET_HOURS = (
@@ -220,22 +220,33 @@ def build_chart(report: latency.LatencyReport, measure: str, title: str) -> Char
     )
 
 
-def _query(hours: int, include_cached: bool) -> str:
+def engine_names() -> list[str]:
+    """The engines answers name in their metrics: the default one, then each row."""
+    return ["default", *Engine.objects.values_list("name", flat=True)]
+
+
+def _query(hours: int, include_cached: bool, engine: str = "") -> str:
     params: dict[str, int | str] = {"hours": hours}
     if include_cached:
         params["include_cached"] = "1"
+    if engine:
+        params["engine"] = engine
     return "?" + urlencode(params)
 
 
 @require_safe
 def latency_view(request):
-    """GET ?hours=24&include_cached=1 — the latency charts of the last `hours` hours."""
+    """GET ?hours=24&include_cached=1&engine=NAME — the latency charts of the last `hours`
+    hours, of one engine's answers when `engine` names one ("default": the default engine's)."""
     user = request.user
     if not (user.is_active and user.is_staff and user.has_perm(PERMISSION)):
         raise PermissionDenied
     hours = latency.parse_hours(request.GET.get("hours", latency.DEFAULT_HOURS))
     include_cached = latency.parse_flag(request.GET.get("include_cached"))
-    report = latency.latency_report(hours, include_cached)
+    engines = engine_names()
+    engine = request.GET.get("engine", "")
+    engine = engine if engine in engines else ""
+    report = latency.latency_report(hours, include_cached, engine=engine)
     totals = report.totals
     share = totals.cached_share
     context = {
@@ -245,15 +256,22 @@ def latency_view(request):
         "report": report,
         "hours": hours,
         "include_cached": include_cached,
+        "engine": engine,
+        "engines": engines,
         "min_hours": latency.MIN_HOURS,
         "max_hours": latency.MAX_HOURS,
         "max_rows": latency.MAX_ROWS,
         "bucket_width": format_duration(report.width),
         "presets": [
-            {"hours": h, "label": label, "query": _query(h, include_cached), "current": h == hours}
+            {
+                "hours": h,
+                "label": label,
+                "query": _query(h, include_cached, engine),
+                "current": h == hours,
+            }
             for h, label in PRESET_HOURS
         ],
-        "toggle_query": _query(hours, not include_cached),
+        "toggle_query": _query(hours, not include_cached, engine),
         "summary": {
             "ttft_p50": format_ms(totals.ttft_p50),
             "ttft_p95": format_ms(totals.ttft_p95),
@@ -321,14 +339,18 @@ def behaviour_chart(report: behaviour.BehaviourReport) -> Chart:
 
 @require_safe
 def behaviour_view(request):
-    """GET ?hours=24&policy=ID&version=N — how each policy's answers ended, and over time."""
+    """GET ?hours=24&policy=ID&version=N&engine=NAME — how each policy's answers ended, and
+    over time (one engine's answers when `engine` names one)."""
     user = request.user
     if not (user.is_active and user.is_staff and user.has_perm(PERMISSION)):
         raise PermissionDenied
     hours = latency.parse_hours(request.GET.get("hours", latency.DEFAULT_HOURS))
     policy_id = _optional_int(request.GET.get("policy"))
     version = _optional_int(request.GET.get("version")) if policy_id is not None else None
-    report = behaviour.behaviour_report(hours, policy_id=policy_id, version=version)
+    engines = engine_names()
+    engine = request.GET.get("engine", "")
+    engine = engine if engine in engines else ""
+    report = behaviour.behaviour_report(hours, policy_id=policy_id, version=version, engine=engine)
     rated = feedback_by_version(report.since, report.until)
     names = OutputPolicy.objects.in_bulk([pid for pid, _ in report.versions if pid is not None])
 
@@ -338,7 +360,11 @@ def behaviour_view(request):
 
     def query(**params) -> str:
         return "?" + urlencode(
-            {k: v for k, v in {"hours": hours, **params}.items() if v is not None}
+            {
+                k: v
+                for k, v in {"hours": hours, "engine": engine or None, **params}.items()
+                if v is not None
+            }
         )
 
     selected = "all policies"
@@ -352,6 +378,8 @@ def behaviour_view(request):
         "hours": hours,
         "policy_id": policy_id,
         "version": version,
+        "engine": engine,
+        "engines": engines,
         "selected": selected,
         "min_hours": latency.MIN_HOURS,
         "max_hours": latency.MAX_HOURS,

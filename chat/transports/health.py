@@ -1,4 +1,5 @@
-"""Readiness of the three things a chat turn needs: the model, Redis, the database."""
+"""Readiness of the three things a chat turn needs: the model, Redis, the database; and of each
+engine row this process has used (chat/infra/engines.py), one line each."""
 
 from __future__ import annotations
 
@@ -65,6 +66,9 @@ def health() -> tuple[bool, dict]:
         report["upstream_status"] = backend.probe() if backend else runtime.state
         if backend is not None:
             report["upstream_capabilities"] = backend.capabilities.summary()
+    engines = runtime.engines.statuses()
+    if engines:
+        report["engines"] = engines
     # Without Redis the chat still answers, uncached: degraded, not down. Every process shares
     # one inference server, so its outage is reported but does not pull this one out of rotation.
     ready = model == "ready" and report["database"] == "ok" and not runtime.draining
@@ -76,6 +80,7 @@ def health() -> tuple[bool, dict]:
         report["redis"] != "ok"
         or report["cache"] != "ok"
         or report.get("upstream_status", "ok") != "ok"
+        or any(status != "ok" for status in engines.values())
     ):
         report["status"] = "degraded"
     return ready, report
@@ -93,4 +98,11 @@ def public(report: dict) -> dict:
             _logged[part] = status
             log.warning("healthz %s: %s", part, status)
         shown[part] = "ok" if status == "ok" else "unavailable"
+    if "engines" in report:  # each engine row by its slug; why one is down goes to the log
+        shown["engines"] = {}
+        for slug, status in report["engines"].items():
+            if _logged.get(f"engine {slug}", "ok") != status:
+                _logged[f"engine {slug}"] = status
+                log.warning("healthz engine %s: %s", slug, status)
+            shown["engines"][slug] = "ok" if status == "ok" else "unavailable"
     return shown

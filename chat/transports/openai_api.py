@@ -26,9 +26,10 @@ from django.http import JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from .. import turns
-from ..models import ApiKey, OutputPolicy
+from ..models import ApiKey
 from ..protocol import Prompt, events, inputs
 from ..stores import apikeys
+from ..stores.engine_routes import visible_policies
 from ..stores.selectors import owner_of_api_key
 from .feed import KEEPALIVE, TurnFeed
 from .openai import (
@@ -84,9 +85,12 @@ async def _authenticate(request) -> ApiKey:
         raise OpenAIError(401, str(refused), code="invalid_api_key") from None
 
 
-def _models() -> list[ModelObject]:
+def _models(user_id: int | None) -> list[ModelObject]:
     name = settings.CHAT_API_MODEL_NAME
-    policies = list(OutputPolicy.objects.order_by("-is_default", "slug"))
+    # Only what the key's user may use: a policy on another group's engine is not theirs.
+    policies = list(
+        visible_policies(user_id).select_related("engine").order_by("-is_default", "slug")
+    )
     default = next((p for p in policies if p.is_default), None)
     started = int(time.time())
     listed = [
@@ -100,7 +104,8 @@ def _models() -> list[ModelObject]:
         model_object(
             f"{name}:{p.slug}",
             created=int(p.updated_at.timestamp()),
-            description=f"{p.name}: {p.effective_mode}",
+            description=f"{p.name}: {p.effective_mode}"
+            + (f", answered by {p.engine.name}" if p.engine is not None else ""),
         )
         for p in policies
     ]
@@ -113,10 +118,10 @@ async def models(request):
     if request.method != "GET":
         return _method_not_allowed("GET")
     try:
-        await _authenticate(request)
+        key = await _authenticate(request)
     except OpenAIError as exc:
         return _error_response(exc)
-    return JsonResponse(model_list(await sync_to_async(_models)()).wire())
+    return JsonResponse(model_list(await sync_to_async(_models)(key.user_id)).wire())
 
 
 class _Reply:

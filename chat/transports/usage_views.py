@@ -29,6 +29,7 @@ CSV_COLUMNS = (
     "user",
     "key",
     "policy",
+    "engine",
     "tokens",
     "answers",
     "prompt_tokens",
@@ -106,8 +107,8 @@ def _days(raw) -> int:
 
 @require_safe
 def admin_usage_view(request):
-    """GET ?days=30&user=NAME&key=PREFIX&policy=SLUG[&format=csv]: spending by user, key,
-    policy and UTC day; the same rows as CSV with format=csv."""
+    """GET ?days=30&user=NAME&key=PREFIX&policy=SLUG&engine=NAME[&format=csv]: spending by
+    user, key, policy, engine and UTC day; the same rows as CSV with format=csv."""
     user = request.user
     if not (user.is_active and user.is_staff and user.has_perm(ADMIN_PERMISSION)):
         raise PermissionDenied
@@ -117,7 +118,11 @@ def admin_usage_view(request):
         "key_prefix": request.GET.get("key", "").strip().rstrip("…"),
         "policy": request.GET.get("policy", "").strip(),
     }
-    report = usage_report(days=days, **filters)
+    engine = request.GET.get("engine", "").strip()
+    # "default" is the default engine's rows (stored with no name); empty: every engine.
+    report = usage_report(
+        days=days, engine=("" if engine == "default" else engine) if engine else None, **filters
+    )
     if request.GET.get("format") == "csv":
         response = HttpResponse(content_type="text/csv; charset=utf-8")
         response["Content-Disposition"] = f'attachment; filename="usage-{report.until}.csv"'
@@ -138,6 +143,7 @@ def admin_usage_view(request):
             "user": filters["username"],
             "key": filters["key_prefix"],
             "policy": filters["policy"],
+            "engine": engine,
         },
         "presets": [{"days": d, "current": d == days} for d in ADMIN_PRESET_DAYS],
         "csv_query": query.urlencode(),

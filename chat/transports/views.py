@@ -9,7 +9,6 @@ from django.views.decorators.http import require_GET, require_http_methods
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..infra.runtime import runtime
-from ..models import OutputPolicy
 from ..protocol import error_fields, inputs
 from ..protocol.errors import error_code
 from ..stores import branches, selectors, user_settings
@@ -23,6 +22,7 @@ from ..stores.conversations import (
     export_json,
     export_markdown,
 )
+from ..stores.engine_routes import visible_policies
 from .health import health, public
 from .page_constants import page_constants
 
@@ -34,7 +34,12 @@ def index(request):
     if current_id is not None and selectors.conversation_detail(owner, current_id) is None:
         current_id = None
     conversations = selectors.conversation_list(owner)
-    policies = list(OutputPolicy.objects.only("slug", "name", "description", "is_default"))
+    # Only the policies whose engine this user may use; each names its engine.
+    policies = list(
+        visible_policies(owner.user_id)
+        .select_related("engine")
+        .only("slug", "name", "description", "is_default", "engine__name")
+    )
     # A new chat starts with the user's chosen policy (settings page), else the site's default.
     start_policy = user_settings.default_policy_slug(owner) or next(
         (p.slug for p in policies if p.is_default), ""

@@ -13,18 +13,19 @@ import asyncio
 import contextvars
 import logging
 import time
+from dataclasses import replace
 
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError
 
-from ..engine.stack import SchedulerStack
-from ..engine.types import Backend, EngineError
+from ..engine.types import EngineError
 from ..infra import metrics as prometheus
-from ..infra.runtime import NotReady, runtime
+from ..infra.runtime import NotReady, Serving, runtime
 from ..models import Message
 from ..protocol import API_KEY_REVOKED, Prompt, events
-from ..stores import storage
+from ..stores import engine_routes, storage, user_settings
 from ..stores.cache import completion_cache
+from ..stores.policy_store import UnknownPolicy
 from ..stores.review import entry_servable
 from ..stores.selectors import Owner, apikey_active
 from .budget import budget_check
@@ -32,7 +33,7 @@ from .continuation import prepare_continue
 from .forgetting import conversation_tag
 from .handle import Send, Turn
 from .limits import turn_rate_check
-from .prepare import Given, Prepared, prepare_prompt
+from .prepare import Given, Prepared, own_settings, prepare_prompt
 from .refusals import TurnError
 from .run import TurnRun
 from .running import cancel_bus, running_turns, starting
@@ -64,22 +65,53 @@ async def admit(
     await sync_to_async(budget_check)(
         owner.user_id, given.api_key_id, visitor=owner.rate_key, address=address
     )
-    try:
-        backend, stack = runtime.require()
-    except NotReady as exc:
-        raise TurnError(exc.code, str(exc)) from None
+    prompt, serving = await _serving(owner, prompt, given)
     token = object()  # request ids are the client's: two sockets may use the same one
     starting.add(token)
     try:
-        return await _start(owner, prompt, send, given, backend, stack, address)
+        return await _start(owner, prompt, send, given, serving, address)
     finally:
         starting.discard(token)
 
 
-def _prepare(owner: Owner, prompt: Prompt, backend: Backend, given: Given) -> Prepared:
+def _routed(owner: Owner, prompt: Prompt, given: Given) -> tuple[Prompt, engine_routes.Route]:
+    """`prompt` naming the policy it runs under (a page or /api prompt that names none: the
+    one its user chose for new chats, if any), and that policy's engines."""
+    if prompt.policy is None and prompt.continues is None and own_settings(given):
+        chosen = user_settings.default_policy_slug(owner)
+        if chosen is not None:
+            prompt = replace(prompt, policy=chosen)
+    return prompt, engine_routes.route_for(owner.user_id, prompt)
+
+
+async def _serving(owner: Owner, prompt: Prompt, given: Given) -> tuple[Prompt, Serving]:
+    """The engine that answers `prompt`'s policy (engine_routes.py), its fallback while it is
+    down, or a TurnError: the policy is not the user's (unknown_policy) or nothing can answer."""
+    try:
+        prompt, route = await sync_to_async(_routed)(owner, prompt, given)
+    except UnknownPolicy as exc:
+        raise TurnError(exc.code, str(exc)) from None
+    except DatabaseError as exc:
+        log.warning("could not route %s: %s", prompt.request_id, exc)
+        raise TurnError(
+            "storage_failed",
+            "the database is unavailable, so the prompt was not started; try again in a moment",
+        ) from None
+    try:
+        if route.engine is None and route.fallback is None:
+            return prompt, runtime.serving(None)
+        # A remote engine's first prompt builds it: a few questions to its server.
+        return prompt, await sync_to_async(runtime.serving, thread_sensitive=False)(
+            route.engine, route.fallback
+        )
+    except NotReady as exc:
+        raise TurnError(exc.code, str(exc)) from None
+
+
+def _prepare(owner: Owner, prompt: Prompt, serving: Serving, given: Given) -> Prepared:
     if prompt.continues is not None:
-        return prepare_continue(owner, prompt, backend)
-    return prepare_prompt(owner, prompt, backend, given)
+        return prepare_continue(owner, prompt, serving.backend, engine=serving.engine)
+    return prepare_prompt(owner, prompt, serving.backend, given, engine=serving.engine)
 
 
 async def _start(
@@ -87,17 +119,17 @@ async def _start(
     prompt: Prompt,
     send: Send,
     given: Given,
-    backend: Backend,
-    stack: SchedulerStack,
+    serving: Serving,
     address: str | None,
 ) -> Turn:
+    stack = serving.stack
     accepted_at = time.perf_counter()
     stack.expect()  # users arriving together are batched together
     submitted = False
     try:
         try:
             prepared = await sync_to_async(storage.closing_on_error)(
-                _prepare, owner, prompt, backend, given
+                _prepare, owner, prompt, serving, given
             )
         except DatabaseError as exc:
             log.warning("could not start %s: %s", prompt.request_id, exc)
@@ -110,9 +142,10 @@ async def _start(
             prompt,
             prepared,
             send=send,
-            backend=backend,
+            backend=serving.backend,
             stack=stack,
             accepted_at=accepted_at,
+            serving=serving,
         )
         turn = run.turn
         turn.api_key_id = given.api_key_id

@@ -163,6 +163,7 @@ def budget_charge(
     tokens: int,
     prompt_tokens: int = 0,
     cached: bool = False,
+    engine: str = "",
 ) -> dict | None:
     """Record one ended answer: in the database (the record), then in the shared counters.
 
@@ -181,6 +182,7 @@ def budget_charge(
         "prompt_tokens": prompt_tokens,
         "cached_answers": 1 if cached else 0,
         "day": datetime.now(UTC).date(),
+        "engine": engine,
     }
     late = None
     try:

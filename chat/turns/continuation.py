@@ -7,6 +7,7 @@ from django.conf import settings
 from django.db import transaction
 
 from ..engine.types import Backend, EngineError
+from ..infra.engines import EngineSpec
 from ..models import Message
 from ..protocol import CONTINUABLE, Prompt
 from ..stores import policy_store, user_settings
@@ -28,7 +29,9 @@ def continuable(answer: Message) -> bool:
     return answer.status in UNFINISHED
 
 
-def prepare_continue(owner: Owner, prompt: Prompt, backend: Backend) -> Prepared:
+def prepare_continue(
+    owner: Owner, prompt: Prompt, backend: Backend, engine: EngineSpec | None = None
+) -> Prepared:
     """The rest of an answer cut off at the token limit, or interrupted, written into the same
     message.
 
@@ -101,7 +104,8 @@ def prepare_continue(owner: Owner, prompt: Prompt, backend: Backend) -> Prepared
         answer.instance = settings.CHAT_INSTANCE
         if (answer.policy_id, answer.policy_version) != (policy.id, policy.version or None) or (
             answer.identity
-            and answer_identity(backend, policy, made_now, client_context=False) != answer.identity
+            and answer_identity(backend, policy, made_now, client_context=False, engine=engine)
+            != answer.identity
         ):
             answer.identity = ""  # the whole would no longer be what it named
         answer.save(

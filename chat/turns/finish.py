@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from enum import StrEnum
 
@@ -16,6 +17,8 @@ from asgiref.sync import sync_to_async
 
 from ..engine.types import Backend, Failed
 from ..infra import metrics as prometheus
+from ..infra.engines import ENGINE_UNAVAILABLE, EngineSpec
+from ..infra.runtime import runtime
 from ..models import Message
 from ..protocol import events, metrics
 from ..protocol.events import Finish
@@ -61,6 +64,16 @@ class TurnFinish:
     tokens_before: int  # a Continue's answer so far, charged when it was generated
     _backend: Backend
     _saver: PartialSaver | None
+    engine: EngineSpec | None  # the engine row answering; None: the default engine
+    fallback: bool  # it stands in for the policy's own engine
+
+    def engine_metrics(self) -> dict:
+        """Which engine answered, for `done`'s metrics: its name, its model, as a fallback?"""
+        return {
+            "engine": self.engine.name if self.engine is not None else "default",
+            "model": self._backend.model_id,
+            "fallback": self.fallback,
+        }
 
     async def _saver_close(self) -> None:
         if self._saver is not None:
@@ -80,6 +93,7 @@ class TurnFinish:
             else 0.0,
             prompt_tokens=result.prompt_tokens if result else None,
             retries=self.retries,
+            **self.engine_metrics(),
         )
 
     async def _finish(
@@ -131,6 +145,13 @@ class TurnFinish:
         )
         await self._account(text, json_value, finish_reason, outcome, done_metrics)
 
+    def charged_tokens(self) -> int:
+        """The tokens generated for this answer times its engine's cost weight (budgets count
+        these), rounded up: a weighted engine's one token is never free."""
+        generated = self.new_tokens - self.tokens_before
+        weight = self.engine.cost_weight if self.engine is not None else 1.0
+        return generated if weight == 1.0 else math.ceil(generated * weight)
+
     async def _charge(self, done_metrics: dict) -> None:
         """The tokens generated for this answer charged to its user's and key's budgets, or to a
         visitor's session and address."""
@@ -140,7 +161,7 @@ class TurnFinish:
                     visitor_charge,
                     self.turn.owner.rate_key,
                     self.turn.address,
-                    self.new_tokens - self.tokens_before,
+                    self.charged_tokens(),
                 )
             except Exception:
                 log.exception("could not charge the answer of %s", self.turn.request_id)
@@ -150,8 +171,9 @@ class TurnFinish:
                 user_id=self.turn.owner.user_id,
                 api_key_id=self.turn.api_key_id,
                 policy=self.policy.slug,
-                tokens=self.new_tokens - self.tokens_before,
+                tokens=self.charged_tokens(),
                 prompt_tokens=done_metrics.get("prompt_tokens") or 0,
+                engine=self.engine.name if self.engine is not None else "",
             )
         except Exception:  # the answer is stored and goes out all the same
             log.exception("could not charge the answer of %s", self.turn.request_id)
@@ -211,6 +233,8 @@ class TurnFinish:
     ) -> None:
         """After `done`: the answer counted in the process's metrics, and cached when it may be."""
         prometheus.observe_done(done_metrics, finish_reason, cached=False)
+        if self.engine is not None and runtime.engines.seen_due(self.engine):
+            await asyncio.to_thread(runtime.engines.seen, self.engine)  # the admin's "last seen"
         if (
             outcome is Verdict.OK
             and finish_reason in CACHEABLE_FINISH
@@ -257,6 +281,18 @@ class TurnFinish:
         except Exception:
             log.exception("could not store the failure of %s", turn.request_id)
         prometheus.FAILURES.inc()
+        if event.code == ENGINE_UNAVAILABLE:
+            if self.engine is not None:  # refused at once for a while, or sent to its fallback
+                await asyncio.to_thread(runtime.engines.failed, self.engine, event.error)
+            name = self.engine.name if self.engine is not None else "the model's server"
+            await turn.emit(
+                events.Error(
+                    turn.request_id,
+                    ENGINE_UNAVAILABLE,
+                    f"{name} stopped answering; what it wrote is kept, try again in a moment",
+                )
+            )
+            return
         await turn.emit(
             events.Error(
                 turn.request_id, "model_error", "the model failed while answering; please try again"

@@ -18,13 +18,28 @@ import json
 from typing import Any
 
 from ..engine.types import Backend, GenerationRequest
+from ..infra.engines import EngineSpec
 from ..stores.policy_store import ResolvedPolicy
 
 
+def engine_identity(backend: Backend, engine: EngineSpec) -> dict[str, Any]:
+    """Which engine row answers: its kind and where it runs, and for a server what it was found
+    to accept (capabilities.py: a refused field is never sent, so answers differ)."""
+    found = {**engine.identity(), "row": engine.id}
+    capabilities = getattr(backend, "capabilities", None)
+    if capabilities is not None:
+        found["server"] = capabilities.identity()
+    return found
+
+
 def identity_inputs(
-    backend: Backend, policy: ResolvedPolicy, request: GenerationRequest
+    backend: Backend,
+    policy: ResolvedPolicy,
+    request: GenerationRequest,
+    engine: EngineSpec | None = None,
 ) -> dict[str, Any]:
-    """Everything that decides the answer, as plain JSON."""
+    """Everything that decides the answer, as plain JSON. The default engine (None) adds
+    nothing, so its answers keep the identities they had before there were engine rows."""
     params = request.params
     effective = params.with_changes(
         max_new_tokens=min(params.max_new_tokens, backend.config.max_new_tokens_cap),
@@ -36,7 +51,7 @@ def identity_inputs(
         "messages": request.messages,  # what a remote server reads instead of the ids
         "policy": {"id": policy.id, "slug": policy.slug, "settings": policy.settings_digest},
         "sampling": effective.identity(),
-    }
+    } | ({"engine": engine_identity(backend, engine)} if engine is not None else {})
 
 
 def answer_identity(
@@ -45,13 +60,14 @@ def answer_identity(
     request: GenerationRequest,
     *,
     client_context: bool,
+    engine: EngineSpec | None = None,
 ) -> str | None:
     """The identity of the answer `request` will produce; None when it must never be shared:
     sampled without a seed, or `client_context` (history or instructions the client sent)."""
     if client_context or not request.params.reproducible:
         return None
     canonical = json.dumps(
-        identity_inputs(backend, policy, request),
+        identity_inputs(backend, policy, request, engine),
         sort_keys=True,
         separators=(",", ":"),
         ensure_ascii=False,

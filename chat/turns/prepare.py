@@ -11,6 +11,7 @@ from django.conf import settings
 from django.db import transaction
 
 from ..engine.types import Backend, EngineError, GenerationRequest
+from ..infra.engines import EngineSpec
 from ..models import Conversation, Feedback, Message
 from ..protocol import Prompt
 from ..stores import feedback, policy_store, user_settings
@@ -109,8 +110,11 @@ def overridden(
         raise TurnError(exc.code, str(exc)) from None
 
 
-def prepare_prompt(owner: Owner, prompt: Prompt, backend: Backend, given: Given) -> Prepared:
-    """Resolve the policy, store the prompt and its streaming answer, fit the prompt to the model."""
+def prepare_prompt(
+    owner: Owner, prompt: Prompt, backend: Backend, given: Given, engine: EngineSpec | None = None
+) -> Prepared:
+    """Resolve the policy, store the prompt and its streaming answer, fit the prompt to the model
+    (`backend`, of `engine`: None is the default engine)."""
     check_prompt_tokens(backend, prompt.text)
     own = own_settings(given)
     try:
@@ -173,7 +177,9 @@ def prepare_prompt(owner: Owner, prompt: Prompt, backend: Backend, given: Given)
                     temperature=max(params.temperature, REGENERATE_TEMPERATURE), seed=None
                 ),
             )
-        identity = answer_identity(backend, policy, request, client_context=given.client_context)
+        identity = answer_identity(
+            backend, policy, request, client_context=given.client_context, engine=engine
+        )
         if conversation is None:
             conversation = Conversation.objects.create(
                 user_id=owner.user_id,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import asdict, dataclass
 
+from ..infra.engines import EngineSpec
 from ..models import RegressionCase, RegressionRun
 from ..protocol.events import Finish
 from ..stores.policy_store import ResolvedPolicy
@@ -53,9 +54,11 @@ class CaseResult:
     text: str  # what the user would get
 
 
-async def _one(policy: ResolvedPolicy, prompt: str, expected: str) -> CaseResult:
+async def _one(
+    policy: ResolvedPolicy, prompt: str, expected: str, engine: EngineSpec | None
+) -> CaseResult:
     try:
-        result = await trial_run(policy=policy, text=prompt, user_id=None)
+        result = await trial_run(policy=policy, text=prompt, user_id=None, engine=engine)
     except TurnError as exc:
         return CaseResult(prompt, expected, [], False, str(exc), "")
     got = outcomes_of(result)
@@ -63,9 +66,12 @@ async def _one(policy: ResolvedPolicy, prompt: str, expected: str) -> CaseResult
     return CaseResult(prompt, expected, sorted(got), expected in got, reason, result.text)
 
 
-async def regressions_run(policy: ResolvedPolicy, cases: list[tuple[str, str]]) -> list[CaseResult]:
-    """Every (prompt, expected) case through `policy`, at once; results in the cases' order."""
-    return list(await asyncio.gather(*(_one(policy, p, e) for p, e in cases)))
+async def regressions_run(
+    policy: ResolvedPolicy, cases: list[tuple[str, str]], engine: EngineSpec | None = None
+) -> list[CaseResult]:
+    """Every (prompt, expected) case through `policy` on its `engine` (None: the default), at
+    once; results in the cases' order."""
+    return list(await asyncio.gather(*(_one(policy, p, e, engine) for p, e in cases)))
 
 
 def run_record(

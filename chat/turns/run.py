@@ -26,6 +26,7 @@ from ..engine.types import (
     Ticket,
 )
 from ..infra import metrics as prometheus
+from ..infra.runtime import Serving
 from ..models import Message, OutputPolicy
 from ..policy import Cut, Emit, Hold, Retract, gate_for, reask_message, reask_tool_message
 from ..policy.explanation import explain
@@ -59,6 +60,7 @@ class TurnRun(TurnFinish):
         backend: Backend,
         stack: SchedulerStack,
         accepted_at: float,
+        serving: Serving | None = None,
     ):
         self.turn = Turn(
             request_id=prompt.request_id,
@@ -92,6 +94,9 @@ class TurnRun(TurnFinish):
         self.request = prepared.request
         self.accepted_at = accepted_at
         self._backend = backend
+        # The engine row answering (None: the default engine), and whether as a fallback.
+        self.engine = serving.engine if serving is not None else None
+        self.fallback = serving.fallback if serving is not None else False
         # Cacheable answers of one identity in flight share one generation (chat/engine/stack.py):
         # a policy that caches nothing shares nothing.
         self._scheduler = stack.for_answer(prepared.cache_key)
@@ -151,6 +156,7 @@ class TurnRun(TurnFinish):
             prompt_tokens=len(self.request.input_ids),
             retries=0,
             cached_new_tokens=entry.get("new_tokens") or 0,
+            **self.engine_metrics(),
         )
         await turn.emit(
             events.Done(
@@ -197,6 +203,7 @@ class TurnRun(TurnFinish):
                 tokens=0,
                 prompt_tokens=cached_metrics["prompt_tokens"] or 0,
                 cached=True,
+                engine=self.engine.name if self.engine is not None else "",
             )
         except Exception:
             log.exception("could not record the cache hit of %s", turn.request_id)

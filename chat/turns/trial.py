@@ -10,6 +10,7 @@ service replied, which would make the trial a reader of any address the hook can
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from asgiref.sync import sync_to_async
 
 from ..engine.types import EngineError, Failed
+from ..infra.engines import EngineSpec
 from ..infra.runtime import NotReady, runtime
 from ..models import Conversation, Message
 from ..policy.http import service_failures
@@ -131,8 +133,15 @@ def trial_prepare(policy: ResolvedPolicy, text: str, backend) -> tuple[Prepared,
     return prepared, prompt
 
 
-async def trial_run(*, policy: ResolvedPolicy, text: str, user_id: int | None) -> TrialResult:
-    """Answer `text` under the draft `policy` on the live engine and say what happened.
+async def trial_run(
+    *,
+    policy: ResolvedPolicy,
+    text: str,
+    user_id: int | None,
+    engine: EngineSpec | None = None,
+) -> TrialResult:
+    """Answer `text` under the draft `policy` on the live `engine` (None: the default engine)
+    and say what happened.
 
     Counted against the staff member `user_id`'s prompts per minute like a chat turn (None: the
     caller counted it, as a regression run counts once). TurnError says why not
@@ -141,9 +150,13 @@ async def trial_run(*, policy: ResolvedPolicy, text: str, user_id: int | None) -
     if user_id is not None:
         turn_rate_check(owner=Owner(user_id, ""))
     try:
-        backend, stack = runtime.require()
+        if engine is None:
+            serving = runtime.serving(None)
+        else:  # a remote engine's first use builds it: a few questions to its server
+            serving = await sync_to_async(runtime.serving, thread_sensitive=False)(engine)
     except NotReady as exc:
         raise TurnError(exc.code, str(exc)) from None
+    backend, stack = serving.backend, serving.stack
     accepted_at = time.perf_counter()
     # Tokenizing is CPU work: off the event loop, as a turn's preparing is.
     prepared, prompt = await sync_to_async(trial_prepare, thread_sensitive=False)(
@@ -155,6 +168,7 @@ async def trial_run(*, policy: ResolvedPolicy, text: str, user_id: int | None) -
         backend=backend,
         stack=stack,
         accepted_at=accepted_at,
+        serving=serving,
     )
     try:
         run.submit(prepared.request)
@@ -164,3 +178,31 @@ async def trial_run(*, policy: ResolvedPolicy, text: str, user_id: int | None) -
         await run.run()
     run.trial.hook_failures = failures
     return run.trial
+
+
+@dataclass
+class EngineTrial:
+    """The draft's answer on one engine of a side-by-side trial, or why that engine did not run it."""
+
+    engine: str  # its name; "default" for the engine CHAT_BACKEND describes
+    result: TrialResult | None = None
+    problem: str = ""
+
+
+async def trial_side_by_side(
+    *, policy: ResolvedPolicy, text: str, user_id: int | None, engines: list[EngineSpec | None]
+) -> list[EngineTrial]:
+    """The draft answering `text` on each of `engines` at once, counted as one prompt; an engine
+    that cannot run it (down, loading, the prompt too long for it) says so in its own column."""
+    if user_id is not None:
+        turn_rate_check(owner=Owner(user_id, ""))
+
+    async def on(engine: EngineSpec | None) -> EngineTrial:
+        name = engine.name if engine is not None else "default"
+        try:
+            result = await trial_run(policy=policy, text=text, user_id=None, engine=engine)
+        except TurnError as exc:
+            return EngineTrial(name, problem=str(exc))
+        return EngineTrial(name, result)
+
+    return list(await asyncio.gather(*(on(engine) for engine in engines)))

@@ -278,7 +278,13 @@ class ContinuousScheduler(Scheduler):
         )
         for ticket, _ in failed:
             self._release(ticket)
-            ticket.sink(Failed(error=f"{type(exc).__name__}: {exc}", at=time.perf_counter()))
+            ticket.sink(
+                Failed(
+                    error=f"{type(exc).__name__}: {exc}",
+                    at=time.perf_counter(),
+                    code=getattr(exc, "code", "model_error"),
+                )
+            )
 
     def _release(self, ticket: Ticket) -> None:
         with self._cond:

@@ -105,6 +105,12 @@ class Capabilities:
             if changed and name != "chat":
                 self._tell(f"{name}:{value}", f"{name}: {value}")
 
+    def identity(self) -> dict[str, Any]:
+        """What changes the answers the server gives us: the fields it refused (never sent
+        again) and whether it enforces a schema."""
+        with self._lock:
+            return {"refused": sorted(self.refused), "schema": self.schema}
+
     @property
     def enforces_schema(self) -> bool:
         return self.schema == "enforced"

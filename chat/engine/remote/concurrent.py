@@ -303,7 +303,13 @@ class ConcurrentScheduler(Scheduler):
                 log.warning("generation failed for %s: %s", request.label or ticket.number, exc)
             else:
                 log.exception("generation failed for %s", request.label or ticket.number)
-            ticket.sink(Failed(error=f"{type(exc).__name__}: {exc}", at=time.perf_counter()))
+            ticket.sink(
+                Failed(
+                    error=f"{type(exc).__name__}: {exc}",
+                    at=time.perf_counter(),
+                    code=getattr(exc, "code", "model_error"),
+                )
+            )
             return
         ticket.sink(Finished(result))
 

@@ -20,7 +20,14 @@ from typing import Any, cast
 from urllib.parse import urlsplit
 
 from ..text.holdback import StopStringHoldback
-from ..types import EngineError, GenerationRequest, GenerationResult, OnText, PromptTooLong
+from ..types import (
+    EngineError,
+    EngineUnavailable,
+    GenerationRequest,
+    GenerationResult,
+    OnText,
+    PromptTooLong,
+)
 from .capabilities import Capabilities
 
 # How often a stream's cancel watcher looks whether the stream ended by itself; a cancel wakes it at once.
@@ -100,18 +107,18 @@ class Stream:
         except TimeoutError:
             if not self.request.cancel.is_set():
                 caps.saw(chat="silent")
-                raise EngineError(
+                raise EngineUnavailable(
                     f"the inference server at {target} sent nothing for {self.timeout:g} s"
                 ) from None
         except ConnectionRefusedError:
             caps.saw(chat="unreachable")
-            raise EngineError(
+            raise EngineUnavailable(
                 f"the inference server at {target} refused the connection (is it running?)"
             ) from None
         except (OSError, http.client.HTTPException) as exc:
             if not self.request.cancel.is_set():
                 caps.saw(chat="unreachable")
-                raise EngineError(
+                raise EngineUnavailable(
                     f"the connection to the inference server at {target} failed: {exc}"
                 ) from None
         finished = time.perf_counter()
@@ -201,7 +208,9 @@ class Stream:
             and self.upstream_finish is None
             and not self.holdback.stopped
         ):
-            raise EngineError("the inference server closed the stream before the answer ended")
+            raise EngineUnavailable(
+                "the inference server closed the stream before the answer ended"
+            )
 
     def _event(self, payload: str) -> None:
         try:

@@ -5,6 +5,7 @@ import asyncio
 
 from django.core.management.base import BaseCommand, CommandError
 
+from chat.infra.engines import EngineSpec
 from chat.infra.runtime import runtime
 from chat.models import OutputPolicy
 from chat.stores.policy_store import compile_policy
@@ -29,7 +30,8 @@ class Command(BaseCommand):
         runtime.start()
         if not runtime.wait():
             raise CommandError(f"the model failed to load: {runtime.detail}")
-        results = asyncio.run(regressions.regressions_run(compile_policy(policy), cases))
+        engine = EngineSpec.of(policy.engine) if policy.engine is not None else None
+        results = asyncio.run(regressions.regressions_run(compile_policy(policy), cases, engine))
         for result in results:
             mark = "PASS" if result.passed else "FAIL"
             got = ", ".join(result.got) or "—"

@@ -71,6 +71,8 @@ def turn_error(code: str, message: str, resets_at: str | None = None) -> OpenAIE
         reset = datetime.fromisoformat(resets_at.replace("Z", "+00:00"))
         wait = max(1, math.ceil((reset - datetime.now(UTC)).total_seconds()))
         error.headers = {"Retry-After": str(wait), "x-should-retry": "false"}
+    elif known.retry_after is not None:  # e.g. engine_unavailable: worth a retry, not at once
+        error.headers = {"Retry-After": str(known.retry_after)}
     return error
 
 

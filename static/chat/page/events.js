@@ -109,6 +109,7 @@ function onDone(answer, msg) {
     show(answer.parts.metrics, formatMetrics({
       firstMs: answer.tFirst - answer.t0, lastMs: now - answer.t0,
       tokens: m.new_tokens, tps: m.tokens_per_s,
+      engine: m.engine, model: m.model, fallback: m.fallback,
     }));
   });
   answer.messageId = msg.message ?? answer.messageId;
@@ -142,7 +143,7 @@ function onError(msg) {
   if (answer.live) {
     setStatus(answer, '');
     // The model failed mid-answer: what it wrote is kept, and Continue may finish it.
-    if (msg.code === 'model_error') answer.finishReason = 'failed';
+    if (msg.code === 'model_error' || msg.code === 'engine_unavailable') answer.finishReason = 'failed';
     finish(answer, 'error');
   }
 }

@@ -17,8 +17,10 @@ export function finishDisplay(reason) {
 
 function secs(ms) { return (ms / 1000).toFixed(2); }
 
-export function formatMetrics({ firstMs, lastMs, tokens, tps }) {
+export function formatMetrics({ firstMs, lastMs, tokens, tps, engine, model, fallback }) {
   const parts = [];
+  // An engine row's answer names it (the default engine's answers look as they always did).
+  if (engine && engine !== 'default') parts.push(`${engine} (${model})${fallback ? ', as fallback' : ''}`);
   if (typeof firstMs === 'number') parts.push(`first character ${secs(firstMs)} s`);
   if (typeof lastMs === 'number') parts.push(`last ${secs(lastMs)} s`);
   if (typeof tokens === 'number') parts.push(`${tokens} ${tokens === 1 ? 'token' : 'tokens'}`);
@@ -198,7 +200,10 @@ export function renderHistoryMessage(m) {
   showExplanation(answer, m.explanation);
   if (m.metrics) {
     const x = m.metrics;
-    show(answer.parts.metrics, formatMetrics({ firstMs: x.ttft_ms, lastMs: x.total_ms, tokens: x.new_tokens, tps: x.tokens_per_s }));
+    show(answer.parts.metrics, formatMetrics({
+      firstMs: x.ttft_ms, lastMs: x.total_ms, tokens: x.new_tokens, tps: x.tokens_per_s,
+      engine: x.engine, model: x.model, fallback: x.fallback,
+    }));
   }
   return answer.root;
 }

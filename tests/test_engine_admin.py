@@ -1,0 +1,186 @@
+"""Engine rows around the answers: a remote engine's key only ever named from the operator's
+allow-list, /healthz's line per engine (ok or unavailable, why only in the log), and the latency
+page's split by engine. No model: the runtime's slots are set by hand."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.core.exceptions import ValidationError
+
+from chat.infra import behaviour, latency
+from chat.infra.engines import EngineSpec
+from chat.infra.runtime import runtime
+from chat.models import Conversation, Engine
+from chat.transports.health import health, public
+from tests.test_latency_page import store
+
+pytestmark = [pytest.mark.unit, pytest.mark.django_db]
+
+
+def remote(**fields) -> Engine:
+    return Engine(
+        name="Big server",
+        slug="big",
+        kind=Engine.Kind.REMOTE,
+        api_root="http://10.0.0.5:8000/v1",
+        served_model="qwen",
+        **fields,
+    )
+
+
+def test_a_remote_engines_key_is_named_from_the_allow_list_and_shown_only_as_set(settings):
+    """Only a variable CHAT_HOOKS secrets= lists may be named; the row holds the name, and
+    whether it holds a key is all anyone is shown."""
+    settings.CHAT_HOOK_SECRETS = {"VLLM_KEY": "sk-secret", "UNSET_KEY": ""}
+    with pytest.raises(ValidationError) as refused:
+        remote(api_key_variable="SECRET_KEY").full_clean()
+    assert "api_key_variable" in refused.value.message_dict
+    named = remote(api_key_variable="VLLM_KEY")
+    named.full_clean()
+    assert named.api_key_set and not remote(api_key_variable="UNSET_KEY").api_key_set
+    with pytest.raises(ValidationError):
+        Engine(name="Half", slug="half", kind=Engine.Kind.REMOTE).full_clean()  # no root, model
+
+
+def test_healthz_says_which_engine_is_down_without_saying_why():
+    """An engine refused after a failure is `unavailable` under `engines` and the process is
+    degraded, not down; the public report carries no detail (the URL, the error)."""
+    spec = EngineSpec.of(remote(id=41))
+    try:
+        runtime.engines.failed(spec, "refused the connection at http://10.0.0.5:8000/v1")
+        _, report = health()
+        assert report["engines"] == {
+            "big": "unavailable: refused the connection at http://10.0.0.5:8000/v1"
+        }
+        shown = public(report)
+        assert shown["engines"] == {"big": "unavailable"}
+        assert "10.0.0.5" not in str(shown)
+    finally:
+        runtime.engines.close()
+
+
+def test_the_latency_and_behaviour_pages_split_answers_by_engine(admin_client):
+    """?engine= keeps one engine's answers, by the name their metrics carry."""
+    conversation = Conversation.objects.create(session_key="s", title="engines")
+    for engine, ttft in (("default", 100), ("default", 200), ("Big server", 900)):
+        store(conversation, ago=timedelta(minutes=5), ttft_ms=ttft, total_ms=ttft, engine=engine)
+    assert latency.latency_report(24).totals.count == 3
+    assert latency.latency_report(24, engine="Big server").totals.ttft_p50 == 900
+    assert latency.latency_report(24, engine="default").totals.count == 2
+    assert behaviour.behaviour_report(24).totals.finished == 3
+    assert behaviour.behaviour_report(24, engine="Big server").totals.finished == 1
+    remote().save()
+    for page in ("latency", "behaviour"):
+        html = admin_client.get(f"/admin/{page}/?engine=Big+server").content.decode()
+        assert '<option value="Big server" selected>' in html
+
+
+def test_the_providers_groups_claim_fills_the_groups_engines_are_kept_for():
+    """With a groups claim configured, each sign-in sets the user's membership of the groups an
+    engine names from the claim; a group no engine names is the admin's and left alone."""
+    from django.contrib.auth.models import Group
+
+    from chat.stores.oidc_accounts import account_for
+
+    engine_group, other = Group.objects.create(name="gpu"), Group.objects.create(name="other")
+    row = remote()
+    row.save()
+    row.groups.add(engine_group)
+    mapping = {"groups_claim": "groups", "staff_groups": set(), "superuser_groups": set()}
+    issuer = "https://id.example"
+    user = account_for({"sub": "u1", "groups": ["/gpu"]}, issuer=issuer, mapping=mapping)
+    assert set(user.groups.values_list("name", flat=True)) == {"gpu"}
+    user.groups.add(other)
+    account_for({"sub": "u1", "groups": []}, issuer=issuer, mapping=mapping)
+    assert set(user.groups.values_list("name", flat=True)) == {"other"}
+
+
+def test_a_full_or_down_engine_sends_its_policies_to_the_fallback(monkeypatch):
+    """The policy's own engine while it has room; its fallback, marked so, while it is full or
+    refused; without a fallback, the engine's own refusal."""
+    from types import SimpleNamespace
+
+    from chat.infra.runtime import NotReady
+
+    own, stand_in = EngineSpec.of(remote(id=51)), EngineSpec(52, "Small", "small", "remote")
+    queues = {"big": SimpleNamespace(waiting=0, max_waiting=2), "small": SimpleNamespace(waiting=0)}
+    monkeypatch.setattr(
+        runtime.engines,
+        "get",
+        lambda spec: (object(), SimpleNamespace(base=queues[spec.slug])),
+    )
+    assert runtime.serving(own, stand_in).engine == own
+    queues["big"].waiting = 2
+    chosen = runtime.serving(own, stand_in)
+    assert chosen.engine == stand_in and chosen.fallback
+    assert runtime.serving(own).engine == own  # no fallback: the queue itself refuses
+    monkeypatch.undo()
+    try:
+        runtime.engines.failed(own, "refused")
+        with pytest.raises(NotReady) as refused:
+            runtime.serving(own)
+        assert refused.value.code == "engine_unavailable"
+    finally:
+        runtime.engines.close()
+
+
+def test_a_remote_engine_that_refuses_or_says_nothing_is_refused_at_its_first_prompt():
+    """A server that refuses the connection, or accepts it and says nothing, is
+    `engine_unavailable` at once (asked for a second at most), never built to fail later."""
+    import socket
+
+    from chat.infra.runtime import NotReady
+
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    refusing_port = closed.getsockname()[1]
+    closed.close()
+    silent = socket.create_server(("127.0.0.1", 0))  # listens, never answers
+    try:
+        for number, port in enumerate((refusing_port, silent.getsockname()[1])):
+            spec = EngineSpec(
+                60 + number,
+                f"Engine {number}",
+                f"e{number}",
+                "remote",
+                api_root=f"http://127.0.0.1:{port}/v1",
+                served_model="m",
+            )
+            with pytest.raises(NotReady) as refused:
+                runtime.serving(spec)
+            assert refused.value.code == "engine_unavailable"
+            assert runtime.engines.statuses()[spec.slug].startswith("unavailable")
+    finally:
+        silent.close()
+        runtime.engines.close()
+
+
+def test_an_engine_changed_while_it_answers_keeps_its_old_stack_until_those_end(monkeypatch):
+    """Staff change an engine's limits while it answers: the next prompt gets a new stack, the
+    running answers keep the old one, which is closed once it is idle."""
+    from types import SimpleNamespace
+
+    queue = SimpleNamespace(running=1, waiting=0)
+    closed: list[int] = []
+    made = iter(range(10))
+
+    def build(slot):
+        number = next(made)
+        slot.backend = object()
+        slot.stack = SimpleNamespace(base=queue, close=lambda: closed.append(number))
+        slot.state = "ready"
+
+    monkeypatch.setattr(runtime.engines, "_build_remote", build)
+    spec = EngineSpec.of(remote(id=70))
+    try:
+        _, first = runtime.engines.get(spec)
+        changed = EngineSpec.of(remote(id=70, max_concurrency=2))
+        _, second = runtime.engines.get(changed)
+        assert second is not first and closed == []  # the old one still answers
+        queue.running = 0
+        runtime.engines.get(changed)
+        assert closed == [0]
+    finally:
+        runtime.engines.close()
