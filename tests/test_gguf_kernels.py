@@ -9,14 +9,15 @@ only reads (Q4_K, Q5_K, Q6_K). Each runs on the kernels this CPU compiles and on
 
 from __future__ import annotations
 
+import gguf
 import numpy as np
 import pytest
 import torch
 
 from chat.engine.weights import blockquant
 from chat.engine.weights.blockquant import BlockQuantLinear
+from tests import gguf_models
 
-gguf = pytest.importorskip("gguf")
 Q = gguf.GGMLQuantizationType
 
 supported, why = blockquant.cpu_supported()
@@ -27,8 +28,6 @@ pytestmark = [
 
 QUANTIZABLE = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
 K_QUANTS = [Q.Q4_K, Q.Q5_K, Q.Q6_K]
-# Byte offsets of each k-quant block's fp16 scales: random bytes there could be inf or nan.
-K_SCALE_OFFSETS = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
 ISAS = ["native", "avx2"]
 
 
@@ -39,19 +38,14 @@ def builds():
     return {"native": native, "avx2": blockquant.build("avx2")}
 
 
-def file_rows(qtype: gguf.GGMLQuantizationType, out_features: int, in_features: int, seed: int) -> np.ndarray:
+def file_rows(
+    qtype: gguf.GGMLQuantizationType, out_features: int, in_features: int, seed: int
+) -> np.ndarray:
     """uint8 [out, row bytes]: rows of valid blocks of `qtype`, as a GGUF file stores them."""
-    rng = np.random.default_rng(seed)
-    if qtype in QUANTIZABLE:
-        weights = (rng.standard_normal((out_features, in_features)) * 0.05).astype(np.float32)
-        weights[0, :32] = 0.0  # an all-zero block: its scale is 0
-        return gguf.quants.quantize(weights, qtype)
-    block_weights, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
-    blocks = rng.integers(0, 256, (out_features, in_features // block_weights, block_bytes), dtype=np.uint8)
-    for offset in K_SCALE_OFFSETS[qtype]:
-        scales = (rng.random(blocks.shape[:2]) * 0.01 + 1e-4).astype(np.float16)
-        blocks[..., offset : offset + 2] = scales[..., None].view(np.uint8)
-    return blocks.reshape(out_features, -1)
+    rows = gguf_models.blocks(qtype, out_features, in_features, np.random.default_rng(seed))
+    if qtype in QUANTIZABLE:  # an all-zero block too: its scale is 0
+        rows[0] = gguf.quants.quantize(np.zeros((1, in_features), np.float32), qtype)[0]
+    return rows
 
 
 def reference(rows: np.ndarray, qtype: gguf.GGMLQuantizationType, x: np.ndarray) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""Load the local model: its folder found (and converted once) by weights/, a LocalBackend built.
+"""Load the local model: its folder found (and converted once) by weights/, or a GGUF file named
+by CHAT_MODEL_PATH (gguf_backend.py), a LocalBackend built.
 
 `load_backend` is the plain-Python way in (see chat/engine/__init__.py). This module imports no
 torch until it is called, so a process that never loads the model never pays for it.
@@ -7,9 +8,11 @@ torch until it is called, so a process that never loads the model never pays for
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..types import EngineConfig, Progress
+from ..weights.gguf_file import is_gguf_file
 from ..weights.loading import (
     ModelNotFound,
     bundled_gguf_path,
@@ -28,6 +31,12 @@ def load_backend(config: EngineConfig | None = None, progress: Progress = log.in
     from .backend import LocalBackend  # here: importing it loads torch
 
     config = config or EngineConfig()
+    if is_gguf_file(config.model_path):
+        from .gguf_backend import load_gguf_backend
+
+        path = Path(str(config.model_path))
+        fingerprint = weights_fingerprint(path, config.data_dir)
+        return load_gguf_backend(path, config, fingerprint=fingerprint, progress=progress)
     model_dir = resolve_model_dir(config, progress)
     fingerprint = weights_fingerprint(model_dir, config.data_dir)
     gguf = None

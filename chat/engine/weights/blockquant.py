@@ -206,7 +206,9 @@ class BlockQuantLinear(nn.Module):
         self.kind = kind
         self.ggml_type, block_weights, block_bytes = {**SPLIT_KINDS, **RAW_KINDS}[kind]
         if in_features % block_weights:
-            raise ValueError(f"{kind}: in_features {in_features} is not a multiple of {block_weights}")
+            raise ValueError(
+                f"{kind}: in_features {in_features} is not a multiple of {block_weights}"
+            )
         self.in_features = in_features
         self.out_features = out_features
         self._kernels = kernels()
@@ -216,7 +218,9 @@ class BlockQuantLinear(nn.Module):
             out_features,
             in_features // block_weights * block_bytes,
         ):
-            raise ValueError(f"{kind}: blocks of shape {tuple(qs.shape)} do not fit {out_features}x{in_features}")
+            raise ValueError(
+                f"{kind}: blocks of shape {tuple(qs.shape)} do not fit {out_features}x{in_features}"
+            )
         self.register_buffer("qs", qs.contiguous())
         self.register_buffer("d", (d if d is not None else torch.zeros(0)).float().contiguous())
         self.register_buffer("m", (m if m is not None else torch.zeros(0)).float().contiguous())
@@ -251,7 +255,9 @@ class BlockQuantLinear(nn.Module):
             return cls(kind, in_features, out_features, rows, bias=bias)
         block_bytes = SPLIT_KINDS[kind][2]
         if in_features % GROUP or rows.shape[1] != in_features // GROUP * block_bytes:
-            raise ValueError(f"{kind}: rows of {rows.shape[1]} bytes do not fit {in_features} inputs")
+            raise ValueError(
+                f"{kind}: rows of {rows.shape[1]} bytes do not fit {in_features} inputs"
+            )
         blocks = rows.reshape(out_features, in_features // GROUP, block_bytes)
         d = blocks[..., 0:2].contiguous().view(torch.float16).squeeze(-1).float()
         if kind == "q4_1":
