@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .blockquant import KIND_OF_TYPE, BlockQuantLinear
+from .blockquant import KIND_OF_TYPE, SPLIT_KINDS, BlockQuantLinear
 from .gguf_blocks import LLAMA_NAMES, unpermute_rows
 
 log = logging.getLogger(__name__)
@@ -152,7 +152,8 @@ def swap_in_blocks(
         error = (layer.weight_float() - reference).abs().max()
         if error > MATCH_TOLERANCE * max(reference.abs().max().item(), 1e-30):
             raise ValueError(f"{tensor.name}'s blocks do not match the weight transformers loaded")
-        layer.int8_activations = int8_activations
+        # llama.cpp's int8 activations exist for the split kinds only; the raw ones stay fp32.
+        layer.int8_activations = int8_activations and layer.kind in SPLIT_KINDS
         setattr(parent, attribute, layer)
         counts[layer.kind] = counts.get(layer.kind, 0) + 1
     return counts
