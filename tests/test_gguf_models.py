@@ -8,10 +8,13 @@ with the file's blocks in its linears and the fused decode step, must give the s
 
 from __future__ import annotations
 
+import asyncio
+import json
 from dataclasses import replace
 
 import pytest
 import torch
+import websockets
 
 from chat.engine.local import llama_step
 from chat.engine.local.loader import load_backend
@@ -19,7 +22,7 @@ from chat.engine.types import EngineConfig
 from chat.engine.weights import blockquant, gguf_file
 from chat.engine.weights.blockquant import BlockQuantLinear
 from tests import gguf_models
-from tests.conftest import chunks_text
+from tests.conftest import LIVE_CACHE_URL, chunks_text
 
 supported, why = blockquant.cpu_supported()
 needs_kernels = pytest.mark.skipif(not supported, reason=f"block-quant kernels need AVX2: {why}")
@@ -110,26 +113,28 @@ def test_its_logits_are_transformers_forward_on_the_same_weights(tiny):
 
 @pytest.mark.integration
 @needs_kernels
-@pytest.mark.django_db(transaction=True)
-async def test_an_answer_streams_over_the_socket_from_a_gguf_file(tiny, monkeypatch, make_client):
-    """The project's WebSocket consumer, in process (channels' communicator), over the tiny
-    model's own stack: the turn streams its chunks and ends as the engine ended it."""
-    from chat.engine.stack import build_stack
-    from chat.infra.runtime import runtime
+async def test_an_answer_streams_over_a_real_socket_from_a_gguf_file(tmp_path):
+    """A daphne whose CHAT_MODEL_PATH is a tiny Qwen2 file, and a real WebSocket client:
+    accepted, chunks, done, the chunks being the answer."""
+    from harness.liveserver import LiveServer
 
-    backend, _ = tiny
-    stack = build_stack(backend, runtime.stack_config())
-    monkeypatch.setattr(runtime, "backend", backend)
-    monkeypatch.setattr(runtime, "stack", stack)
+    path = gguf_models.write_model(tmp_path / "tiny-qwen2.gguf", "qwen2")
+    (tmp_path / "live").mkdir()
+    server = LiveServer(
+        tmp_path / "live", CHAT_MODEL_PATH=str(path), CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL
+    ).start()
     try:
-        client = await make_client()
-        request_id = await client.prompt("hi there")
-        events = await client.receive_until("done", request_id, timeout=120)
+        async with websockets.connect(server.ws_url, origin=server.url) as ws:
+            await ws.send(json.dumps({"type": "prompt", "request_id": "g1", "text": "hi there"}))
+            events = []
+            while not events or events[-1]["type"] not in {"done", "error"}:
+                events.append(json.loads(await asyncio.wait_for(ws.recv(), 120)))
     finally:
-        stack.close()
-    assert events[0]["type"] == "accepted"
+        server.stop()
+    kinds = [event["type"] for event in events]
+    assert kinds[0] == "accepted" and kinds[-1] == "done" and "chunk" in kinds, events[-1]
+    assert chunks_text(events) == events[-1]["text"]
     assert events[-1]["finish_reason"] in {"eos", "length"}
-    assert [e for e in events if e["type"] == "chunk"] and chunks_text(events)
 
 
 def _unsupported_file(folder, architecture: str = "llama"):
