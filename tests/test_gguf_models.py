@@ -74,10 +74,15 @@ def test_the_file_alone_gives_the_model_its_shape_tokenizer_template_and_blocks(
 
 @pytest.mark.integration
 @needs_kernels
-def test_its_logits_are_transformers_forward_on_the_same_weights(tiny):
+@pytest.mark.parametrize("step_isa", ["native", "avx2"])
+def test_its_logits_are_transformers_forward_on_the_same_weights(tiny, step_isa, monkeypatch):
     """A prefill through the kernels (up to 16 tokens) and through the dequantized GEMM (more),
-    then decode steps through the fused C++ step, each against transformers' float forward."""
+    then decode steps through the fused C++ step (built from the kernels this CPU compiles, or
+    from the AVX2 build), each against transformers' float forward."""
     backend, reference = tiny
+    if step_isa == "avx2":
+        avx2 = blockquant.build("avx2")
+        monkeypatch.setattr(llama_step, "kernels", lambda: avx2)
     ids = torch.tensor([backend.encode(PROMPT)])
     assert ids.shape[1] > blockquant.MAX_KERNEL_ROWS
     with torch.no_grad():
@@ -87,6 +92,7 @@ def test_its_logits_are_transformers_forward_on_the_same_weights(tiny):
 
     fed: list[int] = []
     decoded: list[torch.Tensor] = []
+    backend.prefix_store.clear()  # the whole prompt prefilled, whichever test ran before
     batch = backend.new_batch()
     forward = batch._forward
 
