@@ -20,6 +20,7 @@ from torch import nn
 
 from ..types import EngineConfig, Progress
 from ..weights import blockquant, gguf_file, quant_choice, weight_major
+from ..weights.loading import weights_fingerprint
 from . import attention
 from .backend import LocalBackend, pick_device, pick_dtype
 from .threads import ThreadPlan
@@ -28,11 +29,12 @@ log = logging.getLogger(__name__)
 
 
 def load_gguf_backend(
-    path: Path, config: EngineConfig, *, fingerprint: str, progress: Progress = log.info
+    path: Path, config: EngineConfig, *, progress: Progress = log.info
 ) -> LocalBackend:
     """Load the model in the GGUF file `path`; raises gguf_file.UnsupportedModelFile (one error
     naming the architecture or tensor types) for a file this engine cannot run."""
     architecture = gguf_file.check_runnable(path)
+    fingerprint = weights_fingerprint(path, config.data_dir)
     threads = ThreadPlan.configured(config.threads, config.decode_threads)
     torch.set_num_threads(threads.prefill)
     device = pick_device(config.device)

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..types import EngineConfig, Progress
-from ..weights.gguf_file import is_gguf_file
 from ..weights.loading import (
     ModelNotFound,
     bundled_gguf_path,
+    is_gguf_file,
     resolve_model_dir,
     weights_fingerprint,
 )
@@ -34,9 +34,7 @@ def load_backend(config: EngineConfig | None = None, progress: Progress = log.in
     if is_gguf_file(config.model_path):
         from .gguf_backend import load_gguf_backend
 
-        path = Path(str(config.model_path))
-        fingerprint = weights_fingerprint(path, config.data_dir)
-        return load_gguf_backend(path, config, fingerprint=fingerprint, progress=progress)
+        return load_gguf_backend(Path(str(config.model_path)), config, progress=progress)
     model_dir = resolve_model_dir(config, progress)
     fingerprint = weights_fingerprint(model_dir, config.data_dir)
     gguf = None

@@ -39,10 +39,6 @@ class UnsupportedModelFile(RuntimeError):
     """A GGUF file this engine cannot run: the message names the architecture or tensor types."""
 
 
-def is_gguf_file(path: str | Path | None) -> bool:
-    return bool(path) and Path(str(path)).suffix.lower() == ".gguf"
-
-
 def _field(reader: Any, key: str) -> Any:
     field = reader.fields.get(key)
     return None if field is None else field.contents()

