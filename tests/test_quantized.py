@@ -69,7 +69,7 @@ def test_unpermuting_rows_undoes_llama_cpps_rotary_permutation(heads):
     original = torch.arange(rows)
     # convert_hf_to_gguf.py's permute(weights, n_head)
     permuted = original.reshape(heads, 2, rows // heads // 2).swapaxes(1, 2).reshape(rows)
-    assert torch.equal(permuted[gguf_blocks._unpermute_rows(rows, heads)], original)
+    assert torch.equal(permuted[gguf_blocks.unpermute_rows(rows, heads)], original)
 
 
 # -- on the real model ---------------------------------------------------------------------

@@ -151,7 +151,7 @@ class EngineConfig:
     """Everything the local engine needs, read from the environment by the caller.
 
     Args:
-        model_path: a local Hugging Face model folder; None for the bundled default.
+        model_path: a local Hugging Face model folder or a .gguf file; None for the bundled default.
         data_dir: where the converted default model is kept.
         dtype: "auto", "bfloat16", "float16" or "float32".
         device: "auto", "cpu", "cuda" or "mps".

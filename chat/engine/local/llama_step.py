@@ -1,4 +1,4 @@
-"""A decode step in one C++ call, for a Llama-architecture model on GGUF blocks.
+"""A decode step in one C++ call, for a Llama or Qwen2 model on GGUF blocks.
 
 Through transformers' modules a decode step of SmolLM2 is about 1,500 dispatched torch operators
 around the 211 block matmuls, each paying Python and the dispatcher: a third of a one-row step
@@ -8,8 +8,9 @@ new token a row, on the tensors the eager path uses: the linears' blocks, the no
 frequencies and the KV cache's buffers, into which it writes the new column as the eager step
 would. Prefills, and every model it does not recognise, keep transformers' forward.
 
-`prepare(model)` says whether the model is one it computes exactly (a Llama decoder, fp32 on the
-CPU, every projection and the LM head a BlockQuantLinear, a static rotary table) and builds it;
+`prepare(model)` says whether the model is one it computes exactly (a Llama or Qwen2 decoder, fp32
+on the CPU, every projection and the LM head a BlockQuantLinear of any block type, biases on q, k
+and v only, a static rotary table) and builds it;
 the running batch calls the result for its decode steps (decoding.py). The logits match the
 eager step's within fp32 rounding (tests/test_llama_step.py).
 """
@@ -28,6 +29,11 @@ from .kv_cache import GrowingLayer
 # Rotary types whose frequencies do not change with the sequence's length (the dynamic ones
 # recompute them as a sequence grows, which the C++ step does not).
 STATIC_ROPE = ("default", "linear", "llama3")
+# The decoders the C++ step computes: the same layer but for Qwen2's biases on q, k and v.
+DECODERS = {
+    "LlamaForCausalLM": "LlamaDecoderLayer",
+    "Qwen2ForCausalLM": "Qwen2DecoderLayer",
+}
 PROJECTIONS = (
     ("self_attn", "q_proj"),
     ("self_attn", "k_proj"),
@@ -114,31 +120,44 @@ def _projections(inner: Any) -> list[Any]:
     ]
 
 
-def _parts(linear: BlockQuantLinear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool, bool]:
-    return (linear.qs, linear.d, linear.m, linear.kind == "q4_1", linear.int8_activations)
+def _parts(
+    linear: BlockQuantLinear,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, bool, torch.Tensor]:
+    bias = linear.bias if linear.bias is not None else torch.zeros(0)
+    return (linear.qs, linear.d, linear.m, linear.ggml_type, linear.int8_activations, bias)
 
 
 def unsupported(model: nn.Module) -> str:
     """Why the C++ step would not compute `model` exactly ("" when it would)."""
     config = getattr(model, "config", None)
-    if type(model).__name__ != "LlamaForCausalLM" or config is None:
-        return f"{type(model).__name__} is not a Llama decoder"
+    kind = type(model).__name__
+    if kind not in DECODERS or config is None:
+        return f"{kind} is not a Llama or Qwen2 decoder"
     if model.device.type != "cpu" or model.dtype != torch.float32:
         return f"{model.dtype} on {model.device.type}: only fp32 on the CPU"
     if getattr(config, "hidden_act", "") != "silu" or getattr(config, "mlp_bias", False):
         return "the MLP is not a bias-free SiLU gate"
-    if getattr(config, "attention_bias", False):
-        return "the attention has biases"
     inner = model.model
     if getattr(inner.rotary_emb, "rope_type", "") not in STATIC_ROPE:
         return f"rotary type {inner.rotary_emb.rope_type!r} changes with the length"
     if type(inner.embed_tokens) is not nn.Embedding:
         return "the embedding is not a plain table"
-    if not all(type(m) is BlockQuantLinear for m in [model.lm_head, *_projections(inner)]):
+    linears = [model.lm_head, *_projections(inner)]
+    if not all(type(m) is BlockQuantLinear for m in linears):
         return "the linears are not GGUF blocks (CHAT_ENGINE quant=gguf)"
     for layer in inner.layers:
-        if type(layer).__name__ != "LlamaDecoderLayer" or getattr(
+        if type(layer).__name__ != DECODERS[kind] or getattr(
             layer.self_attn, "sliding_window", None
         ):
-            return "a layer is not a full-attention Llama layer"
+            return "a layer is not a full-attention decoder layer"
+        biased = [
+            layer.self_attn.o_proj,
+            layer.mlp.gate_proj,
+            layer.mlp.up_proj,
+            layer.mlp.down_proj,
+        ]
+        if any(linear.bias is not None for linear in biased):
+            return "a linear other than q, k or v has a bias"
+    if model.lm_head.bias is not None:
+        return "the LM head has a bias"
     return ""

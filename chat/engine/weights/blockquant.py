@@ -35,15 +35,30 @@ log = logging.getLogger(__name__)
 
 KERNELS = Path(__file__).with_name("kernels")
 # The extension's sources: the block matmuls, and the decode step built on them (llama_step.py).
-SOURCES = (KERNELS / "blockquant.cpp", KERNELS / "llama_step.cpp")
+SOURCES = (KERNELS / "blockquant.cpp", KERNELS / "rawblocks.cpp", KERNELS / "llama_step.cpp")
 # Bump when the C++ interface changes, so an old build is never imported.
-EXTENSION = "chat_blockquant_v5"
+EXTENSION = "chat_blockquant_v6"
 # The AVX-512 subsets the AVX-512 kernels are compiled for (cpuinfo names; -mavx512f and so on).
 AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq")
 ISA_LEVELS = ("avx2", "avx512", "avx512-vnni")
 GROUP = 32
 Q8_0_BLOCK_BYTES = 34  # fp16 d, then 32 int8
+Q4_1_BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles
 GGML_Q8_0 = 8
+GGML_Q4_1 = 3
+# The formats kernels/rawblocks.cpp reads as the file stores them: GGML type id, weights and
+# bytes a block. Q4_1 and Q8_0 are split into their own layout for blockquant.cpp's kernels.
+RAW_KINDS = {
+    "q4_0": (2, 32, 18),
+    "q5_0": (6, 32, 22),
+    "q5_1": (7, 32, 24),
+    "q4_k": (12, 256, 144),
+    "q5_k": (13, 256, 176),
+    "q6_k": (14, 256, 210),
+}
+SPLIT_KINDS = {"q4_1": (GGML_Q4_1, 32, Q4_1_BLOCK_BYTES), "q8_0": (GGML_Q8_0, 32, Q8_0_BLOCK_BYTES)}
+# Every GGUF tensor type a BlockQuantLinear computes, by GGML type id.
+KIND_OF_TYPE = {ggml: kind for kind, (ggml, _, _) in {**RAW_KINDS, **SPLIT_KINDS}.items()}
 # A decode step has a handful of rows; above this the dequantize-and-GEMM path is faster.
 MAX_KERNEL_ROWS = 16
 
@@ -161,10 +176,13 @@ def failure() -> str | None:
 
 
 class BlockQuantLinear(nn.Module):
-    """A bias-free linear over Q4_1 (`d * q + m`) or Q8_0 (`d * q`) blocks of 32 inputs.
+    """A linear over GGUF blocks: Q4_1 (`d * q + m`) or Q8_0 (`d * q`) in a split layout, or a
+    file's rows of Q4_0, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K as stored (`RAW_KINDS`).
 
     Buffers: `qs` (Q4_1: uint8 [out, in / 2], two weights a byte as GGUF packs them; Q8_0: int8
-    [out, in]), `d` and, for Q4_1, `m` (float32 [out, in / 32]).
+    [out, in]; a raw kind: uint8 [out, row bytes], the file's row), `d` and, for Q4_1, `m`
+    (float32 [out, in / 32]; empty for a raw kind), and `bias` (float32 [out], or None: Qwen2's
+    q/k/v have one).
     """
 
     def __init__(
@@ -173,25 +191,40 @@ class BlockQuantLinear(nn.Module):
         in_features: int,
         out_features: int,
         qs: torch.Tensor,
-        d: torch.Tensor,
+        d: torch.Tensor | None = None,
         m: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         # With int8 activations (Q8_1 per block of 32, as llama.cpp computes) a block's dot
         # product is integer maddubs/madd: about half the kernel time, at a relative error of
         # about 5e-3 per matmul. Off by default: see docs/engine.md for the quality figures.
+        # The raw kinds always compute with fp32 activations.
         self.int8_activations = False
-        if kind not in ("q4_1", "q8_0"):
+        if kind not in SPLIT_KINDS and kind not in RAW_KINDS:
             raise ValueError(f"unknown block kind {kind!r}")
         self.kind = kind
+        self.ggml_type, block_weights, block_bytes = {**SPLIT_KINDS, **RAW_KINDS}[kind]
+        if in_features % block_weights:
+            raise ValueError(
+                f"{kind}: in_features {in_features} is not a multiple of {block_weights}"
+            )
         self.in_features = in_features
         self.out_features = out_features
         self._kernels = kernels()
         if self._kernels is None:
             raise RuntimeError(f"block-quant kernels unavailable: {failure()}")
+        if kind in RAW_KINDS and tuple(qs.shape) != (
+            out_features,
+            in_features // block_weights * block_bytes,
+        ):
+            raise ValueError(
+                f"{kind}: blocks of shape {tuple(qs.shape)} do not fit {out_features}x{in_features}"
+            )
         self.register_buffer("qs", qs.contiguous())
-        self.register_buffer("d", d.float().contiguous())
+        self.register_buffer("d", (d if d is not None else torch.zeros(0)).float().contiguous())
         self.register_buffer("m", (m if m is not None else torch.zeros(0)).float().contiguous())
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
 
     @classmethod
     def q4_1(cls, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> BlockQuantLinear:
@@ -207,8 +240,37 @@ class BlockQuantLinear(nn.Module):
         out_features, in_features = q.shape
         return cls("q8_0", in_features, out_features, q.to(torch.int8), d)
 
+    @classmethod
+    def from_gguf(
+        cls, ggml_type: int, rows: torch.Tensor, in_features: int, bias: torch.Tensor | None = None
+    ) -> BlockQuantLinear:
+        """From a GGUF tensor's rows as the file stores them (uint8 [out, row bytes]) of any type
+        in `KIND_OF_TYPE`; Q4_1 and Q8_0 are split into their kernels' layout."""
+        kind = KIND_OF_TYPE.get(ggml_type)
+        if kind is None:
+            raise ValueError(f"GGML type {ggml_type} has no block kernel")
+        rows = rows.contiguous().view(torch.uint8)
+        out_features = rows.shape[0]
+        if kind in RAW_KINDS:
+            return cls(kind, in_features, out_features, rows, bias=bias)
+        block_bytes = SPLIT_KINDS[kind][2]
+        if in_features % GROUP or rows.shape[1] != in_features // GROUP * block_bytes:
+            raise ValueError(
+                f"{kind}: rows of {rows.shape[1]} bytes do not fit {in_features} inputs"
+            )
+        blocks = rows.reshape(out_features, in_features // GROUP, block_bytes)
+        d = blocks[..., 0:2].contiguous().view(torch.float16).squeeze(-1).float()
+        if kind == "q4_1":
+            m = blocks[..., 2:4].contiguous().view(torch.float16).squeeze(-1).float()
+            qs = blocks[..., 4:].reshape(out_features, -1)
+            return cls("q4_1", in_features, out_features, qs, d, m, bias=bias)
+        qs = blocks[..., 2:].contiguous().view(torch.int8).reshape(out_features, in_features)
+        return cls("q8_0", in_features, out_features, qs, d, bias=bias)
+
     def weight_float(self) -> torch.Tensor:
         """The float32 weight [out, in] the blocks stand for."""
+        if self.kind in RAW_KINDS:
+            return self._kernels.raw_dequantize(self.qs, self.ggml_type, self.in_features)
         blocks = self.qs.reshape(self.out_features, self.in_features // GROUP, -1)
         if self.kind == "q4_1":
             nibbles = blocks.to(torch.int32)
@@ -228,15 +290,22 @@ class BlockQuantLinear(nn.Module):
             out = self._kernels.q4_1_mm(
                 rows.contiguous(), self.qs, self.d, self.m, self.int8_activations
             )
-        else:
+        elif self.kind == "q8_0":
             out = self._kernels.q8_0_mm(rows.contiguous(), self.qs, self.d, self.int8_activations)
+        else:
+            out = self._kernels.raw_mm(rows.contiguous(), self.qs, self.ggml_type)
+        if self.bias is not None:
+            out = out + self.bias
         if out.dtype != hidden.dtype:
             out = out.to(hidden.dtype)
         return out.reshape(*hidden.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        activations = "int8" if self.int8_activations else "fp32"
-        return f"{self.kind}, activations {activations}, in_features={self.in_features}, out_features={self.out_features}"
+        activations = "int8" if self.int8_activations and self.kind in SPLIT_KINDS else "fp32"
+        return (
+            f"{self.kind}, activations {activations}, in_features={self.in_features}, "
+            f"out_features={self.out_features}, bias={self.bias is not None}"
+        )
 
 
 def q8_0_parts(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

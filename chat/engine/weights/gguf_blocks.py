@@ -180,7 +180,7 @@ def _read_gguf_block_layers(gguf_path: str | Path, model: nn.Module) -> dict[str
                     if pieces[2] == "attn_q"
                     else config.num_key_value_heads
                 )
-                order = _unpermute_rows(out_features, heads)
+                order = unpermute_rows(out_features, heads)
                 qs, d, m = qs[order], d[order], m[order]
             layer = blockquant.BlockQuantLinear("q4_1", in_features, out_features, qs, d, m)
         else:
@@ -228,7 +228,7 @@ def q4_1_nibbles(
     return q.reshape(out_features, in_features), d, m
 
 
-def _unpermute_rows(rows: int, heads: int) -> torch.Tensor:
+def unpermute_rows(rows: int, heads: int) -> torch.Tensor:
     """llama.cpp stores q/k rows permuted for its rotary layout; the row order transformers uses.
 
     The inverse of convert_hf_to_gguf's `permute`, as transformers' GGUF loader applies it.
@@ -274,7 +274,7 @@ def gguf_q4_1_parts(
             heads = (
                 config.num_attention_heads if pieces[2] == "attn_q" else config.num_key_value_heads
             )
-            order = _unpermute_rows(out_features, heads)
+            order = unpermute_rows(out_features, heads)
             q, d, m = q[order], d[order], m[order]
         if pieces[1] in ("0", str(config.num_hidden_layers - 1)):
             # Spot-check the first and last layers: the blocks must be this model's weights.

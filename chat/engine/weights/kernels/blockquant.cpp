@@ -21,6 +21,8 @@
 #include "blockquant.h"
 #include "llama_step.h"
 
+void bind_raw_blocks(pybind11::module& module);  // rawblocks.cpp
+
 #include <algorithm>
 #include <type_traits>
 #include <vector>
@@ -590,5 +592,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              pybind11::arg("int8_activations") = false, release_gil());
   module.def("block_sums", &block_sums_of, "each block of 32's sum of x, [M, K / 32]");
   module.def("isa", &isa, "the instruction set compiled: avx512-vnni, avx512 or avx2");
+  bind_raw_blocks(module);
   bind_llama_step(module);
 }

@@ -16,4 +16,18 @@ void q4_1_matmul(const float* x, int64_t M, int64_t K, const uint8_t* qs, const 
 void q8_0_matmul(const float* x, int64_t M, int64_t K, const int8_t* qs, const float* d,
                  float* out, int64_t N, bool int8_activations, int64_t n0 = 0, int64_t n1 = -1);
 
+// GGML type ids: Q4_1 and Q8_0 (the split layouts above), and the formats rawblocks.cpp reads
+// as the file stores them.
+constexpr int64_t kQ4_1 = 3, kQ8_0 = 8;
+constexpr int64_t kQ4_0 = 2, kQ5_0 = 6, kQ5_1 = 7, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14;
+
+// Weights and bytes a block of `type` holds; 0 for a type rawblocks.cpp does not read.
+int64_t raw_block_weights(int64_t type);
+int64_t raw_block_bytes(int64_t type);
+
+// out [M, N] = x [M, K] @ W.T for a file's rows of `type` (qs uint8 [N, K / weights * bytes]),
+// fp32 activations; n0, n1 as above.
+void raw_matmul(const float* x, int64_t M, int64_t K, const uint8_t* qs, int64_t type, float* out,
+                int64_t N, int64_t n0 = 0, int64_t n1 = -1);
+
 }  // namespace blockquant

@@ -1,4 +1,5 @@
-// One decode step of a Llama-architecture model whose linears are GGUF blocks, in one call.
+// One decode step of a Llama-architecture model (Llama, or Qwen2: biases on q, k and v) whose
+// linears are GGUF blocks, in one call.
 //
 // Through transformers' modules a decode step is a few hundred dispatched torch operators around
 // the block matmuls (norms, rotary, the KV cache's write, attention, SiLU, residual adds), each
@@ -192,21 +193,29 @@ constexpr int64_t kChunk = 64;
 
 inline int64_t chunks_of(int64_t columns) { return (columns + kChunk - 1) / kChunk; }
 
-// A bias-free linear over GGUF blocks, as BlockQuantLinear holds it.
+// A linear over GGUF blocks, as BlockQuantLinear holds it: Q4_1 or Q8_0 split into their
+// kernels' layout, or a file's rows of another type (rawblocks.cpp); with a bias or without.
 struct BlockLinear {
-  torch::Tensor qs, d, m;
-  bool q4_1 = true;
+  torch::Tensor qs, d, m, bias;
+  int64_t type = blockquant::kQ4_1;
   bool int8_activations = false;
   int64_t in = 0, out = 0;
 
-  // y[:, n0:n1] of y = x @ W.T, in the calling thread.
+  // y[:, n0:n1] of y = x @ W.T (+ bias), in the calling thread.
   void apply(const float* x, int64_t rows, float* y, int64_t n0, int64_t n1) const {
-    if (q4_1)
+    if (type == blockquant::kQ4_1)
       blockquant::q4_1_matmul(x, rows, in, qs.data_ptr<uint8_t>(), d.data_ptr<float>(),
                               m.data_ptr<float>(), y, out, int8_activations, n0, n1);
-    else
+    else if (type == blockquant::kQ8_0)
       blockquant::q8_0_matmul(x, rows, in, qs.data_ptr<int8_t>(), d.data_ptr<float>(), y, out,
                               int8_activations, n0, n1);
+    else
+      blockquant::raw_matmul(x, rows, in, qs.data_ptr<uint8_t>(), type, y, out, n0, n1);
+    if (bias.defined() && bias.numel() > 0) {
+      const float* b = bias.data_ptr<float>();
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t n = n0; n < n1; ++n) y[r * out + n] += b[n];
+    }
   }
 
   // The columns of chunk `chunk` (kChunk of them).
@@ -215,26 +224,38 @@ struct BlockLinear {
   }
 };
 
-// (qs, d, m, kind is Q4_1, int8 activations) as Python hands each linear over.
-using LinearParts = std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, bool, bool>;
+// (qs, d, m, GGML type, int8 activations, bias: empty for none) as Python hands each linear over.
+using LinearParts =
+    std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, int64_t, bool, torch::Tensor>;
 
 BlockLinear block_linear(const LinearParts& parts, int64_t in) {
   BlockLinear linear;
-  std::tie(linear.qs, linear.d, linear.m, linear.q4_1, linear.int8_activations) = parts;
-  const int64_t bytes = linear.q4_1 ? in / 32 * 16 : in;
-  TORCH_CHECK(in % 32 == 0 && linear.qs.dim() == 2 && linear.qs.is_contiguous() &&
+  std::tie(linear.qs, linear.d, linear.m, linear.type, linear.int8_activations, linear.bias) =
+      parts;
+  const bool q4_1 = linear.type == blockquant::kQ4_1, q8_0 = linear.type == blockquant::kQ8_0;
+  const int64_t weights = q4_1 || q8_0 ? 32 : blockquant::raw_block_weights(linear.type);
+  TORCH_CHECK(weights > 0, "a linear's GGML type ", linear.type, " has no block kernel");
+  const int64_t bytes = q4_1 ? in / 32 * 16
+                        : q8_0 ? in
+                               : in / weights * blockquant::raw_block_bytes(linear.type);
+  TORCH_CHECK(in % weights == 0 && linear.qs.dim() == 2 && linear.qs.is_contiguous() &&
                   linear.qs.size(1) == bytes,
               "a linear's blocks do not match its input width");
-  TORCH_CHECK(linear.qs.scalar_type() == (linear.q4_1 ? torch::kUInt8 : torch::kInt8),
+  TORCH_CHECK(linear.qs.scalar_type() == (q8_0 ? torch::kInt8 : torch::kUInt8),
               "a linear's blocks have the wrong type");
   linear.in = in;
   linear.out = linear.qs.size(0);
-  TORCH_CHECK(linear.d.scalar_type() == torch::kFloat32 && linear.d.is_contiguous() &&
-                  linear.d.numel() == linear.out * (in / 32),
+  TORCH_CHECK(!(q4_1 || q8_0) ||
+                  (linear.d.scalar_type() == torch::kFloat32 && linear.d.is_contiguous() &&
+                   linear.d.numel() == linear.out * (in / 32)),
               "a linear's block scales do not match its blocks");
-  TORCH_CHECK(!linear.q4_1 || (linear.m.sizes() == linear.d.sizes() && linear.m.is_contiguous() &&
-                               linear.m.scalar_type() == torch::kFloat32),
+  TORCH_CHECK(!q4_1 || (linear.m.sizes() == linear.d.sizes() && linear.m.is_contiguous() &&
+                        linear.m.scalar_type() == torch::kFloat32),
               "a Q4_1 linear's block offsets do not match its scales");
+  TORCH_CHECK(linear.bias.numel() == 0 ||
+                  (linear.bias.scalar_type() == torch::kFloat32 && linear.bias.is_contiguous() &&
+                   linear.bias.numel() == linear.out),
+              "a linear's bias does not match its output width");
   return linear;
 }
 

@@ -1,0 +1,162 @@
+"""A GGUF file as the model: CHAT_MODEL_PATH may name a `.gguf` file instead of a folder.
+
+Architecture, sizes, rope settings, tokenizer and chat template come from the file's own
+metadata, through transformers' GGUF support (`from_pretrained(folder, gguf_file=name)` builds the
+config, the tokenizer and a float model with the file's tensors dequantized, q/k un-permuted).
+For Llama and Qwen2, the architectures the fused decode step computes, every projection and the
+LM head are then swapped for the file's own blocks as stored (blockquant.py: Q4_0, Q4_1, Q5_0,
+Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, per tensor, so mixed files work as they come); F32/F16/BF16
+tensors stay the float linears transformers built. Any other architecture transformers can build
+runs its float model through transformers' forward. A file with an architecture transformers
+cannot build, or a tensor type with no kernel here, is refused before anything loads, with one
+error naming what is not supported.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .blockquant import KIND_OF_TYPE, SPLIT_KINDS, BlockQuantLinear
+from .gguf_blocks import LLAMA_NAMES, unpermute_rows
+
+log = logging.getLogger(__name__)
+
+# GGML type ids of the float tensors, which keep transformers' float linears.
+FLOAT_TYPES = {0: "F32", 1: "F16", 30: "BF16"}
+# The architectures whose linears become the file's blocks (the fused step's decoders).
+BLOCK_ARCHITECTURES = ("llama", "qwen2")
+# A block dequantized must be the weight transformers loaded from the same bytes, to fp32
+# rounding: a larger difference is a mapping error (a wrong tensor, rows in the wrong order).
+MATCH_TOLERANCE = 1e-5
+
+
+class UnsupportedModelFile(RuntimeError):
+    """A GGUF file this engine cannot run: the message names the architecture or tensor types."""
+
+
+def _field(reader: Any, key: str) -> Any:
+    field = reader.fields.get(key)
+    return None if field is None else field.contents()
+
+
+def check_runnable(path: str | Path) -> str:
+    """The file's architecture, after checking this engine can run it; raises
+    UnsupportedModelFile (one error naming everything unsupported) or FileNotFoundError."""
+    import gguf
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"CHAT_MODEL_PATH={path}: no such GGUF file")
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as error:  # not GGUF at all, or torn: say so once, not a traceback
+        raise UnsupportedModelFile(f"{path.name} is not a readable GGUF file: {error}") from error
+    architecture = str(_field(reader, "general.architecture") or "")
+    problems = []
+    if architecture not in GGUF_SUPPORTED_ARCHITECTURES:
+        problems.append(
+            f"architecture {architecture or '(none named)'!r} is not one transformers can build from "
+            "a GGUF file"
+        )
+    unsupported: dict[str, list[str]] = {}
+    for tensor in reader.tensors:
+        kind = int(tensor.tensor_type)
+        if kind not in FLOAT_TYPES and kind not in KIND_OF_TYPE:
+            unsupported.setdefault(tensor.tensor_type.name, []).append(tensor.name)
+    if unsupported:
+        types = ", ".join(
+            f"{name} ({len(names)} tensors, e.g. {names[0]})" for name, names in unsupported.items()
+        )
+        problems.append(f"tensor type {types} has no kernel here")
+    if problems:
+        supported = ", ".join([*FLOAT_TYPES.values(), *(k.upper() for k in KIND_OF_TYPE.values())])
+        raise UnsupportedModelFile(
+            f"{path.name} cannot run here: {'; '.join(problems)} (tensor types run: {supported})"
+        )
+    return architecture
+
+
+def load_model_and_tokenizer(
+    path: str | Path, dtype: torch.dtype, attn_implementation: str | None
+) -> tuple[nn.Module, Any]:
+    """transformers' float model and tokenizer, both built from the file's own metadata."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path)
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path.parent),
+        gguf_file=path.name,
+        dtype=dtype,
+        attn_implementation=attn_implementation,
+    ).eval()
+    return model, tokenizer
+
+
+def swap_in_blocks(
+    model: nn.Module, path: str | Path, architecture: str, *, int8_activations: bool = False
+) -> dict[str, int]:
+    """Replace each projection and the LM head of a Llama or Qwen2 `model` (built from `path`)
+    with the file's blocks for it, as stored; returns how many linears each type took.
+
+    Float tensors keep their linear. Every block dequantized is checked against the weight
+    transformers loaded from the same bytes (MATCH_TOLERANCE): a mismatch is a bug, not a file
+    to fall back from, so it raises.
+    """
+    import gguf
+
+    if architecture not in BLOCK_ARCHITECTURES:
+        raise ValueError(f"architecture {architecture!r}: no block path (transformers' forward)")
+    config = model.config
+    inner = model.model
+    tied = model.lm_head.weight.data_ptr() == inner.embed_tokens.weight.data_ptr()
+    counts: dict[str, int] = {}
+    for tensor in gguf.GGUFReader(str(path)).tensors:
+        kind = int(tensor.tensor_type)
+        if kind in FLOAT_TYPES:
+            continue
+        pieces = tensor.name.split(".")
+        if tensor.name == "output.weight" or (tensor.name == "token_embd.weight" and tied):
+            parent, attribute, role = model, "lm_head", "output"
+        elif (
+            len(pieces) == 4
+            and pieces[0] == "blk"
+            and pieces[2] in LLAMA_NAMES
+            and pieces[3] == "weight"
+        ):
+            part, attribute = LLAMA_NAMES[pieces[2]].split(".")
+            parent, role = getattr(inner.layers[int(pieces[1])], part), pieces[2]
+        else:
+            continue  # the embedding's lookup table stays the float one transformers built
+        linear = getattr(parent, attribute)
+        if type(linear) is not nn.Linear:
+            raise ValueError(f"{tensor.name}: expected a linear, found {type(linear).__name__}")
+        out_features, in_features = linear.weight.shape
+        rows = torch.from_numpy(tensor.data.copy()).view(torch.uint8).reshape(out_features, -1)
+        if architecture == "llama" and role in ("attn_q", "attn_k"):
+            # llama.cpp stores Llama's q/k rows in its rotary order; transformers un-permutes them.
+            heads = config.num_attention_heads if role == "attn_q" else config.num_key_value_heads
+            rows = rows[unpermute_rows(out_features, heads)]
+        layer = BlockQuantLinear.from_gguf(kind, rows, in_features, bias=linear.bias)
+        reference = linear.weight.detach().float()
+        error = (layer.weight_float() - reference).abs().max()
+        if error > MATCH_TOLERANCE * max(reference.abs().max().item(), 1e-30):
+            raise ValueError(f"{tensor.name}'s blocks do not match the weight transformers loaded")
+        # llama.cpp's int8 activations exist for the split kinds only; the raw ones stay fp32.
+        layer.int8_activations = int8_activations and layer.kind in SPLIT_KINDS
+        setattr(parent, attribute, layer)
+        counts[layer.kind] = counts.get(layer.kind, 0) + 1
+    return counts
+
+
+def describe_counts(counts: dict[str, int]) -> str:
+    """ "211 linears from the file's blocks (Q4_K 60, Q6_K 31, ...)"."""
+    total = sum(counts.values())
+    kinds = ", ".join(f"{kind.upper()} {count}" for kind, count in sorted(counts.items()))
+    return f"{total} linears from the file's blocks ({kinds})" if total else "no linear in blocks"
