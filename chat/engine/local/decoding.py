@@ -62,7 +62,7 @@ class RunningBatch:
     # Newcomers arriving together prefill a prefix they share once, if it is at least this long.
     shared_prefix_min = 16
     # With no row decoding, a pending prompt is read this many chunks at a time.
-    CHUNK_ALONE_FACTOR = 4
+    CHUNK_ALONE_FACTOR = 2
 
     def __init__(
         self,
