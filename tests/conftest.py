@@ -397,6 +397,17 @@ def page(browser):
 
 
 @pytest.fixture
+def axe_page(browser):
+    """A page that accepts the injected axe-core script (tests/a11y.py), with the clipboard
+    allowed (Copy buttons)."""
+    from tests.a11y import axe_context
+
+    context = axe_context(browser, permissions=["clipboard-read", "clipboard-write"])
+    yield context.new_page()
+    context.close()
+
+
+@pytest.fixture
 def example_policies(django_db_blocker):
     """The `chat` and `json` policies as the migrations install them (transactional tests flush
     them)."""

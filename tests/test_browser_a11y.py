@@ -4,18 +4,11 @@ critical violation. The resumed chat is checked in tests/test_browser_resume.py.
 import pytest
 from playwright.sync_api import expect
 
-from tests.a11y import axe_context, serious_violations
+from tests.a11y import serious_violations
 from tests.test_browser import open_chat
 from tests.test_browser_answers import short_policy
 
 pytestmark = pytest.mark.browser
-
-
-@pytest.fixture
-def axe_page(browser):
-    context = axe_context(browser)
-    yield context.new_page()
-    context.close()
 
 
 def test_the_chat_empty_and_with_an_answer_has_no_serious_violation(axe_page, daphne_server):

@@ -14,13 +14,6 @@ from tests.test_browser_screenshots import sign_up
 pytestmark = pytest.mark.browser
 
 
-@pytest.fixture
-def axe_page(browser):
-    context = axe_context(browser)
-    yield context.new_page()
-    context.close()
-
-
 def test_timing_shows_on_demand_and_sent_feedback_says_thanks(axe_page, daphne_server):
     page = axe_page
     short_policy(daphne_server)

@@ -4,19 +4,12 @@ unarchive, delete through the page's dialog, each surviving a reload; axe-core t
 import pytest
 from playwright.sync_api import expect
 
-from tests.a11y import axe_context, serious_violations
+from tests.a11y import serious_violations
 from tests.test_browser import open_chat
 from tests.test_browser_accounts import ask
 from tests.test_browser_answers import short_policy
 
 pytestmark = pytest.mark.browser
-
-
-@pytest.fixture
-def axe_page(browser):
-    context = axe_context(browser)
-    yield context.new_page()
-    context.close()
 
 
 def chat_item(page, title):

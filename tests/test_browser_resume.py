@@ -11,7 +11,7 @@ from playwright.sync_api import expect
 from websockets.sync.client import connect
 
 from harness.liveserver import LiveServer
-from tests.a11y import axe_context, serious_violations
+from tests.a11y import serious_violations
 from tests.conftest import LIVE_CACHE_URL
 from tests.test_browser import open_chat
 
@@ -48,13 +48,6 @@ def reference(daphne_server):
             pass
     assert done["finish_reason"] in ("eos", "length") and done["text"]
     return done
-
-
-@pytest.fixture
-def axe_page(browser):
-    context = axe_context(browser)
-    yield context.new_page()
-    context.close()
 
 
 def ask(page, server, text: str, policy: str):

@@ -8,7 +8,7 @@ import uuid
 import pytest
 from playwright.sync_api import expect
 
-from tests.a11y import axe_context, serious_violations
+from tests.a11y import serious_violations
 
 PASSWORD = "review-pass-phrase-42"
 
@@ -75,13 +75,6 @@ def sign_in(page, server, name: str, then: str) -> None:
     page.fill("#id_username", name)
     page.fill("#id_password", PASSWORD)
     page.click("input[type=submit]")
-
-
-@pytest.fixture
-def axe_page(browser):
-    context = axe_context(browser)
-    yield context.new_page()
-    context.close()
 
 
 MADE_AND_RATED = """

@@ -9,7 +9,7 @@ import uuid
 import pytest
 from playwright.sync_api import expect
 
-from tests.a11y import axe_context, serious_violations
+from tests.a11y import serious_violations
 from tests.test_browser import open_chat
 from tests.test_browser_answers import short_policy
 
@@ -17,13 +17,6 @@ pytestmark = pytest.mark.browser
 
 PASSWORD = "a-long-pass-phrase-42"
 NOTE = "Always answer as a pirate would, and say arr."
-
-
-@pytest.fixture
-def axe_page(browser):
-    context = axe_context(browser, permissions=["clipboard-read", "clipboard-write"])
-    yield context.new_page()
-    context.close()
 
 
 def answered(page, server, text: str) -> dict:

@@ -195,18 +195,26 @@ class LocalBackend(SteppedBackend[Row]):
                 remembered=remembered,
                 machine=machine,
             )
-        float_linears = any(type(module) is nn.Linear for module in model.modules())
-        if device == "cpu" and config.weight_major != "off" and float_linears:
+        return backend.ready(quant_line, device, progress, started)
+
+    def ready(
+        self, quant_line: str, device: str, progress: Progress, started: float
+    ) -> LocalBackend:
+        """The last of loading, whatever the weights came from: weight-major's choice for float
+        linears, the progress lines, and nothing kept from the timing runs."""
+        float_linears = any(type(module) is nn.Linear for module in self.model.modules())
+        if device == "cpu" and self.config.weight_major != "off" and float_linears:
             progress(
-                "  " + weight_major.choose(model, backend.time_decode_step, config.weight_major)
+                "  "
+                + weight_major.choose(self.model, self.time_decode_step, self.config.weight_major)
             )
         progress("  " + quant_line)
-        progress("  decode step: " + backend.describe_step())
+        progress("  decode step: " + self.describe_step())
         # The timing runs above stored KV of weights that may since have been replaced.
-        backend.prefix_store.clear()
-        backend.forget_identity()
+        self.prefix_store.clear()
+        self.forget_identity()
         progress(f"  model ready in {time.perf_counter() - started:.1f} s")
-        return backend
+        return self
 
     def describe_step(self) -> str:
         """How a decode step runs on this model: fused and on how many threads, or eager and why."""

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..types import EngineConfig, Progress
-from ..weights import blockquant, gguf_file, quant_choice, weight_major
+from ..weights import blockquant, gguf_file, quant_choice
 from ..weights.loading import weights_fingerprint
 from . import attention
 from .backend import LocalBackend, pick_device, pick_dtype
@@ -46,15 +46,7 @@ def load_gguf_backend(
     model = model.to(device)
     backend = LocalBackend(model, tokenizer, config, model_id=path.name, fingerprint=fingerprint)
     quant_line = _weights(model, path, architecture, config, device, backend, progress)
-    float_linears = any(type(module) is nn.Linear for module in model.modules())
-    if device == "cpu" and config.weight_major != "off" and float_linears:
-        progress("  " + weight_major.choose(model, backend.time_decode_step, config.weight_major))
-    progress("  " + quant_line)
-    progress("  decode step: " + backend.describe_step())
-    backend.prefix_store.clear()
-    backend.forget_identity()
-    progress(f"  model ready in {time.perf_counter() - started:.1f} s")
-    return backend
+    return backend.ready(quant_line, device, progress, started)
 
 
 def _weights(
