@@ -152,3 +152,49 @@ def test_screenshot_the_review_page_with_feedback(browser, daphne_server):
         page.screenshot(path=str(target() / "screenshot-review-feedback.png"), full_page=True)
     finally:
         context.close()
+
+
+GPU_ENGINE = """
+from django.contrib.auth.models import User
+from chat.models import Engine, OutputPolicy
+User.objects.create_superuser({name!r}, password={password!r})
+gpu = Engine.objects.create(
+    name="GPU server", slug="gpu-{tag}", kind="remote", api_root="http://127.0.0.1:9/v1",
+    served_model="Qwen2.5-7B-Instruct", max_concurrency=16, context_length=32768, cost_weight=8,
+)
+p = OutputPolicy.objects.get(slug="json")
+p.pk, p.slug, p.name, p.is_default, p.engine = None, "json-gpu-{tag}", "JSON on the GPU", False, gpu
+p.save()
+"""
+GPU_ENGINE_GONE = """
+from chat.models import Engine, OutputPolicy
+OutputPolicy.objects.filter(slug="json-gpu-{tag}").delete()
+Engine.objects.filter(slug="gpu-{tag}").delete()
+"""
+
+
+def test_screenshot_the_engines_admin_and_the_picker(browser, daphne_server):
+    """docs/screenshot-engines.png: the engines admin beside the default engine;
+    docs/screenshot-picker.png: the page's picker naming a policy's engine."""
+    from tests.test_browser_review import PASSWORD as ADMIN_PASSWORD
+    from tests.test_browser_review import sign_in
+
+    tag = uuid.uuid4().hex[:8]
+    name = f"admin{tag}"
+    daphne_server.manage(
+        "shell", "-c", GPU_ENGINE.format(name=name, password=ADMIN_PASSWORD, tag=tag)
+    )
+    context = browser.new_context(viewport={"width": 1280, "height": 800}, color_scheme="light")
+    page = context.new_page()
+    try:
+        sign_in(page, daphne_server, name, "/admin/chat/engine/")
+        expect(page.locator("#result_list")).to_contain_text("GPU server")
+        page.screenshot(path=str(target() / "screenshot-engines.png"))
+        open_chat(page, daphne_server)
+        page.select_option("#policy", f"json-gpu-{tag}")
+        expect(page.locator("#policy option:checked")).to_contain_text("(GPU server)")
+        page.wait_for_timeout(300)
+        page.screenshot(path=str(target() / "screenshot-picker.png"))
+    finally:
+        context.close()
+        daphne_server.manage("shell", "-c", GPU_ENGINE_GONE.format(tag=tag))

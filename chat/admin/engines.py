@@ -12,17 +12,9 @@ from ..models import Engine
 
 @admin.register(Engine)
 class EngineAdmin(admin.ModelAdmin):
-    list_display = (
-        "name",
-        "kind",
-        "where",
-        "enabled",
-        "cost_weight",
-        "key_set",
-        "state_here",
-        "last_seen_at",
-        "last_error",
-    )
+    # Few columns, so the list fits 1280 px: the kind shows in the model column and the filter,
+    # and the health (here, last seen, last error) is one column.
+    list_display = ("name", "where", "enabled", "cost_weight", "key_set", "health")
     list_filter = ("kind", "enabled")
     search_fields = ("name", "slug", "served_model", "api_root")
     prepopulated_fields = {"slug": ("name",)}
@@ -59,6 +51,15 @@ class EngineAdmin(admin.ModelAdmin):
         if engine.kind != Engine.Kind.REMOTE or not engine.api_key_variable:
             return None
         return engine.api_key_set
+
+    @admin.display(description="health")
+    def health(self, engine: Engine) -> str:
+        parts = [f"here: {self.state_here(engine)}"]
+        if engine.last_seen_at is not None:
+            parts.append(f"last seen {engine.last_seen_at:%Y-%m-%d %H:%M}")
+        if engine.last_error:
+            parts.append(f"last error: {engine.last_error[:120]}")
+        return "; ".join(parts)
 
     @admin.display(description="in this process")
     def state_here(self, engine: Engine) -> str:
