@@ -179,12 +179,24 @@ def play(ticket: Ticket, *chunks: str, end: str | None = None, start: bool = Fal
         ticket.sink(Finished(result(end)))
 
 
+def published_started(owner: Coalescer, key: str) -> None:
+    """Wait until the owner's publishing thread has put Started in the generation's stream
+    (it writes a moment after the local listener heard it; a busy machine makes that longer)."""
+    assert owner.across is not None
+    registry, generation = owner.across.registry(), generation_id(key, request().input_ids)
+    deadline = time.monotonic() + 10
+    while not any(data["t"] == "started" for _, data in registry.read(generation)):
+        assert time.monotonic() < deadline, "the owner never published its start"
+        time.sleep(0.01)
+
+
 def test_a_second_process_follows_the_first_ones_generation_from_its_start():
     scheduler = ScriptedScheduler()
     a, b = process(), process()
     first, second = Listener(), Listener()
     a.sharing(scheduler, "key").submit(request(), first)
     play(scheduler.tickets[0], "Once ", start=True)
+    published_started(a, "key")
     _, position = b.sharing(scheduler, "key").submit(request(), second)
     assert position == 0  # it had started
     assert second.chunk.wait(10)

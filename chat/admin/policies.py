@@ -182,11 +182,11 @@ class OutputPolicyAdmin(admin.ModelAdmin):
                     "description",
                     ("slug", "is_default"),
                     "mode",
+                    ("engine", "fallback_engine"),
                     ("version", "updated_at"),
                 )
             },
         ),
-        ("Engine", {"fields": ("engine", "fallback_engine")}),
         (
             "The answer",
             {"fields": ("system_prompt", ("max_new_tokens", "temperature"), "json_schema")},
