@@ -29,11 +29,12 @@ from ..weights.around_blocks import load_around_blocks
 from ..weights.start_choices import START_CHOICES_FILE, StartChoices, machine_identity
 from . import attention
 from .batching import Row
-from .decoding import RunningBatch, sampling_processors
+from .decoding import RunningBatch
 from .device import pick_device, pick_dtype
 from .llama_step import describe as describe_fused_step
 from .llama_step import unsupported as fused_step_unsupported
 from .prefix_store import PrefixStore
+from .row_processors import sampling_processors
 from .threads import ThreadPlan
 
 log = logging.getLogger(__name__)
