@@ -19,7 +19,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 import chat.engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads, as the server does)
 from bench import benchmarking as bm
-from bench import documents, prefix_reuse
+from bench import documents, in_process, prefix_reuse
 from bench import head_to_head as h2h
 from bench import openai_client as oc
 from chat.infra.stats import percentile
@@ -265,10 +265,10 @@ class Command(BaseCommand):
         self.input_ids = backend.encode(messages)  # exactly what the server feeds the model
         self.results["prompt_tokens"] = len(self.input_ids)
         self.results["threads"] = torch.get_num_threads()
-        bm.bare_generate(
+        in_process.bare_generate(
             backend, self.input_ids, 8
         )  # warm-up: the first call pays one-off allocations
-        self.floors: dict[int, bm.Timed] = {}
+        self.floors: dict[int, in_process.Timed] = {}
 
         def median_of(fn):
             runs = [fn() for _ in range(self.runs)]
@@ -279,13 +279,15 @@ class Command(BaseCommand):
 
         self.note(f"  bare model.generate, {self.tokens} tokens")
         self.floors[self.tokens] = median_of(
-            lambda: bm.bare_generate(backend, self.input_ids, self.tokens)
+            lambda: in_process.bare_generate(backend, self.input_ids, self.tokens)
         )
         self.note("  engine, streamed, same tokens forced")
         how = []
 
         def forced():
-            timed, way = bm.engine_forced_generate(backend, messages, self.input_ids, self.tokens)
+            timed, way = in_process.engine_forced_generate(
+                backend, messages, self.input_ids, self.tokens
+            )
             how.append(way)
             return timed
 
@@ -295,15 +297,15 @@ class Command(BaseCommand):
         if forced_timed:
             self.floor_for(backend, forced_timed.tokens)  # a stop string may still end it early
         self.note("  backend.generate (public engine path, eos allowed)")
-        engine = median_of(lambda: bm.engine_generate(backend, messages, self.tokens))
+        engine = median_of(lambda: in_process.engine_generate(backend, messages, self.tokens))
         self.results["engine"] = engine
         self.floor_for(backend, engine.tokens)
 
     def newcomer(self, backend):
         self.note(
-            f"  {bm.NEWCOMER!r} alone, then while a {self.newcomer_tokens}-token answer decodes"
+            f"  {in_process.NEWCOMER!r} alone, then while a {self.newcomer_tokens}-token answer decodes"
         )
-        self.results["newcomer"] = bm.newcomer_first_chunk(backend, self.newcomer_tokens)
+        self.results["newcomer"] = in_process.newcomer_first_chunk(backend, self.newcomer_tokens)
 
     def prefix_rows(self, backend):
         self.results["prefix"] = prefix_reuse.run_all(
@@ -341,7 +343,7 @@ class Command(BaseCommand):
             self.note(
                 f"  bare model.generate, {tokens} tokens (floor for an answer that ended early)"
             )
-            self.floors[tokens] = bm.bare_generate(backend, self.input_ids, tokens)
+            self.floors[tokens] = in_process.bare_generate(backend, self.input_ids, tokens)
         return self.floors.get(tokens)
 
     def floors_for_live(self, backend):
@@ -754,7 +756,7 @@ class Command(BaseCommand):
             r["newcomer_x"] = x if newcomer.long_running else None
             out("")
             out(
-                f"A newcomer ({bm.NEWCOMER!r}) in the server's scheduler, first chunk from submit: "
+                f"A newcomer ({in_process.NEWCOMER!r}) in the server's scheduler, first chunk from submit: "
                 f"alone {bm.fmt(ms(newcomer.alone_s), '.0f', ' ms')}, while a "
                 f"{self.newcomer_tokens}-token answer decodes {bm.fmt(ms(newcomer.busy_s), '.0f', ' ms')} "
                 f"({bm.fmt(x, '.2f', 'x')}); the long answer "
