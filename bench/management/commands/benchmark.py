@@ -19,7 +19,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 import chat.engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads, as the server does)
 from bench import benchmarking as bm
-from bench import documents, in_process, prefix_reuse
+from bench import documents, in_process, prefix_reuse, prefix_reuse_report
 from bench import head_to_head as h2h
 from bench import openai_client as oc
 from chat.infra.stats import percentile
@@ -330,11 +330,11 @@ class Command(BaseCommand):
         out = self.stdout.write
         results = self.results.get("prefix") or {}
         out("")
-        for line in prefix_reuse.report(results):
+        for line in prefix_reuse_report.report(results):
             out(line)
         out("")
         out(f"  {'figure':50} {'measured':52} {'target':>10}  result")
-        for name, measured, target, ok in prefix_reuse.targets(results):
+        for name, measured, target, ok in prefix_reuse_report.targets(results):
             out(f"  {name:50} {measured:52} {target:>10}  {met(ok)}")
 
     def floor_for(self, backend, tokens: int):
@@ -846,7 +846,7 @@ class Command(BaseCommand):
         )
 
         self.api_report(out)
-        prefix = ["", *prefix_reuse.report(r["prefix"])] if r.get("prefix") else []
+        prefix = ["", *prefix_reuse_report.report(r["prefix"])] if r.get("prefix") else []
         for line in [*self.head_to_head_lines(), *prefix]:
             out(line)
         self.targets(out, floors)
@@ -1131,7 +1131,7 @@ class Command(BaseCommand):
         )
         lines.extend(self.api_targets())
         lines.extend(self.head_to_head_targets())
-        lines.extend(prefix_reuse.targets(r.get("prefix") or {}))
+        lines.extend(prefix_reuse_report.targets(r.get("prefix") or {}))
         out("")
         out("Targets (docs/benchmarks.md)")
         out(f"  {'figure':50} {'measured':52} {'target':>10}  result")
