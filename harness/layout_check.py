@@ -17,6 +17,16 @@ LINE_LIMIT = 450
 # A map entry: a name at the start of a line, indented by two spaces a level. Descriptions
 # that run on to the next line are indented much deeper, and are not entries.
 ENTRY = re.compile(r"^( {0,8})(\S+?(?:\.py|/))(?:\s|$)")
+# The house's floors, top down (the doc's "The house, floor by floor"): an import from a lower
+# floor to a higher one is an arrow back up. The entry points share the transports' floor;
+# the engine, plain Python imported by all and importing none of them, is the ground.
+FLOORS = {
+    **dict.fromkeys(("transports", "admin", "management", "apps"), 4),
+    "turns": 3,
+    **dict.fromkeys(("stores", "policy"), 2),
+    **dict.fromkeys(("protocol", "infra", "models"), 1),
+    "engine": 0,
+}
 # The settings' helpers that read one variable each (as tests/test_configuration.py counts them).
 ENV_HELPERS = {"env", "envbool", "envint", "envfloat", "envlist", "envspec"}
 
@@ -84,11 +94,46 @@ def variables_read(root: Path) -> set[str]:
     }
 
 
+def imported(path: Path, root: Path) -> set[str]:
+    """The chat modules or packages `path` imports (TYPE_CHECKING and in-function imports too)."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    package = parts if parts[-1] == "__init__" else parts[:-1]
+    package = [part for part in package if part != "__init__"]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = [*base, *(node.module.split(".") if node.module else [])]
+            if node.module:
+                names.add(".".join(module))
+            else:
+                names.update(".".join([*module, alias.name]) for alias in node.names)
+    return {name for name in names if name.startswith("chat.")}
+
+
+def arrows_up(root: Path) -> set[tuple[str, str]]:
+    """(from, to) between chat's parts where `from` is on a lower floor than `to`."""
+    found = set()
+    for path in (root / "chat").rglob("*.py"):
+        parts = path.relative_to(root).parts
+        if len(parts) < 2 or parts[1] in {"migrations", "__init__.py"}:
+            continue
+        source = parts[1].removesuffix(".py")
+        for name in imported(path, root):
+            target = name.split(".")[1]
+            if FLOORS.get(source, 0) < FLOORS.get(target, 0):
+                found.add((source, target))
+    return found
+
+
 def figures(root: Path) -> dict[str, int]:
     """The table's rows this checks, by their first cell, and their "after" figure."""
     return {
         "`chat/` and `bench/` modules over 450 lines": len(long_modules(root, ("chat", "bench"))),
         "environment variables read": len(variables_read(root)),
+        "arrows back up, part to part": len(arrows_up(root)),
     }
 
 
@@ -126,6 +171,8 @@ def problems(doc: str, root: Path) -> list[str]:
 def main() -> int:
     for module, lines in long_modules(ROOT, COVERED):
         print(f"over {LINE_LIMIT} lines: {module} ({lines})")
+    for source, target in sorted(arrows_up(ROOT)):
+        print(f"arrow back up: chat/{source}/ -> chat/{target}/")
     for row, figure in figures(ROOT).items():
         print(f"{row}: {figure}")
     found = problems((ROOT / DOC).read_text(), ROOT)

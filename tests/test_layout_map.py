@@ -3,7 +3,7 @@ by `make lint`): the real map passes, and a doctored one fails for each kind of 
 
 import pytest
 
-from harness.layout_check import DOC, ROOT, figures, problems
+from harness.layout_check import DOC, ROOT, arrows_up, figures, problems
 
 pytestmark = pytest.mark.unit
 
@@ -43,3 +43,11 @@ def test_a_wrong_figure_fails():
 
 def test_a_missing_map_fails():
     assert problems("# Architecture\n", ROOT) != []
+
+
+def test_an_import_up_the_floors_is_an_arrow_back_up(tmp_path):
+    (tmp_path / "chat" / "engine").mkdir(parents=True)
+    (tmp_path / "chat" / "turns").mkdir()
+    (tmp_path / "chat" / "engine" / "loop.py").write_text("from .. import turns\n")
+    (tmp_path / "chat" / "turns" / "run.py").write_text("from ..engine import loop\n")
+    assert arrows_up(tmp_path) == {("engine", "turns")}
