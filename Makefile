@@ -43,12 +43,14 @@ TEST_DATABASES ?= sqlite postgres://postgres@127.0.0.1:5432/chat
 
 # ruff (pyflakes, import order, bugbear, pyupgrade; and the format check), then mypy (mypy.ini:
 # strict on chat/engine and chat/policy, lenient elsewhere) and ESLint (the page's scripts:
-# eslint.config.js) before the suite.
+# eslint.config.js) before the suite; last, docs/architecture.md's module map and figures
+# against the tree (harness/layout_check.py).
 lint: $(STAMP) $(NODE_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	node_modules/.bin/eslint --max-warnings=0 .
+	$(PY) -m harness.layout_check
 
 test: lint
 	$(PY) -m chat.engine.weights.convert

@@ -15,7 +15,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .benchmarking import LONG_ANSWER, NEWCOMER, fmt, ratio
+from .benchmarking import fmt, ratio
+from .in_process import LONG_ANSWER, NEWCOMER
 from .openai_client import Stream, Target, stream_chat, together
 
 

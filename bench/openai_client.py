@@ -16,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from .benchmarking import LONG_ANSWER, NEWCOMER, median
+from .benchmarking import median
+from .in_process import LONG_ANSWER, NEWCOMER
 
 
 @dataclass

@@ -3,7 +3,7 @@
 For each dtype: decode tok/s of one stream and of a batch of 8 (forced length, greedy), and
 how many of 20 short prompts end on the model's end-of-turn token within 160 new tokens
 (greedy, batched as the server batches). CHAT_ENGINE dtype=auto picks by the rule in
-chat/engine/local/backend.py `pick_dtype`; this command is how its figures were measured.
+chat/engine/local/device.py `pick_dtype`; this command is how its figures were measured.
 
 --quants none,int8,int4 repeats it per weight mode (CHAT_ENGINE quant=); with --simulate the
 int8/int4 weights run in float matmuls (bench/quant_modes.py), so only the eos count means
@@ -55,7 +55,7 @@ class Command(BaseCommand):
         parser.add_argument("--simulate", action="store_true")
 
     def handle(self, *args, **opts):
-        from chat.engine.local.backend import cpu_flags
+        from chat.engine.local.device import cpu_flags
 
         self.stdout.write(
             f"CPU flags that matter: {sorted(cpu_flags() & {'amx_bf16', 'avx512_bf16'})}"

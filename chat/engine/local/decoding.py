@@ -27,20 +27,12 @@ import time
 from collections.abc import Callable
 
 import torch
-from transformers import (
-    DynamicCache,
-    LogitsProcessor,
-    LogitsProcessorList,
-    StopStringCriteria,
-    TemperatureLogitsWarper,
-    TopPLogitsWarper,
-)
+from transformers import DynamicCache, StopStringCriteria
 
 from .batching import Row, left_pad
 from .kv_cache import GrowingCache
 from .llama_step import LlamaStep
 from .llama_step import prepare as prepare_llama_step
-from .penalties import penalty_processors
 from .prefix_store import PrefixEntry, PrefixStore, common_prefix
 from .threads import ThreadPlan
 
@@ -425,34 +417,3 @@ def _pad_left(tensor: torch.Tensor, width: int) -> torch.Tensor:
     shape = list(tensor.shape)
     shape[axis] = missing
     return torch.cat([tensor.new_zeros(shape), tensor], dim=axis)
-
-
-class MinNewTokens(LogitsProcessor):
-    """No eos before the row's min_new_tokens (transformers' own rebuilds a vocabulary-sized
-    tensor on every call: 30 ms a step here)."""
-
-    def __init__(self, row: Row):
-        self.row = row
-        self.eos = sorted(row.eos_ids)
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if len(self.row.new_ids) < self.row.request.params.min_new_tokens:
-            scores[:, self.eos] = -float("inf")
-        return scores
-
-
-def sampling_processors(row: Row, constrained) -> LogitsProcessorList:
-    """transformers' processors for one row: min_new_tokens, penalties, the schema's grammar,
-    temperature/top_p (the grammar after the penalties, so it has the last word on what is legal)."""
-    params = row.request.params
-    processors = LogitsProcessorList()
-    if params.min_new_tokens:
-        processors.append(MinNewTokens(row))
-    processors.extend(penalty_processors(params, prompt_length=len(row.request.input_ids)))
-    if constrained is not None:
-        processors.append(constrained)
-    if params.temperature > 0:
-        processors.append(TemperatureLogitsWarper(params.temperature))
-        if params.top_p < 1.0:
-            processors.append(TopPLogitsWarper(params.top_p))
-    return processors

@@ -22,7 +22,8 @@ from ..types import EngineConfig, Progress
 from ..weights import blockquant, gguf_file, quant_choice
 from ..weights.loading import weights_fingerprint
 from . import attention
-from .backend import LocalBackend, pick_device, pick_dtype
+from .backend import LocalBackend
+from .device import pick_device, pick_dtype
 from .threads import ThreadPlan
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,221 @@
+"""`manage.py benchmark`'s `/v1` runs: the product's OpenAI-compatible API and its peers
+(transformers serve, llama-server), and the head-to-head against llama-server."""
+
+import os
+from typing import Any
+
+from bench import benchmarking as bm
+from bench import documents
+from bench import head_to_head as h2h
+from bench import openai_client as oc
+from bench.benchmark_targets import met
+
+
+class ApiRuns:
+    """The /v1 runs: the product, its peers, the head-to-head. Mixed into the command."""
+
+    # The command's, set in handle() or defined on it.
+    ctokens: Any
+    levels: Any
+    llama_rounds: Any
+    newcomer_tokens: Any
+    note: Any
+    prompt: Any
+    results: Any
+    servers: Any
+    slots: Any
+    start: Any
+    tokens: Any
+    workdir: Any
+
+    def api_sizes(self) -> dict:
+        return {
+            "prompt": self.prompt,
+            "tokens": self.tokens,
+            "newcomer_tokens": self.newcomer_tokens,
+            "levels": self.levels,
+            "level_tokens": self.ctokens,
+            "note": self.note,
+        }
+
+    def api_product(self, label: str, kind: str, env: dict):
+        from bench import openai_client as oc
+
+        bm.flush_cache_db()
+        env = {"CHAT_LIMITS": f"new_tokens_cap={max(self.tokens, self.newcomer_tokens)}", **env}
+        self.note(f"  starting daphne ({label})")
+        with self.start(label, env) as run:
+            self.servers.append(run)
+            target = oc.Target(
+                label,
+                kind,
+                run.server.url + "/v1",
+                "smollm2",
+                key=bm.api_key(run.server),
+                reset=bm.flush_cache_db,  # the newcomer's repeat must be generated, not a cache hit
+            )
+            rows = oc.measure(target, **self.api_sizes())
+            rows.ready_s = run.ready_s
+        rows.peak_rss_mb = run.peak_rss_mb  # read as the server stopped
+        self.results["api"].append(rows)
+
+    def api_local(self):
+        self.api_product("product, local engine", "local", self.batch_env)
+
+    def measure_peer(self, server, label: str, kind: str):
+        """A started peer server's rows, with the same client and sizes as the product's."""
+        from bench import openai_client as oc
+
+        target = oc.Target(label, kind, server.base_url, server.model)
+        rows = oc.measure(target, **self.api_sizes())
+        rows.ready_s = server.ready_s
+        rows.peak_rss_mb = bm.process_peak_rss_mb(server.pid)
+        self.results["api"].append(rows)
+
+    def api_peer_default_dtype(self):
+        from harness.peer import TransformersServe, serving_available
+
+        if not serving_available():
+            self.note("  skipped: the serving extra is not installed (requirements-dev.txt)")
+            return
+        peer = TransformersServe(dtype="auto", log_path=self.workdir / "peer-auto.log")
+        self.note("  starting transformers serve --continuous-batching (its default dtype)")
+        with peer:
+            self.measure_peer(peer, "peer: its default dtype", "peer-auto")
+
+    def head_to_head(self):
+        """The product's /v1 and llama-server side by side, interleaved (bench/head_to_head.py)."""
+        from bench import openai_client as oc
+        from chat.engine.weights.loading import bundled_gguf_path
+        from harness.peer import LlamaServer, llama_server
+
+        binary = llama_server()
+        if binary is None:
+            self.note(
+                "  skipped: llama-server is not built on this machine; `make llama-peer` builds "
+                "it once (about 6 minutes on 2 cores), then `make benchmark` races it"
+            )
+            return
+        bm.flush_cache_db()
+        env = {"CHAT_LIMITS": f"new_tokens_cap={self.tokens}", **self.batch_env}
+        label = "product /v1"
+        llama_server_process = LlamaServer(
+            bundled_gguf_path(),
+            binary=binary,
+            threads=os.cpu_count() or 1,
+            slots=self.slots,
+            log_path=self.workdir / "llama-server.log",
+        )
+        self.note(f"  starting daphne ({label}) and llama-server ({self.slots} slots)")
+        with self.start(label, env) as run, llama_server_process as server:
+            self.servers.append(run)
+            product = h2h.Side(
+                oc.Target(
+                    label,
+                    "local",
+                    run.server.url + "/v1",
+                    "smollm2",
+                    key=bm.api_key(run.server),
+                    reset=bm.flush_cache_db,  # a repeated prompt is generated, not a cache hit
+                ),
+                ready_s=run.ready_s,
+            )
+            llama = h2h.Side(
+                oc.Target("llama-server", "llama", server.base_url, server.model),
+                ready_s=server.ready_s,
+            )
+            self.results["h2h"] = (product, llama)
+            h2h.race(
+                [product, llama],
+                prompt=self.prompt,
+                tokens=self.tokens,
+                levels=self.llama_levels,
+                busy=self.slots,
+                rounds=self.llama_rounds,
+                note=self.note,
+            )
+            llama.peak_rss_mb = bm.process_peak_rss_mb(server.pid)
+            self.documents_race(product.target, binary)
+        product.peak_rss_mb = run.peak_rss_mb
+
+    def documents_race(self, product: oc.Target, binary: str) -> None:
+        """A pasted document on each side (bench/documents.py): llama-server again, with two
+        slots of the bundled model's whole context, so a 6,000-token prompt fits one."""
+        from chat.engine.weights.loading import bundled_gguf_path
+        from harness.peer import LlamaServer
+
+        reader = LlamaServer(
+            bundled_gguf_path(),
+            binary=binary,
+            threads=os.cpu_count() or 1,
+            slots=2,
+            context=8192,
+            log_path=self.workdir / "llama-server-documents.log",
+        )
+        self.note("  starting llama-server (2 slots of 8,192 tokens) for the document rows")
+        with reader as server:
+            sides = [
+                documents.DocumentSide(product),
+                documents.DocumentSide(
+                    oc.Target("llama-server", "llama", server.base_url, server.model)
+                ),
+            ]
+            documents.race(sides, rounds=self.llama_rounds, note=self.note)
+        self.results["documents"] = sides
+
+    def head_to_head_lines(self) -> list[str]:
+        if "h2h" not in self.results:
+            return []
+        product, llama = self.results["h2h"]
+        lines = [
+            "",
+            *h2h.report(
+                product, llama, slots=self.slots, busy=self.slots, rounds=self.llama_rounds
+            ),
+        ]
+        if "documents" in self.results:
+            lines += ["", *documents.report(*self.results["documents"], rounds=self.llama_rounds)]
+        return lines
+
+    def head_to_head_report(self):
+        """`--llama-only`'s report: the race and its targets."""
+        out = self.stdout.write
+        r = self.results
+        out("")
+        out(
+            f"== benchmark against llama-server: {os.cpu_count()} CPUs, {self.tokens} tokens per "
+            f"answer, 1-min load average {r['load_start']:.1f} at start, {r['load_end']:.1f} at end"
+        )
+        for line in self.head_to_head_lines():
+            out(line)
+        out("")
+        out(f"  {'figure':50} {'measured':52} {'target':>10}  result")
+        for name, measured, target, ok in self.head_to_head_targets():
+            out(f"  {name:50} {measured:52} {target:>10}  {met(ok)}")
+        out("")
+        out(f"benchmark took {r['elapsed_s']:.0f} s")
+
+    def head_to_head_targets(self) -> list:
+        if "h2h" not in self.results:
+            return []
+        found = h2h.targets(*self.results["h2h"])
+        if "documents" in self.results:
+            found += documents.targets(*self.results["documents"])
+        return found
+
+    def api_peer(self):
+        from harness.peer import TransformersServe, serving_available
+
+        if not serving_available():
+            self.note("  skipped: the serving extra is not installed (requirements-dev.txt)")
+            return
+        peer = TransformersServe(log_path=self.workdir / "peer.log")
+        self.note("  starting transformers serve --continuous-batching (fp32, same model folder)")
+        with peer:
+            self.measure_peer(peer, "peer: transformers serve", "peer")
+            remote = {
+                "CHAT_BACKEND": "openai",
+                "CHAT_REMOTE": f"{peer.base_url}?model={peer.model}"
+                f"&concurrency={max(8, max(self.levels) + 1)}",
+            }
+            self.api_product("product -> peer (openai)", "remote", remote)
