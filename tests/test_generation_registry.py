@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import cast
 
 import pytest
 
@@ -183,7 +184,8 @@ def published_started(owner: Coalescer, key: str) -> None:
     """Wait until the owner's publishing thread has put Started in the generation's stream
     (it writes a moment after the local listener heard it; a busy machine makes that longer)."""
     assert owner.across is not None
-    registry, generation = owner.across.registry(), generation_id(key, request().input_ids)
+    registry = cast(AcrossProcesses, owner.across).registry()
+    generation = generation_id(key, request().input_ids)
     deadline = time.monotonic() + 10
     while not any(data["t"] == "started" for _, data in registry.read(generation)):
         assert time.monotonic() < deadline, "the owner never published its start"
