@@ -189,8 +189,9 @@ def test_approve_and_next_goes_through_the_pending_answers(page, daphne_server):
     page.locator("#result_list a.review-read").first.click()
     seen = []
     for _ in range(3):
-        text = page.locator(".rendered-answer").inner_text().strip()
-        seen.append(text)
+        # The answer is rendered by the page's script: read it once it is there.
+        expect(page.locator(".rendered-answer")).to_contain_text(f"{tag} answer")
+        seen.append(page.locator(".rendered-answer").inner_text().strip())
         # The page before already says "Approved": wait for the next one, not for the words.
         with page.expect_navigation():
             page.click("#review-approve-next")
