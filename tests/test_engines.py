@@ -5,10 +5,12 @@ budget know of it, and an engine that stops mid-answer beside one that goes on."
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 import socket
 import threading
+import time
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -121,6 +123,19 @@ def session_of(user) -> str:
     return browser.cookies["sessionid"].value
 
 
+async def cached(done: dict, timeout: float = 10) -> None:
+    """Wait until the answer `done` ended is in the completion cache under its identity."""
+    from chat.models import Message
+    from chat.stores.cache import completion_cache
+
+    identity = (await Message.objects.aget(pk=done["message"])).identity
+    assert identity
+    deadline = time.monotonic() + timeout
+    while await sync_to_async(completion_cache.get)(identity) is None:
+        assert time.monotonic() < deadline, "the answer was never cached"
+        await asyncio.sleep(0.05)
+
+
 async def ask(chat, text: str, policy: str, until: str = "done") -> dict:
     request_id = await chat.prompt(text, policy=policy)
     return (await chat.receive_until(until, request_id, timeout=180))[-1]
@@ -185,6 +200,8 @@ async def test_each_engine_answers_its_policy_caches_its_own_and_charges_by_weig
     assert far["metrics"]["engine"] == "Peer engine" and far["metrics"]["model"] == peer.model
     assert near["metrics"]["model"] != peer.model
 
+    # The answer is cached just after its `done`: the repeat is asked once it is.
+    await cached(far)
     again = await ask(chat, QUESTION, "far")
     assert again["cached"] is True and again["text"] == far["text"]
     assert again["metrics"]["engine"] == "Peer engine"
