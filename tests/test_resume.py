@@ -50,7 +50,9 @@ async def test_a_resumed_answer_gets_every_event_it_missed_once_then_the_live_on
     last number it saw: the numbers run on from 1 without a gap or a repeat, and the chunks of
     both sockets make exactly the final text."""
     settings.CHAT_RESUME_GRACE_S = 30
-    await sync_to_async(make_policy)(slug="resume48", mode="stream", max_new_tokens=48)
+    # Long enough to outlast the pause below on a fast CPU: an answer that ended meanwhile is
+    # resumed with its final event alone (the next test), not with the events it missed.
+    await sync_to_async(make_policy)(slug="resume48", mode="stream", max_new_tokens=160)
     key = await new_session_key()
     first = await make_client(session_key=key)
     request_id = await first.prompt(LONG, policy="resume48")
