@@ -9,28 +9,20 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
+from harness.layout_check import variables_read
 from project import settings as product
 
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parent.parent
-HELPERS = {"env", "envbool", "envint", "envfloat", "envlist", "envspec"}
 # Read or set outside settings, and not a setting of this product: Django's own pointer to the
 # settings module (the launcher and the ASGI entry point set it).
 NOT_SETTINGS = {"DJANGO_SETTINGS_MODULE"}
 
 
 def read_in_settings() -> set[str]:
-    tree = ast.parse((ROOT / "project" / "settings.py").read_text())
-    return {
-        node.args[0].value
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Name)
-        and node.func.id in HELPERS
-        and node.args
-        and isinstance(node.args[0], ast.Constant)
-    }
+    """The variables settings.py reads, counted as `make lint`'s layout check counts them."""
+    return variables_read(ROOT)
 
 
 def documented() -> set[str]:
