@@ -11,12 +11,12 @@ from chat.transports import (
     apikey_views,
     feedback_api,
     oidc_views,
-    openai_api,
     settings_views,
     usage_views,
     views,
 )
 from chat.transports.admin_views import behaviour_view, latency_view
+from chat.transports.openai import views as openai_api
 
 # The product's own error pages; JSON in the API's shape on /api/ and /v1/
 # (chat/transports/error_pages.py).

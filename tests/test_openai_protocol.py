@@ -219,7 +219,7 @@ def test_a_content_chunk_from_its_template_is_the_chunk_built_whole():
     import json as json_module
 
     from chat.transports.openai.replies import Delta
-    from chat.transports.openai_api import _Reply
+    from chat.transports.openai.views import _Reply
 
     chat = type("Chat", (), {"model": "smollm2:chat", "tools": None, "include_usage": False})()
     reply = _Reply(chat, "chatcmpl-1")  # type: ignore[arg-type]

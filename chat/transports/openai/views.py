@@ -25,14 +25,14 @@ from django.conf import settings
 from django.http import JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from .. import turns
-from ..models import ApiKey
-from ..protocol import Prompt, events, inputs
-from ..stores import apikeys
-from ..stores.engine_routes import visible_policies
-from ..stores.selectors import owner_of_api_key
-from .feed import KEEPALIVE, TurnFeed
-from .openai import (
+from ... import turns
+from ...models import ApiKey
+from ...protocol import Prompt, events, inputs
+from ...stores import apikeys
+from ...stores.engine_routes import visible_policies
+from ...stores.selectors import owner_of_api_key
+from ..feed import KEEPALIVE, TurnFeed
+from . import (
     MAX_BODY_BYTES,
     ChatRequest,
     Delta,
