@@ -294,7 +294,7 @@ if not CHAT_LOCAL_ACCOUNTS and CHAT_OIDC is None:
     raise ImproperlyConfigured("CHAT_LOCAL_ACCOUNTS=0 needs CHAT_OIDC: nobody could sign in")
 AUTHENTICATION_BACKENDS = [
     *(["django.contrib.auth.backends.ModelBackend"] if CHAT_LOCAL_ACCOUNTS else []),
-    *(["chat.transports.oidc_backend.OidcBackend"] if CHAT_OIDC else []),
+    *(["chat.accounts.oidc_backend.OidcBackend"] if CHAT_OIDC else []),
 ]
 # Every throttle in one spec (chat/infra/ratelimit.py counts them all the same way): prompts per
 # user or visitor session, prompts per client address for visitors without an account, ratings

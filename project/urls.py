@@ -3,14 +3,14 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 from django.views.decorators.cache import never_cache
 
+from chat.accounts import account_page as account_views
+from chat.accounts import api_keys_page as apikey_views
+from chat.accounts import forms as account_forms
+from chat.accounts import oidc_views
+from chat.accounts import sign_in as accounts
 from chat.transports import (
-    account_forms,
-    account_views,
-    accounts,
     api,
-    apikey_views,
     feedback_api,
-    oidc_views,
     settings_views,
     usage_views,
     views,

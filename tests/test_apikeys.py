@@ -138,7 +138,7 @@ def provider_only(settings):
     ).items():
         setattr(settings, name, value)
     settings.CHAT_LOCAL_ACCOUNTS = False
-    settings.AUTHENTICATION_BACKENDS = ["chat.transports.oidc_backend.OidcBackend"]
+    settings.AUTHENTICATION_BACKENDS = ["chat.accounts.oidc_backend.OidcBackend"]
 
 
 def test_a_deactivated_users_key_is_refused_saying_why(alice):

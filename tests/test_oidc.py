@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
 SECRET = "loopback-client-secret"
 PASSWORD = "provider-pass-phrase-7"
-OIDC_BACKEND = "chat.transports.oidc_backend.OidcBackend"
+OIDC_BACKEND = "chat.accounts.oidc_backend.OidcBackend"
 MODEL_BACKEND = "django.contrib.auth.backends.ModelBackend"
 _addresses = itertools.count(1)
 

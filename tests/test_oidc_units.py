@@ -10,8 +10,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 from django.core.exceptions import ImproperlyConfigured, SuspiciousOperation
 
+from chat.accounts.oidc_backend import OidcBackend, signing_key
 from chat.stores.oidc_accounts import groups_of
-from chat.transports.oidc_backend import OidcBackend, signing_key
 from project import settings as product
 
 pytestmark = pytest.mark.unit

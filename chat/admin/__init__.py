@@ -15,7 +15,7 @@ imports every module, so each registers its ModelAdmins.
 
 from django.contrib import admin
 
-from ..transports.accounts import AdminSignInForm
+from ..accounts.sign_in import AdminSignInForm
 from . import accounts, audit, budgets, chats, engines, feedback, policies, review
 
 # /admin/login/ counts failed attempts exactly like the page's sign-in.

@@ -12,8 +12,8 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_http_methods
 
+from ..accounts.forms import ChatSettingsForm, EmailChangeForm, PasswordChangeKeepingForm
 from ..stores.user_settings import settings_of
-from .account_forms import ChatSettingsForm, EmailChangeForm, PasswordChangeKeepingForm
 
 SAVED = {
     "chat": "Chat settings saved; they apply from your next message.",

@@ -31,7 +31,7 @@ from ..infra.signin_throttle import ThrottledSignInMixin
 from ..infra.signup_throttle import signup_count, signup_wait
 from ..models import Conversation
 from ..protocol.inputs import id_parse
-from .account_forms import ConfirmedSignUpForm, SignUpForm
+from .forms import ConfirmedSignUpForm, SignUpForm
 
 
 class SignInForm(ThrottledSignInMixin, AuthenticationForm):

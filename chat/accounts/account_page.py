@@ -17,7 +17,7 @@ from ..protocol import error_fields
 from ..stores.apikeys import keys_of
 from ..stores.conversations import export_all_json, export_all_markdown
 from ..stores.erasure import account_erase
-from .account_forms import current_password_check
+from .forms import current_password_check
 
 EXPORTS = {
     "json": (export_all_json, "application/json", "json"),

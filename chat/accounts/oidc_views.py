@@ -28,7 +28,7 @@ from mozilla_django_oidc.views import (
 
 from ..infra import oidc_provider, signin_throttle
 from ..infra.oidc_provider import OidcUnavailable
-from .accounts import adopt_conversations
+from .sign_in import adopt_conversations
 
 log = logging.getLogger(__name__)
 
