@@ -8,6 +8,7 @@ from chat.accounts import api_keys_page as apikey_views
 from chat.accounts import forms as account_forms
 from chat.accounts import oidc_views
 from chat.accounts import sign_in as accounts
+from chat.admin.report_pages import behaviour_view, latency_view
 from chat.transports import (
     api,
     feedback_api,
@@ -15,7 +16,6 @@ from chat.transports import (
     usage_views,
     views,
 )
-from chat.transports.admin_views import behaviour_view, latency_view
 from chat.transports.openai import views as openai_api
 
 # The product's own error pages; JSON in the API's shape on /api/ and /v1/

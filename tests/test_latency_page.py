@@ -18,15 +18,15 @@ from django.test import Client, RequestFactory
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from chat.infra import latency
-from chat.models import Conversation, Message
-from chat.transports.admin_views import (
+from chat.admin.report_pages import (
     build_chart,
     format_duration,
     format_ms,
     latency_view,
     nice_ceiling,
 )
+from chat.infra import latency
+from chat.models import Conversation, Message
 
 pytestmark = pytest.mark.unit
 

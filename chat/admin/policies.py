@@ -22,11 +22,11 @@ from ..infra.runtime import runtime
 from ..models import Engine, OutputPolicy, PolicyRevision, RegressionCase, RegressionRun
 from ..stores.policy_store import compile_policy, policy_errors
 from ..stores.selectors import Owner
-from ..transports.policy_fields import ExamplesField, HooksField
 from ..turns import regressions
 from ..turns.limits import turn_rate_check
 from ..turns.refusals import TurnError
 from ..turns.trial import trial_run, trial_side_by_side
+from .policy_fields import ExamplesField, HooksField
 
 
 class PolicyRevisionInline(admin.TabularInline):

@@ -15,11 +15,11 @@ from django.shortcuts import render
 from django.template.response import TemplateResponse
 from django.views.decorators.http import require_safe
 
+from ..admin.report_pages import RIGHT, WIDTH, draw_chart, nice_ceiling
 from ..models import Budget, Usage
 from ..stores.budgets import Scope
 from ..stores.usage import UsageReport, usage_report
 from ..turns.budget import standings
-from .admin_views import RIGHT, WIDTH, draw_chart, nice_ceiling
 
 USER_DAYS = 30
 ADMIN_PRESET_DAYS = (7, 30, 90)
