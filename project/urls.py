@@ -9,21 +9,21 @@ from chat.accounts import forms as account_forms
 from chat.accounts import oidc_views
 from chat.accounts import sign_in as accounts
 from chat.admin.report_pages import behaviour_view, latency_view
+from chat.pages import chat_page as views
+from chat.pages import settings_page as settings_views
+from chat.pages import usage_pages as usage_views
 from chat.transports import (
     api,
     feedback_api,
-    settings_views,
-    usage_views,
-    views,
 )
 from chat.transports.openai import views as openai_api
 
 # The product's own error pages; JSON in the API's shape on /api/ and /v1/
 # (chat/transports/error_pages.py).
-handler400 = "chat.transports.error_pages.bad_request"
-handler403 = "chat.transports.error_pages.permission_denied"
-handler404 = "chat.transports.error_pages.page_not_found"
-handler500 = "chat.transports.error_pages.server_error"
+handler400 = "chat.pages.error_pages.bad_request"
+handler403 = "chat.pages.error_pages.permission_denied"
+handler404 = "chat.pages.error_pages.page_not_found"
+handler500 = "chat.pages.error_pages.server_error"
 
 
 def password_view(view_class, template: str, **options):

@@ -146,8 +146,8 @@ def test_a_failing_model_list_beside_a_working_chat_endpoint_is_not_an_outage(se
 def test_healthz_is_ok_not_degraded_with_a_failing_model_list_and_names_the_capabilities(
     serve, backend, settings, monkeypatch
 ):
+    from chat.health.readiness import health
     from chat.infra.runtime import runtime
-    from chat.transports.health import health
 
     fake = serve(**LIKE_TRANSFORMERS_SERVE)
     remote = remote_for(fake, backend)

@@ -9,11 +9,11 @@ from datetime import timedelta
 import pytest
 from django.core.exceptions import ValidationError
 
+from chat.health.readiness import health, public
 from chat.infra import behaviour, latency
 from chat.infra.engines import EngineSpec
 from chat.infra.runtime import runtime
 from chat.models import Conversation, Engine
-from chat.transports.health import health, public
 from tests.test_latency_page import store
 
 pytestmark = [pytest.mark.unit, pytest.mark.django_db]

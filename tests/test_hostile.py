@@ -409,7 +409,7 @@ def test_error_pages_are_the_products_and_leak_nothing():
     API's error shape on /api/ and /v1/; no traceback, no settings, no path echoed."""
     from django.test import Client, RequestFactory
 
-    from chat.transports.error_pages import server_error
+    from chat.pages.error_pages import server_error
 
     page = Client().get("/no-such-page-<script>")
     assert page.status_code == 404 and b"Not found" in page.content

@@ -107,11 +107,11 @@ def test_healthz_reports_redis_unavailable_as_degraded(runtime, settings):
 def test_public_healthz_says_unavailable_and_logs_the_detail(settings, caplog, monkeypatch):
     """A stranger learns that Redis is down, not its address, password or the driver's error:
     those go to the log for the operator (once per change: a fresh process here)."""
-    from chat.transports import health
+    from chat.health import readiness as health
 
     monkeypatch.setattr(health, "_logged", {})
     settings.REDIS_URL = "redis://:hunter2-redis-pass@127.0.0.1:1/0"
-    with caplog.at_level("WARNING", logger="chat.transports.health"):
+    with caplog.at_level("WARNING", logger="chat.health.readiness"):
         response = Client().get("/healthz")
     body = response.json()
     assert set(body) >= {"status", "model", "redis", "database"}

@@ -11,9 +11,9 @@ from django.test import Client
 
 from chat import protocol
 from chat.models import Conversation, Message
+from chat.pages.page_constants import page_constants
 from chat.protocol import events as e
 from chat.stores.conversations import MAX_TITLE
-from chat.transports.page_constants import page_constants
 from chat.transports.routing import websocket_urlpatterns
 
 pytestmark = pytest.mark.unit

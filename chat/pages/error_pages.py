@@ -16,7 +16,7 @@ from django.template import loader
 
 from ..protocol import error_fields
 from ..protocol.errors import error_code
-from .openai import error_body
+from ..transports.openai import error_body
 
 log = logging.getLogger(__name__)
 

@@ -8,6 +8,7 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_http_methods
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from ..health.readiness import health, public
 from ..infra.runtime import runtime
 from ..protocol import error_fields, inputs
 from ..protocol.errors import error_code
@@ -23,7 +24,6 @@ from ..stores.conversations import (
     export_markdown,
 )
 from ..stores.engine_routes import visible_policies
-from .health import health, public
 from .page_constants import page_constants
 
 

@@ -12,7 +12,7 @@ from django.conf import settings
 from .. import protocol
 from ..models import Conversation, Message
 from ..stores.conversations import MAX_TITLE
-from .routing import WS_PATH
+from ..transports.routing import WS_PATH
 
 # How the page shows an answer by its finish_reason: its data-state and its badge (and whether
 # the badge's tooltip gives the `done` event's reason).
