@@ -9,6 +9,7 @@ from chat.accounts import forms as account_forms
 from chat.accounts import oidc_views
 from chat.accounts import sign_in as accounts
 from chat.admin.report_pages import behaviour_view, latency_view
+from chat.health import views as health_views
 from chat.pages import chat_page as views
 from chat.pages import settings_page as settings_views
 from chat.pages import usage_pages as usage_views
@@ -119,8 +120,8 @@ urlpatterns = [
     path("v1/models", openai_api.models, name="openai-models"),
     path("v1/chat/completions", openai_api.chat_completions, name="openai-chat-completions"),
     path("v1/<path:rest>", openai_api.not_found),
-    path("healthz", views.healthz, name="healthz"),
-    path("metrics", views.metrics, name="metrics"),
+    path("healthz", health_views.healthz, name="healthz"),
+    path("metrics", health_views.metrics, name="metrics"),
     path("admin/latency/", admin.site.admin_view(latency_view), name="admin-latency"),
     path("admin/behaviour/", admin.site.admin_view(behaviour_view), name="admin-behaviour"),
     path("admin/login/", accounts.admin_sign_in),  # before admin's own, which it wraps
