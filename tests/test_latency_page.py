@@ -18,13 +18,8 @@ from django.test import Client, RequestFactory
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from chat.admin.report_pages import (
-    build_chart,
-    format_duration,
-    format_ms,
-    latency_view,
-    nice_ceiling,
-)
+from chat.admin.charts import nice_ceiling
+from chat.admin.report_pages import build_chart, format_duration, format_ms, latency_view
 from chat.infra import latency
 from chat.models import Conversation, Message
 

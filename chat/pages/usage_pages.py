@@ -15,7 +15,7 @@ from django.shortcuts import render
 from django.template.response import TemplateResponse
 from django.views.decorators.http import require_safe
 
-from ..admin.report_pages import RIGHT, WIDTH, draw_chart, nice_ceiling
+from ..admin.charts import RIGHT, WIDTH, draw_chart, nice_ceiling
 from ..models import Budget, Usage
 from ..stores.budgets import Scope
 from ..stores.usage import UsageReport, usage_report

@@ -15,7 +15,7 @@ MAX_DAYS = 366
 
 @dataclass
 class DayTotal:
-    """One UTC day, shaped as a chart bucket (chat/transports/admin_views.py draw_chart)."""
+    """One UTC day, shaped as a chart bucket (chat/admin/charts.py draw_chart)."""
 
     day: date
     tokens: int = 0
