@@ -228,7 +228,7 @@ if CHAT_SIGNUP not in {"open", "confirm", "closed"}:
 
 def oidc_settings(spec: dict[str, str]) -> dict[str, Any]:
     """Sign-in with an OpenID Connect provider from CHAT_OIDC's keys: the Django settings the
-    mozilla-django-oidc library and chat/transports/oidc_*.py read. An empty `issuer` turns it
+    mozilla-django-oidc library and chat/accounts/oidc_*.py read. An empty `issuer` turns it
     off. The provider's endpoints are discovered from the issuer at first use, not here."""
     issuer = spec["issuer"].rstrip("/")
     if not issuer:

@@ -3,24 +3,15 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 from django.views.decorators.cache import never_cache
 
-from chat.accounts import account_page as account_views
-from chat.accounts import api_keys_page as apikey_views
-from chat.accounts import forms as account_forms
-from chat.accounts import oidc_views
-from chat.accounts import sign_in as accounts
+from chat.accounts import account_page, api_keys_page, forms, oidc_views, sign_in
 from chat.admin.report_pages import behaviour_view, latency_view
-from chat.health import views as health_views
-from chat.pages import chat_page as views
-from chat.pages import settings_page as settings_views
-from chat.pages import usage_pages as usage_views
-from chat.transports import (
-    api,
-    feedback_api,
-)
-from chat.transports.openai import views as openai_api
+from chat.health import views as health
+from chat.pages import chat_page, settings_page, usage_pages
+from chat.transports import api, feedback_api
+from chat.transports.openai import views as openai
 
 # The product's own error pages; JSON in the API's shape on /api/ and /v1/
-# (chat/transports/error_pages.py).
+# (chat/pages/error_pages.py).
 handler400 = "chat.pages.error_pages.bad_request"
 handler403 = "chat.pages.error_pages.permission_denied"
 handler404 = "chat.pages.error_pages.page_not_found"
@@ -30,16 +21,16 @@ handler500 = "chat.pages.error_pages.server_error"
 def password_view(view_class, template: str, **options):
     """Django's own password view with the chat's look (the admin keeps its own templates),
     refused with CHAT_LOCAL_ACCOUNTS=0."""
-    return accounts.local_accounts_only(
+    return sign_in.local_accounts_only(
         view_class.as_view(template_name=f"accounts/{template}.html", **options)
     )
 
 
 urlpatterns = [
-    path("", views.index, name="index"),
-    path("accounts/login/", accounts.SignInView.as_view(), name="login"),
-    path("accounts/signup/", accounts.sign_up, name="signup"),
-    path("accounts/confirm/<uidb64>/<token>/", accounts.sign_up_confirm, name="signup-confirm"),
+    path("", chat_page.index, name="index"),
+    path("accounts/login/", sign_in.SignInView.as_view(), name="login"),
+    path("accounts/signup/", sign_in.sign_up, name="signup"),
+    path("accounts/confirm/<uidb64>/<token>/", sign_in.sign_up_confirm, name="signup-confirm"),
     path("accounts/logout/", oidc_views.SignOutView.as_view(), name="logout"),
     # Sign-in with the OpenID Connect provider (CHAT_OIDC; 404 without): the library reverses
     # these two names. The callback is the redirect URI registered at the provider.
@@ -55,12 +46,12 @@ urlpatterns = [
     ),
     path(
         "accounts/password_change/",
-        # never_cache: a mismatch's answer holds the passwords typed (account_forms.py).
+        # never_cache: a mismatch's answer holds the passwords typed (chat/accounts/forms.py).
         never_cache(
             password_view(
                 auth_views.PasswordChangeView,
                 "password_change_form",
-                form_class=account_forms.PasswordChangeKeepingForm,
+                form_class=forms.PasswordChangeKeepingForm,
             )
         ),
         name="password_change",
@@ -90,16 +81,16 @@ urlpatterns = [
         password_view(auth_views.PasswordResetCompleteView, "password_reset_complete"),
         name="password_reset_complete",
     ),
-    path("api/conversations/", views.conversations, name="conversations"),
-    path("api/conversations/<int:conversation_id>/", views.conversation, name="conversation"),
+    path("api/conversations/", chat_page.conversations, name="conversations"),
+    path("api/conversations/<int:conversation_id>/", chat_page.conversation, name="conversation"),
     path(
         "api/conversations/<int:conversation_id>/branch",
-        views.conversation_branch,
+        chat_page.conversation_branch,
         name="conversation-branch",
     ),
     path(
         "api/conversations/<int:conversation_id>/export",
-        views.conversation_export,
+        chat_page.conversation_export,
         name="conversation-export",
     ),
     path(
@@ -111,23 +102,23 @@ urlpatterns = [
     path("api/chat/stream", api.chat_stream, name="api-chat-stream"),
     path("api/chat/cancel", api.cancel, name="api-chat-cancel"),
     path("api/csrf", api.csrf, name="api-csrf"),
-    path("settings/", settings_views.settings_page, name="settings"),
-    path("account/api-keys/", apikey_views.api_keys, name="account-api-keys"),
-    path("account/usage/", usage_views.usage, name="account-usage"),
-    path("account/export", account_views.account_export, name="account-export"),
-    path("account/delete/", account_views.account_delete, name="account-delete"),
-    path("account/deleted/", account_views.account_deleted, name="account-deleted"),
-    path("v1/models", openai_api.models, name="openai-models"),
-    path("v1/chat/completions", openai_api.chat_completions, name="openai-chat-completions"),
-    path("v1/<path:rest>", openai_api.not_found),
-    path("healthz", health_views.healthz, name="healthz"),
-    path("metrics", health_views.metrics, name="metrics"),
+    path("settings/", settings_page.settings_page, name="settings"),
+    path("account/api-keys/", api_keys_page.api_keys, name="account-api-keys"),
+    path("account/usage/", usage_pages.usage, name="account-usage"),
+    path("account/export", account_page.account_export, name="account-export"),
+    path("account/delete/", account_page.account_delete, name="account-delete"),
+    path("account/deleted/", account_page.account_deleted, name="account-deleted"),
+    path("v1/models", openai.models, name="openai-models"),
+    path("v1/chat/completions", openai.chat_completions, name="openai-chat-completions"),
+    path("v1/<path:rest>", openai.not_found),
+    path("healthz", health.healthz, name="healthz"),
+    path("metrics", health.metrics, name="metrics"),
     path("admin/latency/", admin.site.admin_view(latency_view), name="admin-latency"),
     path("admin/behaviour/", admin.site.admin_view(behaviour_view), name="admin-behaviour"),
-    path("admin/login/", accounts.admin_sign_in),  # before admin's own, which it wraps
+    path("admin/login/", sign_in.admin_sign_in),  # before admin's own, which it wraps
     path(
         "admin/usage/",
-        admin.site.admin_view(usage_views.admin_usage_view),
+        admin.site.admin_view(usage_pages.admin_usage_view),
         name="admin-usage",
     ),
     path("admin/", admin.site.urls),

@@ -1,4 +1,4 @@
-"""The page shows and enforces what the server serves it (chat/transports/page_constants.py),
+"""The page shows and enforces what the server serves it (chat/pages/page_constants.py),
 in Chromium: the served JSON is changed in the page before its modules read it, and the page follows."""
 
 import json

@@ -1,5 +1,5 @@
 """The page and the server agree: the constants the page's modules use are the server's own,
-served in the page (chat/transports/page_constants.py), and the modules keep no copies of them."""
+served in the page (chat/pages/page_constants.py), and the modules keep no copies of them."""
 
 import json
 import re

@@ -2,7 +2,7 @@
 
 Everything else (password change and reset) is Django's own views, routed in project/urls.py,
 with the templates in templates/accounts/; sign-in with the OpenID Connect provider and sign-out
-are chat/transports/oidc_views.py. With CHAT_LOCAL_ACCOUNTS=0 every password view here refuses.
+are oidc_views.py. With CHAT_LOCAL_ACCOUNTS=0 every password view here refuses.
 """
 
 from __future__ import annotations

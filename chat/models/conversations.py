@@ -10,7 +10,7 @@ class Conversation(models.Model):
     """A chat thread, private to a signed-in user or, for a visitor, to their session."""
 
     # A new conversation is titled by its first prompt, cut to this many characters (the page
-    # shows the same title before the server's list arrives: chat/transports/page_constants.py).
+    # shows the same title before the server's list arrives: chat/pages/page_constants.py).
     TITLE_FROM_PROMPT = 80
 
     user = models.ForeignKey(

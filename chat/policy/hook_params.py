@@ -1,7 +1,7 @@
 """What settings a moderation hook takes, read from its keyword-only `__init__` parameters and
 their annotations, so an editor can offer a field per setting for any hook, a new one included.
 
-Pure stdlib: the admin's form (chat/transports/policy_fields.py) builds its inputs from these.
+Pure stdlib: the admin's form (chat/admin/policy_fields.py) builds its inputs from these.
 """
 
 from __future__ import annotations

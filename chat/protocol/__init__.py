@@ -251,7 +251,7 @@ def parse_http_cancel(body: bytes) -> int:
 
 # The `type` of every client frame and of every server event (one dataclass each in
 # chat/protocol/events.py). The page reads these names from the server
-# (chat/transports/page_constants.py) instead of copying them.
+# (chat/pages/page_constants.py) instead of copying them.
 FRAME_TYPES = ("prompt", "continue", "cancel", "ping", "resume")
 EVENT_TYPES = (
     "accepted",

@@ -51,8 +51,8 @@ ERROR_CODES: dict[str, ErrorCode] = {
             "tools, tool_choice or a tool message that cannot be served (/v1)",
             param="tools",
         ),
-        # HTTP only: the page's conversation API (chat/transports/views.py) and the error
-        # pages (chat/transports/error_pages.py) for /api and /v1 paths.
+        # HTTP only: the page's conversation API (chat/pages/chat_page.py) and the error
+        # pages (chat/pages/error_pages.py) for /api and /v1 paths.
         ErrorCode("bad_query", 400, "a ?q= with a NUL"),
         ErrorCode("bad_title", 400, "a rename's body"),
         ErrorCode("bad_change", 400, "a conversation's pinned or archived that is not a boolean"),

@@ -2,7 +2,7 @@
 
 The socket (chat/protocol/__init__.py), the HTTP chat (chat/transports/api.py), the OpenAI API
 (chat/transports/openai/parsing.py's json_body) and the page's own endpoints
-(chat/transports/views.py, chat/transports/apikey_views.py) each call one function here, so a body's size, its JSON, the strings it carries and the ids it
+(chat/pages/chat_page.py, chat/accounts/api_keys_page.py) each call one function here, so a body's size, its JSON, the strings it carries and the ids it
 names are checked the same way whichever door it came in by (docs/security.md, "The input
 edge"). Each raises InputError; the transport turns it into its own error shape.
 

@@ -2,7 +2,7 @@
 
 requests.py declares `POST /v1/chat/completions`'s body, parsing.py checks it into a ChatRequest,
 replies.py builds the model list, completions, stream chunks, usage and tool calls, and
-errors.py OpenAI's error object with its status. The views (chat/transports/openai_api.py) only
+errors.py OpenAI's error object with its status. The views (views.py) only
 send what these build, so no two of them can disagree about a field.
 """
 

@@ -1,5 +1,5 @@
 """What `/v1` sends back, as pydantic models: the model list, a completion, a stream chunk, usage
-and tool calls (errors are errors.py's), so the views in chat/transports/openai_api.py cannot
+and tool calls (errors are errors.py's), so the views in views.py cannot
 disagree about a field.
 
 A model's `wire()` is the JSON object sent. OpenAI sends most absent fields as null

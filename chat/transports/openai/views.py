@@ -10,7 +10,7 @@ Callers authenticate with a per-user key (`Authorization: Bearer sk-...`, chat/s
 CSRF does not apply. Each request is one chat turn through chat/turns/, like the page's:
 the same queue, cache, policy gate, storage, metrics and rate limit (the key's user's). Closing
 the connection cancels the turn within one decode step. Wire shapes, requests and replies:
-chat/transports/openai/.
+the other modules of this package.
 """
 
 from __future__ import annotations
