@@ -1,22 +1,29 @@
 """Settings, all from environment variables, with defaults that make a bare checkout run.
 
-Every variable is read here, through the env* helpers below (tests/test_configuration.py finds
+Every variable is read here, through project/env.py's helpers (tests/test_configuration.py finds
 them by those calls), and listed in docs/configuration.md. A family of knobs is one variable (a
-URL or a `key=value,...` spec), which sets the Django settings the code reads. A malformed value
-fails at start-up, naming the variable, not later.
+URL or a `key=value,...` spec), which sets the Django settings the code reads: what each one
+turns into is project/settings_parsers.py. A malformed value fails at start-up, naming the
+variable, not later.
 """
 
 import os
-import re
 import shutil
 import socket
 import sys
 from pathlib import Path
-from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
-import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+
+from .env import env, envbool, envint, envlist, envspec, number, rate
+from .settings_parsers import (
+    database_settings,
+    email_settings,
+    hook_settings,
+    logging_settings,
+    oidc_settings,
+    remote_settings,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -31,77 +38,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 _interpreter_bin = Path(sys.executable).parent
 if shutil.which("ninja") is None and (_interpreter_bin / "ninja").exists():
     os.environ["PATH"] = f"{_interpreter_bin}{os.pathsep}{os.environ.get('PATH', '')}"
-
-
-def env(name: str, default: str = "") -> str:
-    return os.environ.get(name, default)
-
-
-def envbool(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return default
-    if value.lower() in {"1", "true", "yes", "on"}:
-        return True
-    if value.lower() in {"0", "false", "no", "off"}:
-        return False
-    raise ImproperlyConfigured(f"{name}={value!r} is not a boolean (use 1/0, true/false)")
-
-
-def number(name: str, value: str, kind: type[int] | type[float], minimum: float = 0):
-    """`value` as an int or float of at least `minimum`; else start-up stops naming `name`."""
-    try:
-        parsed = kind(value)
-    except ValueError:
-        article = "an integer" if kind is int else "a number"
-        raise ImproperlyConfigured(f"{name}={value!r} is not {article}") from None
-    if parsed < minimum:
-        raise ImproperlyConfigured(f"{name}={value!r} must be at least {minimum}")
-    return parsed
-
-
-def envint(name: str, default: int, minimum: int = 0) -> int:
-    value = os.environ.get(name)
-    return default if not value else number(name, value, int, minimum)
-
-
-def envfloat(name: str, default: float, minimum: float = 0) -> float:
-    value = os.environ.get(name)
-    return default if not value else number(name, value, float, minimum)
-
-
-def envlist(name: str, default: str) -> list[str]:
-    return [item.strip() for item in env(name, default).split(",") if item.strip()]
-
-
-def envspec(name: str, defaults: dict[str, str]) -> dict[str, str]:
-    """`key=value,key=value` over `defaults`: one variable for a family of knobs, each key
-    optional; an unknown key or an item without `=` stops start-up."""
-    spec = dict(defaults)
-    for item in envlist(name, ""):
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or key not in defaults:
-            raise ImproperlyConfigured(
-                f"{name}: {item!r} is not one of {', '.join(f'{k}=...' for k in defaults)}"
-            )
-        spec[key] = value.strip()
-    return spec
-
-
-UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def rate(name: str, value: str) -> tuple[int, float]:
-    """`30/1m` (or `30/m`): at most 30 in any minute, as (count, window seconds); `0`: no limit.
-    Units s, m, h, d."""
-    if value.strip() == "0":
-        return 0, 60.0
-    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d*)\s*([smhd])\s*", value)
-    if not match:
-        raise ImproperlyConfigured(f"{name}={value!r}: write a limit as count/span, e.g. 30/1m")
-    count, span, unit = match.groups()
-    return int(count), float(int(span or 1) * UNITS[unit])
 
 
 # Off unless asked for: a bare `daphne` or a systemd unit must not serve tracebacks.
@@ -167,24 +103,8 @@ ASGI_APPLICATION = "project.asgi.application"
 WSGI_APPLICATION = None
 
 DATABASES = {
-    "default": dj_database_url.parse(
-        env("DATABASE_URL", f"sqlite:///{DATA_DIR / 'db.sqlite3'}"), conn_max_age=0
-    )
+    "default": database_settings(env("DATABASE_URL", f"sqlite:///{DATA_DIR / 'db.sqlite3'}"))
 }
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # WAL lets readers and the writer go on together, and NORMAL syncs at checkpoints rather than
-    # every commit: each turn's few small writes stop costing a disk flush each.
-    DATABASES["default"]["OPTIONS"] = {
-        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-        "transaction_mode": "IMMEDIATE",
-        # How long a write waits for another connection's lock before "database is locked":
-        # `?timeout=` on DATABASE_URL, 5 s by default.
-        "timeout": number(
-            "DATABASE_URL timeout",
-            DATABASES["default"].get("OPTIONS", {}).get("timeout", "5"),
-            float,
-        ),
-    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Redis backs the Channels layer and the completion cache. Empty means "embedded":
@@ -224,36 +144,6 @@ LOGOUT_REDIRECT_URL = "/"
 CHAT_SIGNUP = env("CHAT_SIGNUP", "open")
 if CHAT_SIGNUP not in {"open", "confirm", "closed"}:
     raise ImproperlyConfigured(f"CHAT_SIGNUP={CHAT_SIGNUP!r} must be open, confirm or closed")
-
-
-def oidc_settings(spec: dict[str, str]) -> dict[str, Any]:
-    """Sign-in with an OpenID Connect provider from CHAT_OIDC's keys: the Django settings the
-    mozilla-django-oidc library and chat/accounts/oidc_*.py read. An empty `issuer` turns it
-    off. The provider's endpoints are discovered from the issuer at first use, not here."""
-    issuer = spec["issuer"].rstrip("/")
-    if not issuer:
-        return {"CHAT_OIDC": None}
-    parts = urlsplit(issuer)
-    if parts.scheme not in {"http", "https"} or not parts.hostname:
-        raise ImproperlyConfigured(f"CHAT_OIDC issuer={issuer!r}: use the issuer's https:// URL")
-    if not spec["client_id"] or not spec["secret"]:
-        raise ImproperlyConfigured("CHAT_OIDC: an issuer needs client_id=... and secret=...")
-    scopes = spec["scopes"].split()
-    if "openid" not in scopes:
-        raise ImproperlyConfigured(f"CHAT_OIDC scopes={spec['scopes']!r} must include openid")
-    return {
-        "CHAT_OIDC": {
-            "issuer": issuer,
-            "name": spec["name"] or parts.hostname,
-            "groups_claim": spec["groups_claim"],
-            "staff_groups": set(spec["staff_groups"].split()),
-            "superuser_groups": set(spec["superuser_groups"].split()),
-            "origin": f"{parts.scheme}://{parts.netloc}",
-        },
-        "OIDC_RP_CLIENT_ID": spec["client_id"],
-        "OIDC_RP_CLIENT_SECRET": unquote(spec["secret"]),  # %2C for a comma
-        "OIDC_RP_SCOPES": " ".join(scopes),
-    }
 
 
 # Sign-in with the organisation's OpenID Connect provider (Keycloak, Entra ID, ...): one spec,
@@ -360,33 +250,6 @@ AUDITLOG_INCLUDE_TRACKING_MODELS = (
 AUDITLOG_STORE_JSON_CHANGES = True  # before and after as JSON values, not their str()
 
 
-def email_settings(url: str) -> dict[str, object]:
-    """Django's EMAIL_* settings from one URL: `smtp://user:password@host:587` (STARTTLS;
-    `?tls=0` for none), `smtps://...:465` (implicit TLS); `?from=` is the sender. Empty prints
-    mail to the console."""
-    parts = urlsplit(url)
-    query = dict(parse_qsl(parts.query))
-    unknown = set(query) - {"from", "tls"}
-    if parts.scheme not in {"", "smtp", "smtps"} or unknown or (url and not parts.hostname):
-        raise ImproperlyConfigured(
-            f"EMAIL_URL: use smtp://user:password@host:587 or smtps://...:465 "
-            f"(options ?from=, ?tls=0), not {parts.scheme or url!r}"
-        )
-    ssl = parts.scheme == "smtps"
-    return {
-        "EMAIL_BACKEND": "django.core.mail.backends.smtp.EmailBackend"
-        if url
-        else "django.core.mail.backends.console.EmailBackend",
-        "EMAIL_HOST": parts.hostname or "",
-        "EMAIL_PORT": parts.port or (465 if ssl else 587),
-        "EMAIL_HOST_USER": unquote(parts.username or ""),
-        "EMAIL_HOST_PASSWORD": unquote(parts.password or ""),
-        "EMAIL_USE_SSL": ssl,
-        "EMAIL_USE_TLS": not ssl and query.get("tls", "1") not in {"0", "false", "off", "no"},
-        "DEFAULT_FROM_EMAIL": query.get("from", "chat@localhost"),
-    }
-
-
 # Password-reset and sign-up confirmation mail.
 _email = email_settings(env("EMAIL_URL", ""))
 EMAIL_BACKEND = str(_email["EMAIL_BACKEND"])
@@ -438,50 +301,9 @@ SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE_HSTS_PRELOAD = SECURE_SSL_REDIRECT = SECURE_HSTS_SECONDS > 0
 SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "loggers": {
-        "chat": {
-            "handlers": ["console"],
-            "level": env("CHAT_LOG_LEVEL", "INFO"),
-            "propagate": False,
-        },
-        "django": {"handlers": ["console"], "level": "WARNING"},
-    },
-}
+LOGGING = logging_settings(env("CHAT_LOG_LEVEL", "INFO"))
 
 # -- the chat itself -----------------------------------------------------------
-# The product's own secrets are never a hook's, even when listed by mistake.
-SERVER_SECRETS = frozenset(
-    {
-        "SECRET_KEY",
-        "DATABASE_URL",
-        "REDIS_URL",
-        "CHAT_CACHE_REDIS_URL",
-        "EMAIL_URL",
-        "CHAT_OIDC",
-        "CHAT_REMOTE",
-        "CHAT_METRICS_TOKEN",
-    }
-)
-
-
-def hook_settings(spec: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-    """CHAT_HOOKS as (hosts a hook may call, {secret's name: value}): only the variables it
-    lists, read once; one that is unset is allowed and sends no key."""
-    names = spec["secrets"].split()
-    for name in names:
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or name in SERVER_SECRETS:
-            raise ImproperlyConfigured(
-                f"CHAT_HOOKS: secrets={name} is not a variable a hook may read (a name, and "
-                f"none of the server's own: {', '.join(sorted(SERVER_SECRETS))})"
-            )
-    return spec["hosts"].split(), {name: env(name) for name in names}
-
-
 # What a moderation hook that calls a service may reach (docs/security.md#moderation-hooks),
 # one family: `hosts`, the only hosts (`name` or `name:port`) its URL may name, and `secrets`,
 # the only variables (full names) its `api_key_env` may pick, never the rest of the environment,
@@ -604,35 +426,7 @@ CHAT_COALESCE_LEASE_SECONDS = CHAT_REMOTE_LEASE_SECONDS = CHAT_LEASE_SECONDS
 
 
 # -- the model on an inference server (CHAT_BACKEND=openai) ----------------------
-def remote_settings(url: str) -> dict[str, object]:
-    """The inference server from one URL: its API root, with the key as the password and the
-    knobs as the query, e.g. `http://:KEY@10.0.0.5:8000/v1?model=qwen&concurrency=8`."""
-    parts = urlsplit(url)
-    query = dict(parse_qsl(parts.query))
-    known = {"model", "concurrency", "global", "timeout", "context", "tokenizer"}
-    if unknown := set(query) - known:
-        raise ImproperlyConfigured(
-            f"CHAT_REMOTE: unknown option(s) {', '.join(sorted(unknown))}; "
-            f"use {', '.join(sorted(known))}"
-        )
-    netloc = parts.netloc.rpartition("@")[2]
-    return {
-        "url": urlunsplit((parts.scheme, netloc, parts.path, "", "")).rstrip("/"),
-        "api_key": unquote(parts.password or ""),
-        "model": query.get("model", ""),
-        # Open upstream streams per process, and (above 0) in all, through one FIFO in Redis.
-        "concurrency": number("CHAT_REMOTE concurrency", query.get("concurrency", "8"), int, 1),
-        "global": number("CHAT_REMOTE global", query.get("global", "0"), int),
-        # Connect, and longest wait for the next token.
-        "timeout": number("CHAT_REMOTE timeout", query.get("timeout", "60"), float, 0.001),
-        # The served model's context; 0: from the tokenizer folder's config, else unknown.
-        "context": number("CHAT_REMOTE context", query.get("context", "0"), int),
-        # A local tokenizer folder for token counts; empty: the local model's; "none": none.
-        "tokenizer": query.get("tokenizer", ""),
-    }
-
-
-_remote = remote_settings(env("CHAT_REMOTE", ""))
+_remote = remote_settings(env("CHAT_REMOTE", ""), used=CHAT_BACKEND == "openai")
 CHAT_REMOTE_URL = str(_remote["url"])
 CHAT_REMOTE_MODEL = str(_remote["model"])
 CHAT_REMOTE_API_KEY = str(_remote["api_key"])
@@ -641,21 +435,3 @@ CHAT_REMOTE_GLOBAL_CONCURRENCY = int(str(_remote["global"]))
 CHAT_REMOTE_TIMEOUT = float(str(_remote["timeout"]))
 CHAT_REMOTE_CONTEXT_LENGTH = int(str(_remote["context"]))
 CHAT_REMOTE_TOKENIZER = str(_remote["tokenizer"])
-if CHAT_BACKEND == "openai":
-    if not CHAT_REMOTE_URL.startswith(("http://", "https://")):
-        raise ImproperlyConfigured(
-            "CHAT_BACKEND=openai needs CHAT_REMOTE, the server's API root such as "
-            f"http://host:8000/v1?model=NAME (got {CHAT_REMOTE_URL!r})"
-        )
-    if not CHAT_REMOTE_MODEL:
-        raise ImproperlyConfigured(
-            "CHAT_BACKEND=openai needs the served model's name: CHAT_REMOTE=...?model=NAME"
-        )
-    if (
-        CHAT_REMOTE_TOKENIZER not in {"", "none"}
-        and not (Path(CHAT_REMOTE_TOKENIZER) / "tokenizer_config.json").is_file()
-    ):
-        raise ImproperlyConfigured(
-            f"CHAT_REMOTE tokenizer={CHAT_REMOTE_TOKENIZER}: no tokenizer_config.json there "
-            "(use 'none' to count nothing)"
-        )
