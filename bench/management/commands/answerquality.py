@@ -24,7 +24,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand
 
 import chat.engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads, as the server does)
-from chat.management.commands._engine import load
+from chat.management.engine_loading import load
 from chat.policy import Cut, Retract, gate_for
 from chat.stores import policy_store
 from chat.turns.prompting import fit_prompt, request_for

@@ -23,7 +23,7 @@ from bench.benchmark_api import ApiRuns
 from bench.benchmark_live import LiveRuns
 from bench.benchmark_report import Report
 from bench.benchmark_targets import Targets, met
-from chat.management.commands._engine import load
+from chat.management.engine_loading import load
 
 PROMPT = "Write a long, detailed story about a lighthouse keeper."
 

@@ -122,7 +122,7 @@ class Command(BaseCommand):
             )
             self.stdout.write(f"  {kind:10} ({len(rows):3}): {rates}")
         if holdback or guard:
-            from chat.management.commands._engine import load as load_engine
+            from chat.management.engine_loading import load as load_engine
 
             backend = load_engine(self)
             if holdback:

@@ -6,7 +6,7 @@ import time
 
 from django.core.management.base import BaseCommand
 
-from chat.management.commands._engine import load
+from chat.management.engine_loading import load
 from chat.policy import ExtractionError, extract_json, instance_errors
 
 QUESTIONS = [

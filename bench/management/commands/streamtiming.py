@@ -8,7 +8,7 @@ import torch
 from django.core.management.base import BaseCommand
 from transformers import TextIteratorStreamer
 
-from chat.management.commands._engine import load
+from chat.management.engine_loading import load
 
 PROMPT = "Write a detailed story about a lighthouse keeper who finds a message in a bottle."
 

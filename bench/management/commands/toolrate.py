@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from django.core.management.base import BaseCommand
 
-from chat.management.commands._engine import load
+from chat.management.engine_loading import load
 from chat.policy import ToolSpec
 from chat.policy.tool_calls import judge_calls
 from chat.stores.policy_store import PolicyOverride, builtin_policy, policy_for

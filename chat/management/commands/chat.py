@@ -7,7 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from chat.engine.types import EngineError
 
-from ._engine import load
+from ..engine_loading import load
 
 
 class Command(BaseCommand):
