@@ -1,4 +1,5 @@
-"""Shared by the terminal commands: load the engine synchronously with progress on stderr."""
+"""Public to the terminal commands here and in bench/: load the engine synchronously, with
+progress on stderr."""
 
 from chat.infra.runtime import runtime
 
