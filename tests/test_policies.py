@@ -71,6 +71,21 @@ def test_saving_a_bad_policy_is_refused_with_a_clear_message(runtime, fields, fi
     assert any(message in m for m in errors[field])
 
 
+@pytest.mark.unit
+@pytest.mark.django_db
+def test_a_policy_that_samples_without_a_seed_is_not_cached():
+    """Sampling without a seed never gives the same answer twice: caching it is refused, with
+    the way out; with a seed, or greedy, or with caching off, it passes."""
+    unseeded = OutputPolicy(name="s", slug="s", temperature=0.7, cache_enabled=True)
+    assert "set a seed" in policy_errors(unseeded)["cache_enabled"][0]
+    for fine in (
+        OutputPolicy(name="s", slug="s", temperature=0.7, seed=3, cache_enabled=True),
+        OutputPolicy(name="s", slug="s", temperature=0.0, cache_enabled=True),
+        OutputPolicy(name="s", slug="s", temperature=0.7, cache_enabled=False),
+    ):
+        assert "cache_enabled" not in policy_errors(fine)
+
+
 @pytest.mark.integration
 @pytest.mark.django_db
 def test_a_valid_policy_passes_and_its_version_moves_only_on_change(runtime, make_policy):

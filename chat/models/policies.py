@@ -3,6 +3,8 @@
 from django.conf import settings
 from django.db import models
 
+from ..engine.sampling_params import POLICY_SETTINGS
+
 
 class OutputPolicy(models.Model):
     """What users see of an answer, and what it must pass first; edited by staff in the admin.
@@ -201,16 +203,8 @@ class OutputPolicy(models.Model):
             "system_prompt",
             "engine_id",
             "fallback_engine_id",
-            "max_new_tokens",
-            "stop_strings",
+            *POLICY_SETTINGS,
             "extra_eos_tokens",
-            "temperature",
-            "top_p",
-            "seed",
-            "repetition_penalty",
-            "no_repeat_ngram_size",
-            "frequency_penalty",
-            "presence_penalty",
             "cache_enabled",
             "cache_ttl_seconds",
             "require_review",

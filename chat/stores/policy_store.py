@@ -338,13 +338,15 @@ def policy_errors(policy, *, tokenizer=None) -> dict[str, list[str]]:
     if policy.constrained and policy.json_schema is None:
         errors["constrained"] = ["constrained decoding needs a JSON Schema"]
     numbers = {name: getattr(policy, name) for name in POLICY_SETTINGS if name != "stop_strings"}
-    for name, problem in SamplingParams(**numbers).errors().items():  # stop strings: below
+    sampling = SamplingParams(**numbers)
+    sampling_errors = sampling.errors()
+    for name, problem in sampling_errors.items():  # stop strings: below
         errors[name] = [problem]
     if policy.max_new_tokens > settings.CHAT_MAX_NEW_TOKENS_CAP:
         errors["max_new_tokens"] = [
             f"at most {settings.CHAT_MAX_NEW_TOKENS_CAP} (CHAT_MAX_NEW_TOKENS_CAP)"
         ]
-    if policy.cache_enabled and policy.temperature > 0 and policy.seed is None:
+    if policy.cache_enabled and not sampling_errors and not sampling.reproducible:
         errors["cache_enabled"] = [
             "a policy that samples (temperature above 0) without a seed never gives the same "
             "answer twice, so it cannot be cached: set a seed, or turn caching off"

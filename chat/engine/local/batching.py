@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import LogitsProcessorList, StopStringCriteria, TextStreamer
 
+from ..sampling_params import SamplingType
 from ..text.holdback import StopStringHoldback
 from ..types import GenerationRequest, OnText
 
@@ -55,9 +56,9 @@ class Row:
         self.stop = stop_criteria(stops) if stops else None
         self.decoder = TextStreamer(self.tokenizer, skip_prompt=False, skip_special_tokens=True)
         self.decoder.on_finalized_text = lambda text, stream_end=False: text and self.emit(text)
-        seed = self.request.params.generator_seed
-        if seed is not None and self.request.params.temperature > 0:
-            self.generator = torch.Generator().manual_seed(seed)
+        params = self.request.params
+        if params.sampling_type is SamplingType.RANDOM_SEED:
+            self.generator = torch.Generator().manual_seed(params.generator_seed)
 
     def ids(self, last: int | None = None) -> torch.Tensor:
         """The row's prompt and answer so far as a [1, n] tensor (only the `last` ones if given)."""
@@ -67,7 +68,7 @@ class Row:
     def pick(self, scores: torch.Tensor) -> int:
         """The next token from this row's [1, vocab] scores, under its processors."""
         scores = self.processors(self.ids(), scores)
-        if self.request.params.temperature > 0:
+        if self.request.params.sampling_type is not SamplingType.GREEDY:
             probabilities = torch.softmax(scores, dim=-1)
             if self.generator is not None:  # a CPU generator samples CPU tensors
                 probabilities = probabilities.float().cpu()
