@@ -4,6 +4,10 @@ A database that is briefly unavailable (locked, restarted, a dropped connection)
 lose an answer that was already shown: the write is retried for a few seconds, then goes on
 in the background; if the process dies first, the start-up sweep (chat/stores/recovery.py) marks
 the message interrupted.
+
+Named as every store function is, what and then the act (`apikey_create`, `account_erase`):
+`answer_write` is the one transaction, `answer_store` the coroutine that retries it and then
+writes late. A name never says sync or async; `async def` does.
 """
 
 from __future__ import annotations
@@ -30,11 +34,11 @@ LATE_STORE_DELAYS = (5.0, 15.0, 30.0, 60.0, 60.0, 60.0, 60.0)
 _late_stores: set[asyncio.Task] = set()  # strong references, so pending writes are not collected
 
 
-def store_cached_answer(message_id: int, record_id: int | None, **fields) -> None:
+def cached_answer_write(message_id: int, record_id: int | None, **fields) -> None:
     """A cache hit's answer, and one more serving counted on its review record (which now
     counts the answer's conversation among its prompt's holders), together."""
     with transaction.atomic():
-        store_answer(message_id, **fields)
+        answer_write(message_id, **fields)
         if record_id is not None:
             conversation_id = (
                 Message.objects.filter(pk=message_id).values_list("conversation_id", flat=True)
@@ -42,7 +46,7 @@ def store_cached_answer(message_id: int, record_id: int | None, **fields) -> Non
             review.answer_served(record_id, conversation_id=conversation_id, message_id=message_id)
 
 
-def store_answer(message_id: int, **fields) -> None:
+def answer_write(message_id: int, **fields) -> None:
     """The message and its conversation's time, in one transaction: both or neither."""
     with transaction.atomic():
         Message.objects.filter(pk=message_id).update(**fields)
@@ -58,8 +62,8 @@ def closing_on_error(fn, *args, **kwargs):
         raise
 
 
-def _store_answer_once(message_id: int, **fields) -> None:
-    closing_on_error(store_answer, message_id, **fields)
+def _answer_write_closing(message_id: int, **fields) -> None:
+    closing_on_error(answer_write, message_id, **fields)
 
 
 async def answer_store(*, message_id: int, request_id: str, **fields) -> bool:
@@ -70,12 +74,12 @@ async def answer_store(*, message_id: int, request_id: str, **fields) -> bool:
     for delay in STORE_RETRY_DELAYS:
         await asyncio.sleep(delay)
         try:
-            await sync_to_async(_store_answer_once)(message_id, **fields)
+            await sync_to_async(_answer_write_closing)(message_id, **fields)
             return True
         except DatabaseError as exc:
             log.warning("could not store the answer of %s: %s", request_id, exc)
     write_late(
-        partial(store_answer, message_id, **fields),
+        partial(answer_write, message_id, **fields),
         f"the answer of {request_id}",
         given_up="it stays unfinished until the next start-up",
     )
@@ -86,12 +90,12 @@ def write_late(write: Callable[[], object], what: str, *, given_up: str = "") ->
     """Retry `write` in the background over LATE_STORE_DELAYS (about five minutes), so what a
     briefly unavailable database refused is not lost; `what` names it in the log, `given_up`
     says there what follows when every attempt failed."""
-    task = asyncio.create_task(_write_late(write, what, given_up), name=f"late: {what}")
+    task = asyncio.create_task(_late_write_attempts(write, what, given_up), name=f"late: {what}")
     _late_stores.add(task)
     task.add_done_callback(_late_stores.discard)
 
 
-async def _write_late(write: Callable[[], object], what: str, given_up: str) -> None:
+async def _late_write_attempts(write: Callable[[], object], what: str, given_up: str) -> None:
     for delay in LATE_STORE_DELAYS:
         await asyncio.sleep(delay)
         try:

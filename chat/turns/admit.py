@@ -168,7 +168,7 @@ async def _start(
             position = run.submit(prepared.request, expected=True)
             submitted = True
         except EngineError as exc:
-            await sync_to_async(storage.store_answer)(
+            await sync_to_async(storage.answer_write)(
                 turn.message_id, status=Message.Status.FAILED, error=str(exc)
             )
             raise TurnError(exc.code, str(exc)) from None

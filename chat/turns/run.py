@@ -175,7 +175,7 @@ class TurnRun(TurnFinish):
         prometheus.observe_done(cached_metrics, entry["finish_reason"], cached=True)
         try:
             await sync_to_async(storage.closing_on_error)(
-                storage.store_cached_answer,
+                storage.cached_answer_write,
                 turn.message_id,
                 entry.get("record"),
                 text=entry["text"],
