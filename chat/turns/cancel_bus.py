@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import hmac
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -139,45 +138,6 @@ class Cancellable(Protocol):
 
     def cancel(self, reason: str = "") -> None:
         """Stop the turn; `reason` goes with its `done` when it is not the user's Stop."""
-
-
-class RunningTurns:
-    """The turns generating in this process, by message id: where a cancel from anywhere looks."""
-
-    def __init__(self):
-        self._turns: dict[int, Cancellable] = {}
-
-    def add(self, turn: Cancellable) -> None:
-        self._turns[turn.message_id] = turn
-
-    def remove(self, message_id: int) -> None:
-        self._turns.pop(message_id, None)
-
-    def get(self, message_id: int) -> Cancellable | None:
-        """The turn still generating answer `message_id` here, or None."""
-        turn = self._turns.get(message_id)
-        return turn if turn is not None and not turn.finished else None
-
-    def unfinished(self) -> list[Cancellable]:
-        """Every turn still generating here (any thread may ask: the values are copied first)."""
-        return [turn for turn in list(self._turns.values()) if not turn.finished]
-
-    def cancel_heard(self, message_id: int, owner: str) -> None:
-        """A cancel published by any process: stop the turn if it runs here and is the same owner's."""
-        turn = self.get(message_id)
-        if turn is not None and hmac.compare_digest(turn.owner.digest, owner):
-            log.info("cancel for message %s from another process", message_id)
-            turn.cancel()
-
-    def keys_cancel(self, key_ids: tuple[int, ...], reason: str) -> int:
-        """Stop every turn running here on one of the API keys `key_ids`; how many."""
-        revoked = set(key_ids)
-        stopped = [turn for turn in self.unfinished() if turn.api_key_id in revoked]
-        for turn in stopped:
-            turn.cancel(reason)  # thread-safe: an Event and the scheduler's lock
-        if stopped:
-            log.info("stopped %d answer(s) of revoked API key(s) %s", len(stopped), sorted(revoked))
-        return len(stopped)
 
 
 class CancelBus:

@@ -24,7 +24,7 @@ from asgiref.sync import sync_to_async
 
 from ..stores import access
 from ..stores.selectors import Owner
-from .cancel_bus import RunningTurns
+from .cancel_bus import Cancellable
 
 log = logging.getLogger(__name__)
 
@@ -100,14 +100,14 @@ def session_ended(owner: str, session: str) -> None:
             _soon(held.end("you signed out; sign in again"))
 
 
-def account_changed(owner: str, running: RunningTurns, reason: str) -> None:
+def account_changed(owner: str, unfinished: list[Cancellable], reason: str) -> None:
     """An account was saved or deleted (on the loop): check its sockets here again, and stop its
     API-key answers here, with `reason`, if its keys no longer work."""
     for held in list(_open.get(owner, ())):
         _soon(held.check_or_end())
     keyed = [
         turn
-        for turn in running.unfinished()
+        for turn in unfinished
         if turn.api_key_id is not None and hmac.compare_digest(turn.owner.digest, owner)
     ]
     if keyed:
