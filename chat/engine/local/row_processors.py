@@ -12,6 +12,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from ..sampling_params import SamplingType
 from .batching import Row
 from .penalties import penalty_processors
 
@@ -40,7 +41,7 @@ def sampling_processors(row: Row, constrained: Any) -> LogitsProcessorList:
     processors.extend(penalty_processors(params, prompt_length=len(row.request.input_ids)))
     if constrained is not None:
         processors.append(constrained)
-    if params.temperature > 0:
+    if params.sampling_type is not SamplingType.GREEDY:
         processors.append(TemperatureLogitsWarper(params.temperature))
         if params.top_p < 1.0:
             processors.append(TopPLogitsWarper(params.top_p))
