@@ -63,7 +63,7 @@ def layout(names: list[str]) -> dict[str, tuple[float, float]]:
         rows.setdefault(FLOORS.get(name, 0), []).append(name)
     widest = max(len(row) for row in rows.values())
     width = widest * (BOX_W + GAP_X)
-    places = {}
+    places: dict[str, tuple[float, float]] = {}
     for floor, row in rows.items():
         used = len(row) * (BOX_W + GAP_X) - GAP_X
         left = MARGIN + 120 + (width - used) / 2
