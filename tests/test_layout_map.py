@@ -3,6 +3,7 @@ by `make lint`): the real map passes, and a doctored one fails for each kind of 
 
 import pytest
 
+from harness.import_graph import svg
 from harness.layout_check import DOC, ROOT, arrows_up, figures, problems
 
 pytestmark = pytest.mark.unit
@@ -51,3 +52,19 @@ def test_an_import_up_the_floors_is_an_arrow_back_up(tmp_path):
     (tmp_path / "chat" / "engine" / "loop.py").write_text("from .. import turns\n")
     (tmp_path / "chat" / "turns" / "run.py").write_text("from ..engine import loop\n")
     assert arrows_up(tmp_path) == {("engine", "turns")}
+
+
+def test_the_drawing_shows_each_folder_and_marks_an_arrow_back_up(tmp_path):
+    """harness/import_graph.py draws from the same walk: a box per folder, an arrow per pair,
+    red when it runs up the floors."""
+    (tmp_path / "chat" / "engine").mkdir(parents=True)
+    (tmp_path / "chat" / "turns").mkdir()
+    (tmp_path / "chat" / "engine" / "loop.py").write_text("from .. import turns\n")
+    (tmp_path / "chat" / "turns" / "run.py").write_text("from ..engine import loop\n\n")
+    drawing = svg(tmp_path, "test")
+    assert ">engine/<" in drawing and ">turns/<" in drawing
+    assert "1 module, 2 lines" in drawing
+    up = [line for line in drawing.splitlines() if "<title>engine -&gt; turns: 1</title>" in line]
+    down = [line for line in drawing.splitlines() if "<title>turns -&gt; engine: 1</title>" in line]
+    assert len(up) == 1 and 'stroke="#c22"' in up[0]
+    assert len(down) == 1 and 'stroke="#c22"' not in down[0]
