@@ -4,6 +4,7 @@ from django.urls import path
 from django.views.decorators.cache import never_cache
 
 from chat.accounts import account_page, api_keys_page, forms, oidc_views, sign_in
+from chat.admin import usage_page
 from chat.admin.report_pages import behaviour_view, latency_view
 from chat.health import views as health
 from chat.pages import chat_page, settings_page, usage_pages
@@ -118,7 +119,7 @@ urlpatterns = [
     path("admin/login/", sign_in.admin_sign_in),  # before admin's own, which it wraps
     path(
         "admin/usage/",
-        admin.site.admin_view(usage_pages.admin_usage_view),
+        admin.site.admin_view(usage_page.admin_usage_view),
         name="admin-usage",
     ),
     path("admin/", admin.site.urls),
