@@ -4,10 +4,10 @@ from django.urls import path
 from django.views.decorators.cache import never_cache
 
 from chat.accounts import account_page, api_keys_page, forms, oidc_views, sign_in
-from chat.admin import usage_page
 from chat.admin.report_pages import behaviour_view, latency_view
+from chat.admin.usage_page import admin_usage_view
 from chat.health import views as health
-from chat.pages import chat_page, settings_page, usage_pages
+from chat.pages import chat_page, settings_page, usage_page
 from chat.transports import api, feedback_api
 from chat.transports.openai import views as openai
 
@@ -105,7 +105,7 @@ urlpatterns = [
     path("api/csrf", api.csrf, name="api-csrf"),
     path("settings/", settings_page.settings_page, name="settings"),
     path("account/api-keys/", api_keys_page.api_keys, name="account-api-keys"),
-    path("account/usage/", usage_pages.usage, name="account-usage"),
+    path("account/usage/", usage_page.usage, name="account-usage"),
     path("account/export", account_page.account_export, name="account-export"),
     path("account/delete/", account_page.account_delete, name="account-delete"),
     path("account/deleted/", account_page.account_deleted, name="account-deleted"),
@@ -119,7 +119,7 @@ urlpatterns = [
     path("admin/login/", sign_in.admin_sign_in),  # before admin's own, which it wraps
     path(
         "admin/usage/",
-        admin.site.admin_view(usage_page.admin_usage_view),
+        admin.site.admin_view(admin_usage_view),
         name="admin-usage",
     ),
     path("admin/", admin.site.urls),
