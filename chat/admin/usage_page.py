@@ -1,6 +1,6 @@
 """The admin's usage page (/admin/usage/): spending by user, key, policy, engine and UTC day,
 with charts drawn like the latency page's, and the same rows as CSV. A user's own page is
-chat/pages/usage_pages.py."""
+chat/pages/usage_page.py."""
 
 from __future__ import annotations
 
