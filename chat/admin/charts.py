@@ -1,5 +1,5 @@
-"""Line charts over time as SVG geometry, drawn on the server for the admin's latency and
-behaviour pages and the usage pages (templates/admin/chat/_line_chart.html writes them out).
+"""Line charts over time as SVG geometry, drawn on the server for the admin's latency,
+behaviour and usage pages (templates/admin/chat/_line_chart.html writes them out).
 Geometry only, no styling: the site's Content-Security-Policy refuses inline style, and the
 colours come from the admin's CSS variables."""
 
