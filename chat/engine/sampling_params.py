@@ -7,7 +7,7 @@ it. No torch and no Django: the web tier and the policies import it too.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from typing import Any
 
@@ -128,6 +128,69 @@ class SamplingParams:
         values["stop_strings"] = list(self.stop_strings)
         values["eos_token_ids"] = sorted(set(self.eos_token_ids))
         return values
+
+
+@dataclass(frozen=True)
+class SamplingChanges:
+    """One request's changes to its policy's SamplingParams, built where the request enters
+    (`/v1`'s parsing); the policy they change is known only when the turn is prepared, where
+    `changes_to` merges them with its params, the one place that does.
+
+    Args:
+        replaced: SamplingParams fields by name whose values replace the policy's (temperature,
+            top_p, seed, the penalties); a float field's value is kept as a float.
+        stop_strings: added to the policy's own.
+        max_new_tokens: replaces the policy's, capped by the server's ceiling.
+    """
+
+    replaced: dict[str, Any] = field(default_factory=dict)
+    stop_strings: tuple[str, ...] = ()
+    max_new_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        own = {f.name: f for f in fields(SamplingParams)}
+        unknown = [name for name in self.replaced if name not in own or name in _ADDED_OR_CAPPED]
+        if unknown:
+            raise ValueError(f"not a replaceable sampling setting: {', '.join(unknown)}")
+        replaced = {
+            name: float(value) if isinstance(own[name].default, float) else value
+            for name, value in self.replaced.items()
+        }
+        object.__setattr__(self, "replaced", replaced)
+        object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
+
+    __hash__ = None  # type: ignore[assignment]  # `replaced` is a dict
+
+    def changes_to(self, params: SamplingParams, *, max_new_tokens_cap: int) -> dict[str, Any]:
+        """The fields of `params` these changes make different, by name, for `with_changes`."""
+        changes: dict[str, Any] = dict(self.replaced)
+        stops = tuple(dict.fromkeys(params.stop_strings + self.stop_strings))
+        if stops != params.stop_strings:
+            changes["stop_strings"] = stops
+        if self.max_new_tokens is not None:
+            changes["max_new_tokens"] = min(self.max_new_tokens, max_new_tokens_cap)
+        return {name: v for name, v in changes.items() if getattr(params, name) != v}
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain JSON, under the keys an answer's stored settings have always used."""
+        return {
+            "stop_strings": list(self.stop_strings),
+            "max_new_tokens": self.max_new_tokens,
+            "sampling": self.replaced,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SamplingChanges:
+        """The changes `as_dict` wrote."""
+        return cls(
+            replaced=data["sampling"],
+            stop_strings=tuple(data["stop_strings"]),
+            max_new_tokens=data["max_new_tokens"],
+        )
+
+
+# Fields a request adds to or caps rather than replaces (SamplingChanges' own fields).
+_ADDED_OR_CAPPED = ("stop_strings", "max_new_tokens")
 
 
 # The settings a stored policy keeps one column each for, under the same names (chat/models/policies.py).
