@@ -156,13 +156,15 @@ def test_a_sample_without_a_seed_and_a_context_only_the_client_holds_have_no_ide
 def test_a_request_s_context_is_the_client_s_when_it_sends_history_or_a_system_prompt():
     """What /v1 may send: history (tool results among it) and system prompts are the client's;
     a schema, tools or sampling parameters are parameters, which the identity covers."""
+    from chat.engine.sampling_params import SamplingChanges
     from chat.stores.policy_store import PolicyOverride
     from chat.turns.prepare import Given
 
     assert Given(history=[{"role": "user", "content": "a"}]).client_context
     assert Given(override=PolicyOverride(system_prompt="You are a pirate.")).client_context
     assert not Given(history=[]).client_context
-    assert not Given(override=PolicyOverride(schema=SCHEMA, sampling={"seed": 1})).client_context
+    seeded = SamplingChanges(replaced={"seed": 1})
+    assert not Given(override=PolicyOverride(schema=SCHEMA), sampling=seeded).client_context
 
 
 @pytest.mark.unit

@@ -28,6 +28,7 @@ from django.test import AsyncClient
 from django.utils import timezone
 
 from chat import turns
+from chat.engine.sampling_params import SamplingChanges
 from chat.engine.stack import StackConfig, build_stack
 from chat.engine.types import GenerationResult
 from chat.models import (
@@ -43,6 +44,7 @@ from chat.stores import erasure
 from chat.stores.apikeys import apikey_authenticate, apikey_create
 from chat.stores.cache import KEY_PREFIX, completion_cache
 from chat.stores.policy_store import PolicyOverride
+from chat.turns.prepare import settings_text
 from harness.liveserver import free_port
 from harness.scripted import Answer, ScriptedBackend
 from tests.conftest import LIVE_CACHE_URL, TEST_CACHE_URL, ChatClient
@@ -525,12 +527,12 @@ async def account_with_everything(username: str) -> tuple[AsyncClient, User, dic
         apikey_create(user=user, name="laptop")
         via_api = Conversation.objects.create(user=user, api_key=key, title="api")
         Message.objects.create(conversation=via_api, role="user", text=f"{PASSPORT} via API")
-        own_settings = PolicyOverride(system_prompt=f"You know {PASSPORT}.", stop_strings=(";",))
+        own_settings = settings_text(
+            PolicyOverride(system_prompt=f"You know {PASSPORT}."),
+            SamplingChanges(stop_strings=(";",)),
+        )
         Message.objects.create(
-            conversation=via_api,
-            role="assistant",
-            text="Noted.",
-            overrides=own_settings.to_json(),
+            conversation=via_api, role="assistant", text="Noted.", overrides=own_settings
         )
         return secret
 

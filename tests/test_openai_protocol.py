@@ -7,7 +7,7 @@ import json
 import pytest
 from hypothesis import given, settings
 
-from chat.engine.sampling_params import SamplingParams
+from chat.engine.sampling_params import SamplingChanges, SamplingParams
 from chat.stores.policy_store import PolicyOverride, ResolvedPolicy
 from chat.transports.openai import (
     ChatRequest,
@@ -15,6 +15,8 @@ from chat.transports.openai import (
     answer_of,
     parse_chat_request,
 )
+from chat.turns.identity import policy_digest
+from chat.turns.prepare import overridden, settings_of, settings_text
 from harness.examples import fuzz_examples
 from tests.test_openai_views import raw_bodies
 
@@ -98,16 +100,19 @@ def test_an_override_adds_stops_caps_tokens_buffers_for_a_schema_and_is_recorded
         sampling=SamplingParams(stop_strings=("\nUser:",)),
         system_prompt="Hi.",
     )
-    assert PolicyOverride().apply(policy) is policy
+    assert overridden(policy, PolicyOverride(), SamplingChanges()) is policy
     schema = {"type": "object"}
-    changed = PolicyOverride(
-        schema=schema, stop_strings=(",",), max_new_tokens=10**6, sampling={"temperature": 0.3}
-    ).apply(policy)
+    changed = overridden(
+        policy,
+        PolicyOverride(schema=schema),
+        SamplingChanges(replaced={"temperature": 0.3}, stop_strings=(",",), max_new_tokens=10**6),
+    )
     assert changed.mode == "buffer" and changed.schema == schema and changed.constrained
     assert changed.sampling.stop_strings == ("\nUser:", ",")
     assert changed.sampling.max_new_tokens == 64
     assert changed.system_prompt.startswith("Hi.") and '{"type":"object"}' in changed.system_prompt
     assert changed.overrides["max_new_tokens"] == 64 and changed.sampling.temperature == 0.3
+    assert changed.overrides["stop_strings"] == ["\nUser:", ","] and changed.overrides["mode"]
     assert (changed.slug, changed.version) == (policy.slug, policy.version)
 
 
@@ -148,7 +153,7 @@ ORDERED_PARAMETERS = {
 def test_an_override_comes_back_from_its_json_as_it_was_given(extra):
     """What a Continue rebuilds from the stored text is the override the request made, down to
     its schema's key order, and applied it makes the same policy."""
-    override = parse(
+    chat = parse(
         {
             "model": "smollm2",
             "messages": [
@@ -162,15 +167,21 @@ def test_an_override_comes_back_from_its_json_as_it_was_given(extra):
             "frequency_penalty": 0.5,
             **extra,
         }
-    ).override
-    text = override.to_json()
-    again = PolicyOverride.from_json(text)
-    assert again == override and again.to_json() == text
+    )
+    text = settings_text(chat.override, chat.sampling)
+    override, sampling = settings_of(text)
+    assert (override, sampling) == (chat.override, chat.sampling)
+    assert settings_text(override, sampling) == text
     policy = ResolvedPolicy(id=1, slug="chat", version=2, mode="stream", system_prompt="Hi.")
-    applied, reapplied = override.apply(policy), again.apply(policy)
-    assert reapplied == applied and reapplied.settings_digest == applied.settings_digest
+    applied = overridden(policy, chat.override, chat.sampling)
+    reapplied = overridden(policy, override, sampling)
+    assert reapplied == applied and policy_digest(reapplied) == policy_digest(applied)
     assert reapplied.system_prompt == applied.system_prompt  # the schema's keys in their order
-    assert PolicyOverride.from_json(PolicyOverride().to_json()) == PolicyOverride()
+    assert settings_text(None, None) == ""
+    assert settings_of(settings_text(PolicyOverride(), None)) == (
+        PolicyOverride(),
+        SamplingChanges(),
+    )
 
 
 def test_a_policys_own_schema_wins_over_the_requests_and_stays_constrained():
@@ -229,3 +240,50 @@ def test_a_content_chunk_from_its_template_is_the_chunk_built_whole():
         assert (
             json_module.loads(fast.removeprefix("data: "))["choices"][0]["delta"]["content"] == text
         )
+
+
+def test_an_answers_settings_stored_before_sampling_had_its_own_type_are_read_alike():
+    """A Continue of an answer stored by the earlier code (one object, key order and all)
+    applies the same settings as the request that made it would now."""
+    stored = (
+        '{"system_prompt":"Be brief.","schema":null,"stop_strings":[";"],"max_new_tokens":7,'
+        '"sampling":{"temperature":0.4,"seed":3,"frequency_penalty":0.5},"tools":null}'
+    )
+    chat = parse(
+        {
+            "model": "smollm2",
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hi"},
+            ],
+            "stop": ";",
+            "max_tokens": 7,
+            "temperature": 0.4,
+            "seed": 3,
+            "frequency_penalty": 0.5,
+        }
+    )
+    policy = ResolvedPolicy(id=1, slug="chat", version=2, mode="stream", system_prompt="Hi.")
+    again = overridden(policy, *settings_of(stored))
+    assert again == overridden(policy, chat.override, chat.sampling)
+    assert again.sampling.temperature == 0.4 and again.sampling.stop_strings == (";",)
+    assert json.loads(settings_text(chat.override, chat.sampling)) == json.loads(stored)
+
+
+def test_sampling_changes_keep_a_float_settings_type_and_refuse_other_names():
+    """An integer temperature is the float the answer's identity has always recorded; a name
+    that is no setting, or one that is added to or capped, is refused where it is built."""
+    chat = parse(
+        {
+            "model": "smollm2",
+            "messages": [{"role": "user", "content": "Hi"}],
+            "temperature": 1,
+            "frequency_penalty": 1,
+            "seed": 2,
+        }
+    )
+    assert chat.sampling.replaced == {"seed": 2, "temperature": 1.0, "frequency_penalty": 1.0}
+    assert all(type(v) is float for k, v in chat.sampling.replaced.items() if k != "seed")
+    for name in ("temprature", "stop_strings", "max_new_tokens"):
+        with pytest.raises(ValueError, match=name):
+            SamplingChanges(replaced={name: 1})

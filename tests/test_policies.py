@@ -419,6 +419,7 @@ def test_how_a_failure_is_shown_is_no_part_of_the_answers_identity(make_policy):
     """Describing a policy or hiding failed text changes no answer: the same identity, so its
     cached answers stay; but the version moves, so every process reads the new presentation."""
     from chat.stores.policy_store import resolve
+    from chat.turns.identity import policy_digest
 
     policy = make_policy(slug="cat-id", **CUT_JSON)
     before = resolve(policy)
@@ -428,4 +429,4 @@ def test_how_a_failure_is_shown_is_no_part_of_the_answers_identity(make_policy):
     after = resolve(policy)
     assert after.version == before.version + 1
     assert (after.description, after.show_failed_text) == ("Something else entirely", False)
-    assert after.settings_digest == before.settings_digest
+    assert policy_digest(after) == policy_digest(before)

@@ -6,8 +6,6 @@ rows, builds their hooks, and says what is wrong with a row before the admin sav
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import logging
 from dataclasses import dataclass, field, replace
@@ -70,45 +68,22 @@ class ResolvedPolicy:
     cache_ttl_seconds: int = 0
     require_review: bool = False
     snapshot: dict = field(default_factory=dict, compare=False)
-    # What one request changed (PolicyOverride.apply); part of the cache key when not empty.
+    # What one request changed (PolicyOverride, SamplingChanges), as plain JSON; part of the
+    # answer's identity when not empty (chat/turns/identity.py).
     overrides: dict = field(default_factory=dict, compare=False)
     # The functions the answer may call (a request's `tools`); the answer is then held and
     # its calls judged (chat/policy/tool_calls.py).
     tools: ToolSpec | None = None
     # How a failed answer is presented to its user (chat/policy/explanation.py); no part of
-    # the answer, so left out of `settings_digest`.
+    # the answer, so left out of its identity.
     description: str = ""
     show_failed_text: bool = True
-
-    @functools.cached_property
-    def settings_digest(self) -> str:
-        """sha256 of every setting that shapes an answer, as a turn uses them: the stored row's
-        (hooks included) with one request's overrides applied."""
-        effective = {
-            "mode": self.mode,
-            "schema": self.schema,
-            "constrained": self.constrained,
-            "examples": self.examples,
-            "holdback_chars": self.holdback_chars,
-            "failure_action": self.failure_action,
-            "fallback_text": self.fallback_text,
-            "max_retries": self.max_retries,
-            "system_prompt": self.system_prompt,
-            "sampling": self.sampling.identity(),
-            "extra_eos_tokens": self.extra_eos_tokens,
-            "tools": self.tools.as_dict() if self.tools is not None else None,
-            "stored": {
-                k: v for k, v in self.snapshot.items() if k not in OutputPolicy.PRESENTATION
-            },
-            "overrides": self.overrides,
-        }
-        canonical = json.dumps(effective, sort_keys=True, separators=(",", ":"), default=str)
-        return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
 class PolicyOverride:
-    """One request's changes to its policy (the OpenAI-compatible API's parameters).
+    """One request's changes to its policy (the OpenAI-compatible API's parameters); its
+    decoding settings are apart, as SamplingChanges (engine/sampling_params.py).
 
     Args:
         system_prompt: replaces the policy's system prompt.
@@ -116,10 +91,6 @@ class PolicyOverride:
             local engine; a remote server gets it as `response_format`), and the turn buffers,
             validates and re-asks. A policy with its own schema keeps it: the policy's schema
             wins (a request never loosens what staff configured), and is then constrained too.
-        stop_strings: added to the policy's own.
-        max_new_tokens: capped by CHAT_MAX_NEW_TOKENS_CAP.
-        sampling: other SamplingParams fields by name (temperature, top_p, seed, the
-            penalties); they replace the policy's.
         tools: the functions the answer may call, told in the system prompt; decoding is
             constrained to prose or calls. A policy with its own schema refuses them
             (ToolsRefused): its answers are its schema's.
@@ -127,38 +98,22 @@ class PolicyOverride:
 
     system_prompt: str | None = None
     schema: dict | None = None
-    stop_strings: tuple[str, ...] = ()
-    max_new_tokens: int | None = None
-    sampling: dict[str, float | int] = field(default_factory=dict)
     tools: ToolSpec | None = None
 
-    def to_json(self) -> str:
-        """JSON text, kept with the answer it made so a Continue applies it again
-        (chat/turns/continuation.py). Text rather than a JSON column's value: a schema's and a
-        tool's parameters keep their key order, which orders the grammar and the prompt."""
-        return json.dumps(
-            {
-                "system_prompt": self.system_prompt,
-                "schema": self.schema,
-                "stop_strings": list(self.stop_strings),
-                "max_new_tokens": self.max_new_tokens,
-                "sampling": self.sampling,
-                "tools": self.tools.as_dict() if self.tools is not None else None,
-            },
-            ensure_ascii=False,
-            separators=(",", ":"),
-        )
+    def as_dict(self) -> dict[str, Any]:
+        """Plain JSON, kept with the answer it made (chat/turns/prepare.py)."""
+        return {
+            "system_prompt": self.system_prompt,
+            "schema": self.schema,
+            "tools": self.tools.as_dict() if self.tools is not None else None,
+        }
 
     @classmethod
-    def from_json(cls, text: str) -> PolicyOverride:
-        """The override `to_json` wrote."""
-        data = json.loads(text)
+    def from_dict(cls, data: dict[str, Any]) -> PolicyOverride:
+        """The override `as_dict` wrote."""
         return cls(
             system_prompt=data["system_prompt"],
             schema=data["schema"],
-            stop_strings=tuple(data["stop_strings"]),
-            max_new_tokens=data["max_new_tokens"],
-            sampling=data["sampling"],
             tools=ToolSpec.from_dict(data["tools"]) if data["tools"] is not None else None,
         )
 
@@ -187,23 +142,12 @@ class PolicyOverride:
             changes.update(mode="buffer", schema=schema, constrained=True)
         if system_prompt != policy.system_prompt:
             changes["system_prompt"] = system_prompt
-        sampling: dict[str, Any] = dict(self.sampling)
-        stops = tuple(dict.fromkeys(policy.sampling.stop_strings + self.stop_strings))
-        if stops != policy.sampling.stop_strings:
-            sampling["stop_strings"] = stops
-        if self.max_new_tokens is not None:
-            sampling["max_new_tokens"] = min(self.max_new_tokens, settings.CHAT_MAX_NEW_TOKENS_CAP)
-        sampling = {k: v for k, v in sampling.items() if getattr(policy.sampling, k) != v}
-        if sampling:
-            changes["sampling"] = policy.sampling.with_changes(**sampling)
         if not changes:
             return policy
         recorded = {
             k: v.as_dict() if isinstance(v, ToolSpec) else list(v) if isinstance(v, tuple) else v
             for k, v in changes.items()
-            if k != "sampling"
         }
-        recorded.update((k, list(v) if isinstance(v, tuple) else v) for k, v in sampling.items())
         return replace(policy, **changes, overrides=recorded)
 
 

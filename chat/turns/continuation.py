@@ -14,7 +14,7 @@ from ..stores import policy_store, user_settings
 from ..stores.branches import Tree
 from ..stores.selectors import Owner, branch_history, conversations_for
 from .identity import answer_identity
-from .prepare import Prepared, overridden
+from .prepare import Prepared, overridden, settings_of
 from .prompting import fit_prompt, request_for
 from .refusals import TurnError
 
@@ -75,7 +75,7 @@ def prepare_continue(
             else policy_store.policy_for(None)
         )
         if answer.overrides:  # the request's own settings, applied as they were to its answer
-            policy = overridden(policy, policy_store.PolicyOverride.from_json(answer.overrides))
+            policy = overridden(policy, *settings_of(answer.overrides))
         history = branch_history(tree, upto=asked.parent_id)
         # The user's custom instructions as they are now; a /v1 answer had none. Changed since,
         # they change the identity below, which is then dropped.

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..engine.types import Backend, GenerationRequest
 from ..infra.engines import EngineSpec
+from ..models import OutputPolicy
 from ..stores.policy_store import ResolvedPolicy
 
 
@@ -30,6 +31,29 @@ def engine_identity(backend: Backend, engine: EngineSpec) -> dict[str, Any]:
     if capabilities is not None:
         found["server"] = capabilities.identity()
     return found
+
+
+def policy_digest(policy: ResolvedPolicy) -> str:
+    """sha256 of every setting of `policy` that shapes an answer, as a turn uses them: the stored
+    row's (hooks included) with one request's changes applied."""
+    effective = {
+        "mode": policy.mode,
+        "schema": policy.schema,
+        "constrained": policy.constrained,
+        "examples": policy.examples,
+        "holdback_chars": policy.holdback_chars,
+        "failure_action": policy.failure_action,
+        "fallback_text": policy.fallback_text,
+        "max_retries": policy.max_retries,
+        "system_prompt": policy.system_prompt,
+        "sampling": policy.sampling.identity(),
+        "extra_eos_tokens": policy.extra_eos_tokens,
+        "tools": policy.tools.as_dict() if policy.tools is not None else None,
+        "stored": {k: v for k, v in policy.snapshot.items() if k not in OutputPolicy.PRESENTATION},
+        "overrides": policy.overrides,
+    }
+    canonical = json.dumps(effective, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def identity_inputs(
@@ -49,7 +73,7 @@ def identity_inputs(
         "model": backend.model_identity(),
         "input_ids": list(request.input_ids),
         "messages": request.messages,  # what a remote server reads instead of the ids
-        "policy": {"id": policy.id, "slug": policy.slug, "settings": policy.settings_digest},
+        "policy": {"id": policy.id, "slug": policy.slug, "settings": policy_digest(policy)},
         "sampling": effective.identity(),
     } | ({"engine": engine_identity(backend, engine)} if engine is not None else {})
 

@@ -5,11 +5,13 @@ chat/turns/continuation.py.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 
 from django.conf import settings
 from django.db import transaction
 
+from ..engine.sampling_params import SamplingChanges
 from ..engine.types import Backend, EngineError, GenerationRequest
 from ..infra.engines import EngineSpec
 from ..models import Conversation, Feedback, Message
@@ -53,6 +55,7 @@ class Given:
 
     history: list[dict] | None = None  # earlier turns, in place of the conversation's
     override: policy_store.PolicyOverride | None = None
+    sampling: SamplingChanges | None = None  # built at the transport's edge, merged here
     api_key_id: int | None = None
 
     @property
@@ -101,13 +104,51 @@ def check_prompt_tokens(backend: Backend, text: str) -> None:
 
 
 def overridden(
-    policy: policy_store.ResolvedPolicy, override: policy_store.PolicyOverride
+    policy: policy_store.ResolvedPolicy,
+    override: policy_store.PolicyOverride | None,
+    sampling: SamplingChanges | None,
 ) -> policy_store.ResolvedPolicy:
-    """`policy` with one request's settings applied (a new prompt's, or again a Continue's)."""
-    try:
-        return override.apply(policy)
-    except policy_store.ToolsRefused as exc:
-        raise TurnError(exc.code, str(exc)) from None
+    """`policy` with one request's settings applied (a new prompt's, or again a Continue's):
+    the policy's own changes, then the request's decoding settings merged with the policy's."""
+    if override is not None:
+        try:
+            policy = override.apply(policy)
+        except policy_store.ToolsRefused as exc:
+            raise TurnError(exc.code, str(exc)) from None
+    changes = (
+        sampling.changes_to(policy.sampling, max_new_tokens_cap=settings.CHAT_MAX_NEW_TOKENS_CAP)
+        if sampling is not None
+        else {}
+    )
+    if not changes:
+        return policy
+    recorded = {k: list(v) if isinstance(v, tuple) else v for k, v in changes.items()}
+    return replace(
+        policy,
+        sampling=policy.sampling.with_changes(**changes),
+        overrides={**policy.overrides, **recorded},
+    )
+
+
+def settings_text(
+    override: policy_store.PolicyOverride | None, sampling: SamplingChanges | None
+) -> str:
+    """One request's own settings as JSON text ("" for none), kept with the answer it made so a
+    Continue applies them again (`settings_of`). Text rather than a JSON column's value: a
+    schema's and a tool's parameters keep their key order, which orders the grammar and the
+    prompt."""
+    if override is None and sampling is None:
+        return ""
+    given = (override or policy_store.PolicyOverride()).as_dict()
+    return json.dumps(
+        given | (sampling or SamplingChanges()).as_dict(), ensure_ascii=False, separators=(",", ":")
+    )
+
+
+def settings_of(text: str) -> tuple[policy_store.PolicyOverride, SamplingChanges]:
+    """The settings `settings_text` wrote."""
+    data = json.loads(text)
+    return policy_store.PolicyOverride.from_dict(data), SamplingChanges.from_dict(data)
 
 
 def prepare_prompt(
@@ -125,8 +166,7 @@ def prepare_prompt(
         )
     except policy_store.UnknownPolicy as exc:
         raise TurnError(exc.code, str(exc)) from None
-    if given.override is not None:
-        policy = overridden(policy, given.override)
+    policy = overridden(policy, given.override, given.sampling)
     conversation = None
     if prompt.conversation is not None:
         conversation = conversations_for(owner).filter(pk=prompt.conversation).first()
@@ -201,7 +241,7 @@ def prepare_prompt(
             policy_id=policy.id,
             policy_version=policy.version if policy.id else None,
             identity=identity or "",
-            overrides=given.override.to_json() if given.override is not None else "",
+            overrides=settings_text(given.override, given.sampling),
         )
     return Prepared(
         conversation, assistant, policy, messages, rendered, request, identity, prompt.text

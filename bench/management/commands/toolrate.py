@@ -1,7 +1,7 @@
 """`manage.py toolrate`: how often `tool_choice: "auto"` calls a tool when the prompt needs one.
 
 Twenty fixed prompts, each clearly needing one of four tools, asked as `/v1` asks them: the
-default policy with the tools in its system prompt and the worked example (PolicyOverride,
+default policy with the tools in its system prompt and the worked example (`overridden`,
 fit_prompt, request_for: the same code as a turn), greedy. Each way is counted: a valid call
 (a listed function with valid arguments), the right function, prose instead of a call, an
 invalid answer. The ways: "auto" under the grammar (what /v1 does) and "required" (a call is
@@ -17,10 +17,12 @@ from dataclasses import replace
 
 from django.core.management.base import BaseCommand
 
+from chat.engine.sampling_params import SamplingChanges
 from chat.management.engine_loading import load
 from chat.policy import ToolSpec
 from chat.policy.tool_calls import judge_calls
 from chat.stores.policy_store import PolicyOverride, builtin_policy, policy_for
+from chat.turns.prepare import overridden
 from chat.turns.prompting import fit_prompt, request_for
 
 
@@ -111,11 +113,9 @@ class Command(BaseCommand):
         )
         for name, choice, constrained in ways:
             spec = ToolSpec(functions=TOOLS, choice=choice)
+            greedy = SamplingChanges(replaced={"temperature": 0.0}, max_new_tokens=max_new_tokens)
             turn_policy = replace(
-                PolicyOverride(
-                    tools=spec, max_new_tokens=max_new_tokens, sampling={"temperature": 0.0}
-                ).apply(policy),
-                cache_enabled=False,
+                overridden(policy, PolicyOverride(tools=spec), greedy), cache_enabled=False
             )
             called = right = prose = invalid = 0
             seconds = []

@@ -134,15 +134,8 @@ def parse_chat_request(body: bytes, *, model_name: str, max_prompt_chars: int) -
             "messages",
             "context_length_exceeded",
         )
-    stop = request.stop
-    max_tokens = [t for t in (request.max_completion_tokens, request.max_tokens) if t is not None]
     override = PolicyOverride(
-        system_prompt="\n\n".join(system) if system else None,
-        schema=schema,
-        stop_strings=() if stop is None else (stop,) if isinstance(stop, str) else tuple(stop),
-        max_new_tokens=min(max_tokens) if max_tokens else None,
-        sampling=request.sampling,
-        tools=tools,
+        system_prompt="\n\n".join(system) if system else None, schema=schema, tools=tools
     )
     options = request.stream_options
     model = request.model
@@ -152,6 +145,7 @@ def parse_chat_request(body: bytes, *, model_name: str, max_prompt_chars: int) -
         text=turns[-1]["content"],
         history=turns[:-1],
         override=override,
+        sampling=request.sampling_changes(),
         stream=bool(request.stream),
         include_usage=bool(request.stream and options and options.include_usage),
         tools=tools,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Annotated, Any, Literal, cast
 
 from pydantic import (
@@ -24,7 +24,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from ...engine.sampling_params import penalty_errors
+from ...engine.sampling_params import SamplingChanges, SamplingParams, penalty_errors
 from ...policy import ToolSpec, schema_errors
 from ...policy.tool_calls import call_text, result_text
 from ...stores.policy_store import PolicyOverride
@@ -300,17 +300,27 @@ class ChatCompletionRequest(_Body):
                 raise _problem(f"{info.field_name} {problem}")
         return value
 
-    @property
-    def sampling(self) -> dict[str, float | int]:
-        """The SamplingParams fields this request sets (engine/sampling_params.py)."""
-        given: dict[str, float | int] = {
-            name: float(value)
-            for name in ("temperature", "top_p", *_PENALTY_FIELDS)
-            if (value := getattr(self, name)) is not None
-        }
-        if self.seed is not None:
-            given["seed"] = self.seed
-        return given
+    def sampling_changes(self) -> SamplingChanges:
+        """What this request changes of its policy's SamplingParams, built here at the edge as
+        vLLM's `to_sampling_params` (the policy they change is known when the turn is prepared).
+        Every field named as a SamplingParams field replaces the policy's."""
+        stop = self.stop
+        max_tokens = [t for t in (self.max_completion_tokens, self.max_tokens) if t is not None]
+        return SamplingChanges(
+            replaced={
+                name: value
+                for name in _SAMPLING_FIELDS
+                if (value := getattr(self, name)) is not None
+            },
+            stop_strings=() if stop is None else (stop,) if isinstance(stop, str) else tuple(stop),
+            max_new_tokens=min(max_tokens) if max_tokens else None,
+        )
+
+
+# The request's fields named as SamplingParams fields (temperature, top_p, seed, the penalties).
+_SAMPLING_FIELDS = tuple(
+    f.name for f in fields(SamplingParams) if f.name in ChatCompletionRequest.model_fields
+)
 
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -335,7 +345,8 @@ class ChatRequest:
     """A checked `POST /v1/chat/completions` body, as the chat turn needs it.
 
     `text` is the last user message; `history` the user and assistant turns before it;
-    system (and developer) messages become the policy's system prompt in `override`.
+    system (and developer) messages become the policy's system prompt in `override`; the
+    decoding settings are `sampling`, apart.
     """
 
     model: str
@@ -343,6 +354,7 @@ class ChatRequest:
     text: str
     history: list[dict]
     override: PolicyOverride
+    sampling: SamplingChanges
     stream: bool
     include_usage: bool
     tools: ToolSpec | None = None  # the functions the answer may call (tool_choice not "none")

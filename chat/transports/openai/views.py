@@ -231,7 +231,12 @@ async def _start(request, feed: TurnFeed) -> tuple[ChatRequest, str]:
             owner=owner_of_api_key(key),
             prompt=prompt,
             send=feed.send,
-            given=turns.Given(history=chat.history, override=chat.override, api_key_id=key.pk),
+            given=turns.Given(
+                history=chat.history,
+                override=chat.override,
+                sampling=chat.sampling,
+                api_key_id=key.pk,
+            ),
         )
     except turns.TurnError as exc:
         raise turn_error(exc.code, exc.message, exc.resets_at) from None
