@@ -287,3 +287,16 @@ def test_sampling_changes_keep_a_float_settings_type_and_refuse_other_names():
     for name in ("temprature", "stop_strings", "max_new_tokens"):
         with pytest.raises(ValueError, match=name):
             SamplingChanges(replaced={name: 1})
+
+
+def test_a_requests_decoding_settings_are_no_part_of_its_policy_override():
+    """The stores type holds what changes the policy (prompt, schema, tools); every decoding
+    setting a request brings is in SamplingChanges, so stores/ never reads one."""
+    from dataclasses import fields
+
+    decoding = {f.name for f in fields(SamplingParams)} | {"sampling"}
+    assert not decoding & {f.name for f in fields(PolicyOverride)}
+    chat = parse(
+        {"model": "smollm2", "messages": [{"role": "user", "content": "x"}], "temperature": 0.5}
+    )
+    assert chat.sampling.replaced == {"temperature": 0.5}
