@@ -158,7 +158,7 @@ class TurnRun(TurnFinish):
             cached_new_tokens=entry.get("new_tokens") or 0,
             **self.engine_metrics(),
         )
-        await turn.emit(
+        await turn.emit_last(
             events.Done(
                 turn.request_id,
                 message=turn.message_id,
@@ -171,7 +171,6 @@ class TurnRun(TurnFinish):
                 policy=self.policy.slug,
             )
         )
-        turn.finished = True
         prometheus.observe_done(cached_metrics, entry["finish_reason"], cached=True)
         try:
             await sync_to_async(storage.closing_on_error)(
