@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.test import Client
 
 from chat.infra import behaviour, latency
 from chat.infra.engines import EngineSpec
@@ -44,19 +45,23 @@ def test_a_remote_engines_key_is_named_from_the_allow_list_and_shown_only_as_set
         Engine(name="Half", slug="half", kind=Engine.Kind.REMOTE).full_clean()  # no root, model
 
 
-def test_healthz_says_which_engine_is_down_without_saying_why():
-    """An engine refused after a failure is `unavailable` under `engines` and the process is
-    degraded, not down; the public report carries no detail (the URL, the error)."""
+def test_healthz_counts_engines_for_anyone_and_names_them_for_staff(admin_client):
+    """An engine refused after a failure makes the process degraded, not down. Anyone is told
+    how many engines are ok and unavailable, with no slug, URL or error; staff see each engine
+    by slug with why it is down."""
     spec = EngineSpec.of(remote(id=41))
+    why = "unavailable: refused the connection at http://10.0.0.5:8000/v1"
     try:
         runtime.engines.failed(spec, "refused the connection at http://10.0.0.5:8000/v1")
         _, report = health()
-        assert report["engines"] == {
-            "big": "unavailable: refused the connection at http://10.0.0.5:8000/v1"
-        }
+        assert report["engines"] == {"big": why}
         shown = public(report)
-        assert shown["engines"] == {"big": "unavailable"}
-        assert "10.0.0.5" not in str(shown)
+        assert shown["engines"] == {"ok": 0, "unavailable": 1}
+        assert "10.0.0.5" not in str(shown) and "big" not in str(shown)
+        anonymous = Client().get("/healthz").json()
+        assert anonymous["engines"] == {"ok": 0, "unavailable": 1}
+        assert "big" not in str(anonymous)
+        assert admin_client.get("/healthz").json()["engines"] == {"big": why}
     finally:
         runtime.engines.close()
 
