@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 from django.core.exceptions import ValidationError
 from django.test import Client
+from django.utils import timezone
 
 from chat.infra import behaviour, latency
 from chat.infra.engines import EngineSpec
@@ -189,3 +190,39 @@ def test_an_engine_changed_while_it_answers_keeps_its_old_stack_until_those_end(
         assert closed == [0]
     finally:
         runtime.engines.close()
+
+
+def test_renaming_an_engine_keeps_its_usage_and_answers_together(admin_client):
+    """Renamed in the admin, an engine's usage rows and its answers' metrics carry the new name:
+    the usage, latency and behaviour pages show one history, not two."""
+    from django.contrib.auth import get_user_model
+
+    from chat.models import Usage
+
+    engine = remote(cost_weight=2.0)
+    engine.save()
+    user = get_user_model().objects.create_user("u")
+    today = timezone.now().date()
+    Usage.objects.create(user=user, policy="json", engine="Big server", day=today, tokens=6)
+    # A row already under the new name (an older engine's) takes the counts.
+    Usage.objects.create(user=user, policy="json", engine="Big model", day=today, tokens=4)
+    conversation = Conversation.objects.create(session_key="s", title="engines")
+    store(conversation, ago=timedelta(minutes=5), ttft_ms=900, total_ms=900, engine="Big server")
+    data = {
+        "name": "Big model",
+        "slug": engine.slug,
+        "kind": engine.kind,
+        "enabled": "on",
+        "api_root": engine.api_root,
+        "served_model": engine.served_model,
+        "timeout_seconds": engine.timeout_seconds,
+        "max_concurrency": engine.max_concurrency,
+        "context_length": engine.context_length,
+        "cost_weight": engine.cost_weight,
+    }
+    response = admin_client.post(f"/admin/chat/engine/{engine.pk}/change/", data)
+    assert response.status_code == 302, response.content.decode()[:3000]
+    rows = list(Usage.objects.values_list("engine", "tokens"))
+    assert rows == [("Big model", 10)]
+    assert latency.latency_report(24, engine="Big model").totals.count == 1
+    assert latency.latency_report(24, engine="Big server").totals.count == 0
