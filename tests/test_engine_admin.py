@@ -226,3 +226,26 @@ def test_renaming_an_engine_keeps_its_usage_and_answers_together(admin_client):
     assert rows == [("Big model", 10)]
     assert latency.latency_report(24, engine="Big model").totals.count == 1
     assert latency.latency_report(24, engine="Big server").totals.count == 0
+
+
+def test_a_policy_falls_back_to_the_default_engine_or_to_another_not_both():
+    """The default engine has no row: a policy on another engine names it as its fallback with
+    `fallback_to_default`, which its route carries; with a fallback engine too, or on the
+    default engine itself, the policy is refused with a reason."""
+    from chat.models import OutputPolicy
+    from chat.protocol import Prompt
+    from chat.stores.engine_routes import route_for
+    from chat.stores.policy_store import policy_errors
+
+    engine, other = remote(), Engine(name="Other", slug="other", kind=Engine.Kind.LOCAL)
+    engine.save()
+    other.save()
+    both = OutputPolicy(slug="b", engine=engine, fallback_engine=other, fallback_to_default=True)
+    assert "fallback_to_default" in policy_errors(both)
+    assert "fallback_to_default" in policy_errors(OutputPolicy(slug="a", fallback_to_default=True))
+    policy = OutputPolicy(slug="c", name="c", engine=engine, fallback_to_default=True)
+    assert policy_errors(policy) == {}
+    policy.save()
+    route = route_for(None, Prompt(request_id="r", text="Hi", conversation=None, policy="c"))
+    assert route.fallback_default and route.fallback is None
+    assert route.engine is not None and route.engine.slug == "big"
