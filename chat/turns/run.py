@@ -293,7 +293,9 @@ class TurnRun(TurnFinish):
             await asyncio.to_thread(runtime.engines.failed, self.engine, failed.error)
         try:
             serving = await asyncio.to_thread(standby)
-            input_ids = await asyncio.to_thread(serving.backend.encode, self.messages)
+            # This attempt's messages (a re-ask's carry the answer it corrects).
+            messages = self.request.messages or self.messages
+            input_ids = await asyncio.to_thread(serving.backend.encode, messages)
         except NotReady as exc:
             log.info("%s: the fallback cannot answer either (%s)", self.turn.request_id, exc)
             return False
@@ -310,7 +312,7 @@ class TurnRun(TurnFinish):
         self._scheduler = serving.stack.for_answer(None)
         self.first_token_at = None
         try:
-            self.submit(replace(self.request, input_ids=input_ids))
+            self.submit(replace(self.request, input_ids=input_ids, messages=messages))
         except EngineError:
             return False
         return True
