@@ -104,6 +104,11 @@ class Command(Targets, LiveRuns, ApiRuns, Report, BaseCommand):
             help='concurrent users in the race against llama-server (default "1,4,8,16"; --quick "1,2")',
         )
         parser.add_argument(
+            "--engines-only",
+            action="store_true",
+            help="only the row with both engines busy at once (llama-server as a remote engine)",
+        )
+        parser.add_argument(
             "--llama-rounds",
             type=int,
             default=None,
@@ -159,10 +164,11 @@ class Command(Targets, LiveRuns, ApiRuns, Report, BaseCommand):
         self.results: dict = {}
         started = time.perf_counter()
         self.results["load_start"] = os.getloadavg()[0]
-        if opts["llama_only"]:
+        if opts["llama_only"] or opts["engines_only"]:
             with tempfile.TemporaryDirectory(prefix="chat-benchmark-") as tmp:
                 self.workdir, self.first_server = Path(tmp), True
-                self.section("the product against llama-server", self.head_to_head)
+                if not opts["engines_only"]:
+                    self.section("the product against llama-server", self.head_to_head)
                 self.section("both engines busy at once", self.two_engines)
             self.results["load_end"] = os.getloadavg()[0]
             self.results["elapsed_s"] = time.perf_counter() - started
