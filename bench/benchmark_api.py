@@ -1,5 +1,6 @@
 """`manage.py benchmark`'s `/v1` runs: the product's OpenAI-compatible API and its peers
-(transformers serve, llama-server), and the head-to-head against llama-server."""
+(transformers serve, llama-server), the head-to-head against llama-server, and both engines
+busy at once (the default one and llama-server as a remote engine row)."""
 
 import os
 from typing import Any
@@ -8,6 +9,7 @@ from bench import benchmarking as bm
 from bench import documents
 from bench import head_to_head as h2h
 from bench import openai_client as oc
+from bench import two_engines as duo
 from bench.benchmark_targets import met
 
 
@@ -16,6 +18,7 @@ class ApiRuns:
 
     # The command's, set in handle() or defined on it.
     ctokens: Any
+    engine_users: Any
     levels: Any
     llama_rounds: Any
     newcomer_tokens: Any
@@ -163,11 +166,79 @@ class ApiRuns:
             documents.race(sides, rounds=self.llama_rounds, note=self.note)
         self.results["documents"] = sides
 
+    def two_engines(self):
+        """The default engine answering its policy while llama-server, an engine row of the
+        same web process, answers another: each beside its figure alone (bench/two_engines.py)."""
+        from chat.engine.weights.loading import bundled_gguf_path
+        from harness.peer import LlamaServer, llama_server
+
+        binary = llama_server()
+        if binary is None:
+            self.note("  skipped: llama-server is not built on this machine (`make llama-peer`)")
+            return
+        bm.flush_cache_db()
+        env = {"CHAT_LIMITS": f"new_tokens_cap={self.tokens}", **self.batch_env}
+        remote = LlamaServer(
+            bundled_gguf_path(),
+            binary=binary,
+            threads=os.cpu_count() or 1,
+            slots=self.slots,
+            log_path=self.workdir / "llama-server-engine.log",
+        )
+        label = "product, two engines"
+        self.note(f"  starting daphne ({label}) and llama-server as its remote engine")
+        with self.start(label, env) as run, remote as server:
+            self.servers.append(run)
+            run.server.manage(
+                "shell",
+                "-c",
+                "from chat.models import Engine, OutputPolicy; "
+                "engine = Engine.objects.create(name='llama-server', slug='llama-server', "
+                f"kind='remote', api_root={server.base_url!r}, served_model={server.model!r}); "
+                "OutputPolicy.objects.create(slug='remote', name='remote', engine=engine)",
+            )
+            url, key = run.server.url + "/v1", bm.api_key(run.server)
+            engines = [
+                duo.Engine(
+                    "default engine (local model)",
+                    oc.Target("local", "local", url, "smollm2", key=key),
+                ),
+                duo.Engine(
+                    "remote engine (llama-server)",
+                    oc.Target("remote", "remote", url, "smollm2:remote", key=key),
+                ),
+            ]
+            for engine in engines:  # warm-up: the remote engine is built on its first prompt
+                warm = oc.stream_chat(engine.target, "Hi", 4)
+                if not warm.ok:
+                    raise RuntimeError(f"{engine.name}: warm-up failed: {warm.error}")
+            self.results["two_engines"] = engines
+            duo.race(
+                engines,
+                prompt=self.prompt,
+                tokens=self.tokens,
+                users=self.engine_users,
+                rounds=self.llama_rounds,
+                note=self.note,
+            )
+
     def head_to_head_lines(self) -> list[str]:
+        lines = []
+        if "two_engines" in self.results:
+            lines += [
+                "",
+                *duo.report(
+                    self.results["two_engines"],
+                    users=self.engine_users,
+                    rounds=self.llama_rounds,
+                    cpus=os.cpu_count() or 1,
+                ),
+            ]
         if "h2h" not in self.results:
-            return []
+            return lines
         product, llama = self.results["h2h"]
         lines = [
+            *lines,
             "",
             *h2h.report(
                 product, llama, slots=self.slots, busy=self.slots, rounds=self.llama_rounds
@@ -196,9 +267,10 @@ class ApiRuns:
         out(f"benchmark took {r['elapsed_s']:.0f} s")
 
     def head_to_head_targets(self) -> list:
+        found = duo.targets(self.results["two_engines"]) if "two_engines" in self.results else []
         if "h2h" not in self.results:
-            return []
-        found = h2h.targets(*self.results["h2h"])
+            return found
+        found += h2h.targets(*self.results["h2h"])
         if "documents" in self.results:
             found += documents.targets(*self.results["documents"])
         return found

@@ -215,6 +215,41 @@ async def test_evict_removes_an_answer_from_the_cache(make_client, example_polic
 
 @pytest.mark.integration
 @ws_db
+async def test_a_repeat_sent_the_moment_done_arrives_is_answered_before_the_first_is_cached(
+    client, example_policies, scripted, monkeypatch
+):
+    """The answer is cached just after its `done`. A repeat sent on the same socket the moment
+    that `done` arrives (the first turn still caching, held here until the repeat is answered)
+    is answered, never refused as `busy`; once cached, the next repeat is served from the cache."""
+    from chat.turns.finish import TurnFinish
+
+    scripted(Answer(("Answer 1.",)), Answer(("Answer 2.",)))
+    release, remembered = asyncio.Event(), []
+    remember = TurnFinish._remember
+
+    async def remember_once_released(self, *args, **kwargs):
+        await release.wait()
+        await remember(self, *args, **kwargs)
+        remembered.append(self)
+
+    monkeypatch.setattr(TurnFinish, "_remember", remember_once_released)
+    first = (await ask(client))[-1]
+    repeat_id = await client.prompt(PROMPT)
+    while (event := await client.receive(timeout=30))["type"] not in ("done", "error"):
+        pass
+    assert event["type"] == "done" and event["request_id"] == repeat_id, event
+    assert event["text"] == "Answer 2." and event["cached"] is False
+    release.set()
+    deadline = time.monotonic() + 10
+    while len(remembered) < 2:
+        assert time.monotonic() < deadline, "the answers were never cached"
+        await asyncio.sleep(0.05)
+    served = (await ask(client))[-1]
+    assert served["cached"] is True and served["text"] in (first["text"], "Answer 2.")
+
+
+@pytest.mark.integration
+@ws_db
 async def test_reviewing_cached_answers_needs_its_own_permission(example_policies, make_client):
     await ask(await make_client())
     record = await sync_to_async(CachedAnswer.objects.get)()

@@ -8,6 +8,8 @@ from datetime import timedelta
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.test import Client
+from django.utils import timezone
 
 from chat.health.readiness import health, public
 from chat.infra import behaviour, latency
@@ -44,19 +46,23 @@ def test_a_remote_engines_key_is_named_from_the_allow_list_and_shown_only_as_set
         Engine(name="Half", slug="half", kind=Engine.Kind.REMOTE).full_clean()  # no root, model
 
 
-def test_healthz_says_which_engine_is_down_without_saying_why():
-    """An engine refused after a failure is `unavailable` under `engines` and the process is
-    degraded, not down; the public report carries no detail (the URL, the error)."""
+def test_healthz_counts_engines_for_anyone_and_names_them_for_staff(admin_client):
+    """An engine refused after a failure makes the process degraded, not down. Anyone is told
+    how many engines are ok and unavailable, with no slug, URL or error; staff see each engine
+    by slug with why it is down."""
     spec = EngineSpec.of(remote(id=41))
+    why = "unavailable: refused the connection at http://10.0.0.5:8000/v1"
     try:
         runtime.engines.failed(spec, "refused the connection at http://10.0.0.5:8000/v1")
         _, report = health()
-        assert report["engines"] == {
-            "big": "unavailable: refused the connection at http://10.0.0.5:8000/v1"
-        }
+        assert report["engines"] == {"big": why}
         shown = public(report)
-        assert shown["engines"] == {"big": "unavailable"}
-        assert "10.0.0.5" not in str(shown)
+        assert shown["engines"] == {"ok": 0, "unavailable": 1}
+        assert "10.0.0.5" not in str(shown) and "big" not in str(shown)
+        anonymous = Client().get("/healthz").json()
+        assert anonymous["engines"] == {"ok": 0, "unavailable": 1}
+        assert "big" not in str(anonymous)
+        assert admin_client.get("/healthz").json()["engines"] == {"big": why}
     finally:
         runtime.engines.close()
 
@@ -184,3 +190,62 @@ def test_an_engine_changed_while_it_answers_keeps_its_old_stack_until_those_end(
         assert closed == [0]
     finally:
         runtime.engines.close()
+
+
+def test_renaming_an_engine_keeps_its_usage_and_answers_together(admin_client):
+    """Renamed in the admin, an engine's usage rows and its answers' metrics carry the new name:
+    the usage, latency and behaviour pages show one history, not two."""
+    from django.contrib.auth import get_user_model
+
+    from chat.models import Usage
+
+    engine = remote(cost_weight=2.0)
+    engine.save()
+    user = get_user_model().objects.create_user("u")
+    today = timezone.now().date()
+    Usage.objects.create(user=user, policy="json", engine="Big server", day=today, tokens=6)
+    # A row already under the new name (an older engine's) takes the counts.
+    Usage.objects.create(user=user, policy="json", engine="Big model", day=today, tokens=4)
+    conversation = Conversation.objects.create(session_key="s", title="engines")
+    store(conversation, ago=timedelta(minutes=5), ttft_ms=900, total_ms=900, engine="Big server")
+    data = {
+        "name": "Big model",
+        "slug": engine.slug,
+        "kind": engine.kind,
+        "enabled": "on",
+        "api_root": engine.api_root,
+        "served_model": engine.served_model,
+        "timeout_seconds": engine.timeout_seconds,
+        "max_concurrency": engine.max_concurrency,
+        "context_length": engine.context_length,
+        "cost_weight": engine.cost_weight,
+    }
+    response = admin_client.post(f"/admin/chat/engine/{engine.pk}/change/", data)
+    assert response.status_code == 302, response.content.decode()[:3000]
+    rows = list(Usage.objects.values_list("engine", "tokens"))
+    assert rows == [("Big model", 10)]
+    assert latency.latency_report(24, engine="Big model").totals.count == 1
+    assert latency.latency_report(24, engine="Big server").totals.count == 0
+
+
+def test_a_policy_falls_back_to_the_default_engine_or_to_another_not_both():
+    """The default engine has no row: a policy on another engine names it as its fallback with
+    `fallback_to_default`, which its route carries; with a fallback engine too, or on the
+    default engine itself, the policy is refused with a reason."""
+    from chat.models import OutputPolicy
+    from chat.protocol import Prompt
+    from chat.stores.engine_routes import route_for
+    from chat.stores.policy_store import policy_errors
+
+    engine, other = remote(), Engine(name="Other", slug="other", kind=Engine.Kind.LOCAL)
+    engine.save()
+    other.save()
+    both = OutputPolicy(slug="b", engine=engine, fallback_engine=other, fallback_to_default=True)
+    assert "fallback_to_default" in policy_errors(both)
+    assert "fallback_to_default" in policy_errors(OutputPolicy(slug="a", fallback_to_default=True))
+    policy = OutputPolicy(slug="c", name="c", engine=engine, fallback_to_default=True)
+    assert policy_errors(policy) == {}
+    policy.save()
+    route = route_for(None, Prompt(request_id="r", text="Hi", conversation=None, policy="c"))
+    assert route.fallback_default and route.fallback is None
+    assert route.engine is not None and route.engine.slug == "big"

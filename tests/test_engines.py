@@ -40,6 +40,7 @@ class Relay:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.open: list[socket.socket] = []
+        self.accepted = 0  # connections relayed so far
         self.lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -52,6 +53,7 @@ class Relay:
             upstream = socket.create_connection(self.target)
             with self.lock:
                 self.open += [client, upstream]
+                self.accepted += 1
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
@@ -68,6 +70,9 @@ class Relay:
                     end.shutdown(socket.SHUT_RDWR)
 
     def cut(self) -> None:
+        # Shut down first: a close alone leaves the thread blocked in accept() still accepting.
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
         with self.lock:
             for end in self.open:
@@ -86,8 +91,9 @@ def relay(peer):
 @pytest.fixture
 def engines(runtime, peer, relay, make_policy):
     """`near` (the default engine, everyone's), `far` (the peer, for the `remote` group only,
-    weighing three) and `far-or-near` (the peer, falling back to a local row on the default
-    model). The runtime forgets the rows' stacks afterwards: a flushed table gives ids back."""
+    weighing three), `far-or-near` (the peer, falling back to a local row on the default
+    model) and `far-or-default` (the peer, falling back to the default engine itself). The
+    runtime forgets the rows' stacks afterwards: a flushed table gives ids back."""
     group = Group.objects.create(name="remote")
     remote = Engine.objects.create(
         name="Peer engine",
@@ -108,8 +114,18 @@ def engines(runtime, peer, relay, make_policy):
     make_policy(slug="near", **common)
     make_policy(slug="far", engine=remote, **common)
     make_policy(slug="far-or-near", engine=remote, fallback_engine=local, **common)
+    make_policy(slug="far-or-default", engine=remote, fallback_to_default=True, **common)
     make_policy(slug="far-long", engine=remote, mode="stream", max_new_tokens=200)
     make_policy(slug="near-long", mode="stream", max_new_tokens=48)
+    # Shows nothing before the end (held back whole), falling back to the local row.
+    make_policy(
+        slug="far-quiet",
+        engine=remote,
+        fallback_engine=local,
+        mode="stream",
+        max_new_tokens=48,
+        holdback_chars=5000,
+    )
     User = get_user_model()
     alice, bob = User.objects.create_user("alice"), User.objects.create_user("bob")
     alice.groups.add(group)
@@ -200,27 +216,42 @@ async def test_each_engine_answers_its_policy_caches_its_own_and_charges_by_weig
     assert far["metrics"]["engine"] == "Peer engine" and far["metrics"]["model"] == peer.model
     assert near["metrics"]["model"] != peer.model
 
-    # The answer is cached just after its `done`: the repeat is asked once it is.
-    await cached(far)
+    # The answer is cached just after its `done`. A repeat sent the moment that `done` arrives
+    # is answered by the same engine with the same text (shared, generated anew or cached);
+    # once the answer is cached, the next repeat is its own engine's hit.
     again = await ask(chat, QUESTION, "far")
-    assert again["cached"] is True and again["text"] == far["text"]
-    assert again["metrics"]["engine"] == "Peer engine"
+    assert again["text"] == far["text"] and again["metrics"]["engine"] == "Peer engine"
+    await cached(far)
+    hit = await ask(chat, QUESTION, "far")
+    assert hit["cached"] is True and hit["text"] == far["text"]
+    assert hit["metrics"]["engine"] == "Peer engine"
 
     usage = {
         (row.policy, row.engine): row.tokens
         async for row in Usage.objects.filter(user=alice, policy__in=["near", "far"])
     }
     assert usage[("near", "")] == near["metrics"]["new_tokens"] > 0
-    assert usage[("far", "Peer engine")] == REMOTE_WEIGHT * far["metrics"]["new_tokens"] > 0
+    generated = far["metrics"]["new_tokens"] + again["metrics"]["new_tokens"]
+    assert usage[("far", "Peer engine")] == REMOTE_WEIGHT * generated > 0
+
+
+async def relayed(relay: Relay, count: int) -> None:
+    """Wait until the relay has passed `count` connections on to the peer."""
+    deadline = time.monotonic() + 60
+    while relay.accepted < count:
+        assert time.monotonic() < deadline, "the stream never reached the peer"
+        await asyncio.sleep(0.02)
 
 
 async def test_an_engine_that_stops_mid_answer_fails_alone(engines, make_client, relay):
-    """The peer dies while it answers `far-long` and the local model answers `near` beside it:
-    the remote answer ends in `engine_unavailable` (what it wrote kept), the local one
-    (`near-long`) finishes untouched, the peer's policies are then refused at once, and `far-or-near` is answered by its
-    fallback, saying so."""
+    """The peer dies while it answers `far-long` and `far-quiet`, and the local model answers
+    `near-long` beside them: the remote answer that had shown text ends in `engine_unavailable`
+    (what it wrote kept), the one that had shown nothing is answered by its fallback from the
+    start, saying so, the local one finishes untouched, the peer's policies are then refused at
+    once, and `far-or-near` and `far-or-default` are answered by their fallbacks, saying so."""
     session = await sync_to_async(session_of)(engines["alice"])
-    local_chat, remote_chat = (
+    local_chat, remote_chat, quiet_chat = (
+        await make_client(session_key=session),
         await make_client(session_key=session),
         await make_client(session_key=session),
     )
@@ -228,10 +259,20 @@ async def test_an_engine_that_stops_mid_answer_fails_alone(engines, make_client,
     await remote_chat.receive_until("chunk", remote_id, timeout=180)
     local_id = await local_chat.prompt(LONG, policy="near-long")
     await local_chat.receive_until("chunk", local_id, timeout=180)
+    before = relay.accepted
+    quiet_id = await quiet_chat.prompt(LONG, policy="far-quiet")
+    await quiet_chat.receive_until("accepted", quiet_id, timeout=180)
+    await relayed(relay, before + 1)  # its stream is open at the peer, nothing of it shown
 
     relay.cut()
     failed = (await remote_chat.receive_until("error", remote_id, timeout=60))[-1]
     assert failed["code"] == "engine_unavailable"
+    quiet = [await quiet_chat.receive(timeout=180)]
+    while quiet[-1]["type"] not in ("done", "error"):
+        quiet.append(await quiet_chat.receive(timeout=180))
+    assert quiet[-1]["type"] == "done" and quiet[-1]["request_id"] == quiet_id, quiet[-1]
+    assert quiet[-1]["metrics"]["engine"] == "Local engine" and quiet[-1]["text"]
+    assert quiet[-1]["metrics"]["fallback"] is True
     local_done = (await local_chat.receive_until("done", local_id, timeout=180))[-1]
     assert local_done["finish_reason"] in ("length", "eos") and local_done["text"]
     assert local_done["metrics"]["engine"] == "default"
@@ -241,6 +282,9 @@ async def test_an_engine_that_stops_mid_answer_fails_alone(engines, make_client,
     stood_in = await ask(remote_chat, QUESTION, "far-or-near")
     assert stood_in["metrics"]["engine"] == "Local engine"
     assert stood_in["metrics"]["fallback"] is True and stood_in["text"]
+    by_default = await ask(remote_chat, QUESTION, "far-or-default")
+    assert by_default["metrics"]["engine"] == "default"
+    assert by_default["metrics"]["fallback"] is True and by_default["text"]
 
 
 def test_the_workbench_runs_a_draft_on_both_engines_side_by_side(engines, peer, runtime):

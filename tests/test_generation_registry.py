@@ -301,3 +301,77 @@ def test_the_owners_failure_and_queue_position_reach_a_follower():
     assert follower.text == "Once "
     assert isinstance(follower.events[-1], Failed)
     assert follower.events[-1].error == "the model broke"
+
+
+def hold_final_publish(process: Coalescer) -> threading.Event:
+    """The owner's last publish waits until the returned event is set: the moment after its own
+    listener heard the end (its turn sent `done`) and before any other process can see it."""
+    registry = cast(AcrossProcesses, process.across).registry()
+    publish, release = registry.publish, threading.Event()
+
+    def held(*args, **kwargs):
+        if kwargs.get("final"):
+            release.wait(10)
+        return publish(*args, **kwargs)
+
+    registry.publish = held  # type: ignore[method-assign]
+    return release
+
+
+def test_a_repeat_just_after_the_end_follows_it_until_published_then_generates_anew():
+    """A repeat in another process the moment the owner's listener had its Finished: before the
+    last event is published it follows the generation and gets that end; after, it claims the
+    generation anew and generates for itself. Never a wait without an end."""
+    scheduler = ScriptedScheduler()
+    a, b, c = process(), process(), process()
+    release = hold_final_publish(a)
+    owner, joiner, late = Listener(), Listener(), Listener()
+    a.sharing(scheduler, "key").submit(request(), owner)
+    play(scheduler.tickets[0], "Once.", start=True, end="Once.")
+    assert owner.done.is_set()
+    b.sharing(scheduler, "key").submit(request(), joiner)
+    release.set()
+    assert joiner.done.wait(10) and joiner.text == "Once."
+    assert joiner.events[-1].result.finish_reason == "eos" and len(scheduler.tickets) == 1
+    assert cast(AcrossProcesses, b.across).joined == 1  # it followed the owner's generation
+    registry = cast(AcrossProcesses, a.across).registry()
+    generation = generation_id("key", request().input_ids)
+    deadline = time.monotonic() + 10
+    while registry.client.exists(f"chat:generation:{generation}:owner"):
+        assert time.monotonic() < deadline, "the owner never gave the generation up"
+        time.sleep(0.01)
+    c.sharing(scheduler, "key").submit(request(), late)
+    assert len(scheduler.tickets) == 2  # claimed anew: its own generation
+    play(scheduler.tickets[1], "Once.", start=True, end="Once.")
+    assert late.done.wait(10) and late.text == "Once."
+
+
+def test_an_engine_that_went_away_is_told_apart_across_processes():
+    """The owner's engine stopped answering: the follower's Failed keeps its code, so its turn
+    says `engine_unavailable` too, not a model error."""
+    scheduler = ScriptedScheduler()
+    a, b = process(), process()
+    owner, follower = Listener(), Listener()
+    a.sharing(scheduler, "key").submit(request(), owner)
+    b.sharing(scheduler, "key").submit(request(), follower)
+    play(scheduler.tickets[0], "Once ", start=True)
+    scheduler.tickets[0].sink(Failed("gone", time.perf_counter(), code="engine_unavailable"))
+    assert follower.done.wait(10) and isinstance(follower.events[-1], Failed)
+    assert follower.events[-1].code == "engine_unavailable"
+
+
+def test_a_follower_that_cannot_read_an_event_ends_with_a_failure_not_a_hang():
+    """An entry the follower cannot decode (another version's, say) ends its request with Failed
+    at once, instead of leaving its turn waiting for events that never come."""
+    scheduler = ScriptedScheduler()
+    other = GenerationRegistry(TEST_CACHE_URL, lease_seconds=5)
+    follower = Listener()
+    try:
+        identity = generation_id("key", request().input_ids)
+        assert other.claim(identity, "other", "other")
+        other.publish(identity, "other", [event(0, "started"), event(1, "chunk")])  # no text
+        process().sharing(scheduler, "key").submit(request(), follower)
+        assert follower.done.wait(10)
+    finally:
+        other.close()
+    assert isinstance(follower.events[-1], Failed) and scheduler.tickets == []

@@ -8,6 +8,7 @@ from django.contrib import admin
 
 from ..infra.runtime import runtime
 from ..models import Engine
+from ..stores.engine_history import engine_rename
 
 
 @admin.register(Engine)
@@ -39,6 +40,11 @@ class EngineAdmin(admin.ModelAdmin):
         ("Who may use it", {"fields": ("groups",)}),
         ("State", {"fields": ("state_here", "last_seen_at", "last_error")}),
     )
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if change and "name" in form.changed_data:  # its usage and answers keep up with it
+            engine_rename(form.initial["name"], obj.name)
 
     @admin.display(description="model")
     def where(self, engine: Engine) -> str:

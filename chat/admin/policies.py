@@ -182,7 +182,7 @@ class OutputPolicyAdmin(admin.ModelAdmin):
                     "description",
                     ("slug", "is_default"),
                     "mode",
-                    ("engine", "fallback_engine"),
+                    ("engine", "fallback_engine", "fallback_to_default"),
                     ("version", "updated_at"),
                 )
             },

@@ -86,9 +86,11 @@ def health() -> tuple[bool, dict]:
     return ready, report
 
 
-def public(report: dict) -> dict:
+def public(report: dict, *, staff: bool = False) -> dict:
     """What anyone may read: each part ok or unavailable, without the upstream's URL. The
-    detail goes to the log, once per change, for the operator."""
+    detail goes to the log, once per change, for the operator. Engines are counted (how many
+    are ok, how many unavailable): their slugs would tell an anonymous caller which models and
+    groups exist. Staff get each engine by slug with its full status, the why included."""
     shown = {key: value for key, value in report.items() if key != "upstream"}
     for part in PARTS:
         if part not in report:
@@ -98,11 +100,12 @@ def public(report: dict) -> dict:
             _logged[part] = status
             log.warning("healthz %s: %s", part, status)
         shown[part] = "ok" if status == "ok" else "unavailable"
-    if "engines" in report:  # each engine row by its slug; why one is down goes to the log
-        shown["engines"] = {}
+    if "engines" in report:  # why one is down goes to the log, once per change
+        counted = {"ok": 0, "unavailable": 0}
         for slug, status in report["engines"].items():
             if _logged.get(f"engine {slug}", "ok") != status:
                 _logged[f"engine {slug}"] = status
                 log.warning("healthz engine %s: %s", slug, status)
-            shown["engines"][slug] = "ok" if status == "ok" else "unavailable"
+            counted["ok" if status == "ok" else "unavailable"] += 1
+        shown["engines"] = dict(report["engines"]) if staff else counted
     return shown

@@ -47,6 +47,7 @@ def metrics(request):
 
 
 @require_GET
-def healthz(request):  # noqa: ARG001 (Django's signature)
+def healthz(request):
     ready, report = health()
-    return JsonResponse(public(report), status=200 if ready else 503)
+    shown = public(report, staff=request.user.is_active and request.user.is_staff)
+    return JsonResponse(shown, status=200 if ready else 503)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from django.conf import settings
@@ -30,12 +31,15 @@ class NotReady(RuntimeError):
 @dataclass(frozen=True)
 class Serving:
     """Which engine answers a turn: its backend and stack, its row (None: the default engine),
-    and whether it stands in for the policy's own engine as its fallback."""
+    and whether it stands in for the policy's own engine as its fallback. `standby` gives the
+    fallback's Serving (NotReady when it cannot answer either), for a turn whose engine stops
+    answering before any of its text was shown; None without a fallback."""
 
     backend: Backend
     stack: SchedulerStack
     engine: EngineSpec | None = None
     fallback: bool = False
+    standby: Callable[[], Serving] | None = None
 
 
 class Runtime:
@@ -152,25 +156,39 @@ class Runtime:
         assert self.backend is not None and self.stack is not None
         return self.backend, self.stack
 
-    def serving(self, engine: EngineSpec | None, fallback: EngineSpec | None = None) -> Serving:
-        """The engine a policy's turn runs on: its own, or its fallback while that is down,
-        loading or its queue full. Sync: a remote engine is built on its first prompt (a network
-        call)."""
+    def serving(
+        self,
+        engine: EngineSpec | None,
+        fallback: EngineSpec | None = None,
+        *,
+        fallback_default: bool = False,
+    ) -> Serving:
+        """The engine a policy's turn runs on: its own, or its fallback (`fallback`, or with
+        `fallback_default` the default engine) while that is down, loading or its queue full.
+        Sync: a remote engine is built on its first prompt (a network call)."""
+        has_fallback = fallback is not None or (fallback_default and engine is not None)
+
+        def standby() -> Serving:  # the fallback; None: the default engine
+            return replace(self._serving(fallback), fallback=True)
+
         try:
             chosen = self._serving(engine)
             base = chosen.stack.base
+            if not has_fallback:
+                return chosen
             # Full now: the fallback takes it (without one, the queue's own refusal answers).
-            if fallback is not None and base.waiting >= getattr(base, "max_waiting", 1 << 30):
+            if base.waiting >= getattr(base, "max_waiting", 1 << 30):
                 raise NotReady(
                     f"{engine.name if engine else 'the default engine'} is full", "queue_full"
                 )
-            return chosen
+            return replace(chosen, standby=standby)
         except NotReady as exc:
-            if fallback is None or exc.code == SERVER_RESTARTING:
+            if not has_fallback or exc.code == SERVER_RESTARTING:
                 raise
             name = engine.name if engine is not None else "the default engine"
-            log.info("%s cannot answer (%s): %s answers instead", name, exc, fallback.name)
-            return replace(self._serving(fallback), fallback=True)
+            instead = fallback.name if fallback is not None else "the default engine"
+            log.info("%s cannot answer (%s): %s answers instead", name, exc, instead)
+            return standby()
 
     def _serving(self, engine: EngineSpec | None) -> Serving:
         if engine is None:

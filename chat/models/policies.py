@@ -96,6 +96,11 @@ class OutputPolicy(models.Model):
         related_name="fallback_for",
         help_text="answers while the policy's own engine is down or full; its answers say so",
     )
+    fallback_to_default = models.BooleanField(
+        default=False,
+        help_text="the default engine (the one the server was started with) answers while the "
+        "policy's own engine is down or full, instead of a fallback engine; its answers say so",
+    )
     max_new_tokens = models.PositiveIntegerField(
         default=256, help_text="capped by CHAT_MAX_NEW_TOKENS_CAP"
     )
@@ -203,6 +208,7 @@ class OutputPolicy(models.Model):
             "system_prompt",
             "engine_id",
             "fallback_engine_id",
+            "fallback_to_default",
             *POLICY_SETTINGS,
             "extra_eos_tokens",
             "cache_enabled",

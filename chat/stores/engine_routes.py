@@ -1,6 +1,7 @@
 """Which engine answers a policy, and who may use it.
 
-A policy names its engine (none: the default engine) and optionally a fallback. An engine with
+A policy names its engine (none: the default engine) and optionally a fallback: another
+engine, or the default one (which has no row: `fallback_to_default`). An engine with
 groups is only for their members: a policy on it is invisible to everyone else, so the page's
 picker, `/api`, the socket and `/v1` all answer as if it did not exist (`unknown_policy`,
 `model_not_found`). An engine without groups, and the default engine, are everyone's.
@@ -24,6 +25,7 @@ class Route:
 
     engine: EngineSpec | None = None
     fallback: EngineSpec | None = None
+    fallback_default: bool = False  # the default engine is the fallback (it has no row)
 
 
 def usable_engines(user_id: int | None) -> QuerySet[Engine]:
@@ -77,6 +79,7 @@ def route_for(user_id: int | None, prompt: Prompt) -> Route:
         raise UnknownPolicy(f"no output policy {prompt.policy!r} for you")
     fallback = policy.fallback_engine
     return Route(
+        fallback_default=policy.fallback_to_default and policy.engine_id is not None,
         engine=EngineSpec.of(policy.engine) if policy.engine is not None else None,
         fallback=EngineSpec.of(fallback)
         if fallback is not None and fallback.pk in usable and fallback.pk != policy.engine_id

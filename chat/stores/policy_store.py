@@ -295,6 +295,10 @@ def policy_errors(policy, *, tokenizer=None) -> dict[str, list[str]]:
             "a policy that samples (temperature above 0) without a seed never gives the same "
             "answer twice, so it cannot be cached: set a seed, or turn caching off"
         ]
+    if policy.fallback_to_default and policy.engine_id is None:
+        errors["fallback_to_default"] = ["the default engine already answers this policy"]
+    elif policy.fallback_to_default and policy.fallback_engine_id is not None:
+        errors["fallback_to_default"] = ["name a fallback engine or the default one, not both"]
     if policy.failure_action == "fallback" and not policy.fallback_text.strip():
         errors["fallback_text"] = ["the fallback action needs a fallback text"]
 

@@ -102,7 +102,7 @@ async def _serving(owner: Owner, prompt: Prompt, given: Given) -> tuple[Prompt, 
             return prompt, runtime.serving(None)
         # A remote engine's first prompt builds it: a few questions to its server.
         return prompt, await sync_to_async(runtime.serving, thread_sensitive=False)(
-            route.engine, route.fallback
+            route.engine, route.fallback, fallback_default=route.fallback_default
         )
     except NotReady as exc:
         raise TurnError(exc.code, str(exc)) from None

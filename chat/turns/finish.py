@@ -129,7 +129,7 @@ class TurnFinish:
         if finish_reason is Finish.MODERATED and self.retracted is None:
             # Vetoed only at the end: anything shown must still be withdrawn.
             await turn.emit(events.Retract(turn.request_id, reason))
-        await turn.emit(
+        await turn.emit_last(
             events.Done(
                 turn.request_id,
                 message=turn.message_id,
@@ -285,7 +285,7 @@ class TurnFinish:
             if self.engine is not None:  # refused at once for a while, or sent to its fallback
                 await asyncio.to_thread(runtime.engines.failed, self.engine, event.error)
             name = self.engine.name if self.engine is not None else "the model's server"
-            await turn.emit(
+            await turn.emit_last(
                 events.Error(
                     turn.request_id,
                     ENGINE_UNAVAILABLE,
@@ -293,7 +293,7 @@ class TurnFinish:
                 )
             )
             return
-        await turn.emit(
+        await turn.emit_last(
             events.Error(
                 turn.request_id, "model_error", "the model failed while answering; please try again"
             )

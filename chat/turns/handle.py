@@ -115,6 +115,13 @@ class Turn:
             self._left_at = None
         prometheus.ANSWERS_RESUMED.labels(self.policy).inc()
 
+    async def emit_last(self, event: Event) -> None:
+        """The turn's last event (its `done`, or the error that ends it). The turn has ended for
+        its clients from here on, even while its answer is still being counted and cached: a
+        prompt sent the moment this arrives is answered, never `busy`."""
+        self.finished = True
+        await self.emit(event)
+
     async def emit(self, event: Event) -> None:
         """Number and keep one event, and send it to every listener still there."""
         if self.journal is not None:

@@ -26,7 +26,8 @@ from ..engine.types import (
     Ticket,
 )
 from ..infra import metrics as prometheus
-from ..infra.runtime import Serving
+from ..infra.engines import ENGINE_UNAVAILABLE
+from ..infra.runtime import NotReady, Serving, runtime
 from ..models import Message, OutputPolicy
 from ..policy import Cut, Emit, Hold, Retract, gate_for, reask_message, reask_tool_message
 from ..policy.explanation import explain
@@ -97,6 +98,8 @@ class TurnRun(TurnFinish):
         # The engine row answering (None: the default engine), and whether as a fallback.
         self.engine = serving.engine if serving is not None else None
         self.fallback = serving.fallback if serving is not None else False
+        # The policy's fallback, while this engine may still stop before anything was shown.
+        self._standby = serving.standby if serving is not None else None
         # Cacheable answers of one identity in flight share one generation (chat/engine/stack.py):
         # a policy that caches nothing shares nothing.
         self._scheduler = stack.for_answer(prepared.cache_key)
@@ -158,7 +161,7 @@ class TurnRun(TurnFinish):
             cached_new_tokens=entry.get("new_tokens") or 0,
             **self.engine_metrics(),
         )
-        await turn.emit(
+        await turn.emit_last(
             events.Done(
                 turn.request_id,
                 message=turn.message_id,
@@ -171,7 +174,6 @@ class TurnRun(TurnFinish):
                 policy=self.policy.slug,
             )
         )
-        turn.finished = True
         prometheus.observe_done(cached_metrics, entry["finish_reason"], cached=True)
         try:
             await sync_to_async(storage.closing_on_error)(
@@ -221,6 +223,8 @@ class TurnRun(TurnFinish):
             )
             outcome_event = await self._generate(gate)
             if isinstance(outcome_event, Failed):
+                if not gate.shown and await self._stand_in(outcome_event):
+                    continue
                 return await self._fail(outcome_event, gate.shown)
             result = outcome_event.result
             self.new_tokens += result.new_tokens
@@ -271,6 +275,47 @@ class TurnRun(TurnFinish):
                 reason=outcome.reason,
                 explanation=self._explain(Verdict.INVALID, outcome.reason, gate.raw),
             )
+
+    async def _stand_in(self, failed: Failed) -> bool:
+        """The engine stopped answering before any of its text reached the client: the policy's
+        fallback answers from the start instead, and `done` says so (metrics `fallback`). False
+        when there is no fallback or it cannot answer either; then the turn fails as before.
+        The answer is neither cached nor shared: its identity named the first engine."""
+        standby, self._standby = self._standby, None
+        if (
+            standby is None
+            or failed.code != ENGINE_UNAVAILABLE
+            or self.retracted is not None
+            or self.request.cancel.is_set()
+        ):
+            return False
+        if self.engine is not None:  # refused at once for a while, as after any failure
+            await asyncio.to_thread(runtime.engines.failed, self.engine, failed.error)
+        try:
+            serving = await asyncio.to_thread(standby)
+            # This attempt's messages (a re-ask's carry the answer it corrects).
+            messages = self.request.messages or self.messages
+            input_ids = await asyncio.to_thread(serving.backend.encode, messages)
+        except NotReady as exc:
+            log.info("%s: the fallback cannot answer either (%s)", self.turn.request_id, exc)
+            return False
+        if len(input_ids) + self.request.params.max_new_tokens > serving.backend.context_length:
+            return False
+        log.info(
+            "%s: %s stopped answering before anything was shown; %s answers instead",
+            self.turn.request_id,
+            self.engine.name if self.engine is not None else "the default engine",
+            serving.engine.name if serving.engine is not None else "the default engine",
+        )
+        self._backend, self.engine, self.fallback = serving.backend, serving.engine, True
+        self.cache_key = None
+        self._scheduler = serving.stack.for_answer(None)
+        self.first_token_at = None
+        try:
+            self.submit(replace(self.request, input_ids=input_ids, messages=messages))
+        except EngineError:
+            return False
+        return True
 
     def _count_invalid(self) -> None:
         prometheus.VALIDATION_FAILURES.inc()

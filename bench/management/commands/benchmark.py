@@ -95,12 +95,18 @@ class Command(Targets, LiveRuns, ApiRuns, Report, BaseCommand):
         parser.add_argument(
             "--llama-only",
             action="store_true",
-            help="only the race against llama-server (a few minutes; no model in this process)",
+            help="only the rows against llama-server: the race, and both engines busy at once "
+            "(a few minutes; no model in this process)",
         )
         parser.add_argument(
             "--llama-levels",
             default=None,
             help='concurrent users in the race against llama-server (default "1,4,8,16"; --quick "1,2")',
+        )
+        parser.add_argument(
+            "--engines-only",
+            action="store_true",
+            help="only the row with both engines busy at once (llama-server as a remote engine)",
         )
         parser.add_argument(
             "--llama-rounds",
@@ -151,16 +157,19 @@ class Command(Targets, LiveRuns, ApiRuns, Report, BaseCommand):
         if not self.llama_levels or min(self.llama_levels) < 1 or max(self.llama_levels) > 32:
             raise CommandError("--llama-levels takes numbers from 1 to 32, e.g. 1,4,8,16")
         self.llama_rounds = max(1, min(opts["llama_rounds"] or (1 if quick else 3), 10))
+        self.engine_users = 1 if quick else 4  # streams per engine in the two-engine row
         self.slots = int(batch) if batch else settings.CHAT_MAX_BATCH
         self.failures: list[str] = []
         self.servers: list[bm.ServerRun] = []
         self.results: dict = {}
         started = time.perf_counter()
         self.results["load_start"] = os.getloadavg()[0]
-        if opts["llama_only"]:
+        if opts["llama_only"] or opts["engines_only"]:
             with tempfile.TemporaryDirectory(prefix="chat-benchmark-") as tmp:
                 self.workdir, self.first_server = Path(tmp), True
-                self.section("the product against llama-server", self.head_to_head)
+                if not opts["engines_only"]:
+                    self.section("the product against llama-server", self.head_to_head)
+                self.section("both engines busy at once", self.two_engines)
             self.results["load_end"] = os.getloadavg()[0]
             self.results["elapsed_s"] = time.perf_counter() - started
             self.head_to_head_report()
@@ -215,6 +224,7 @@ class Command(Targets, LiveRuns, ApiRuns, Report, BaseCommand):
                 )
             if opts["llama"]:
                 self.section("the product against llama-server", self.head_to_head)
+                self.section("both engines busy at once", self.two_engines)
         self.results["bench_rss_mb"] = bm.self_peak_rss_mb()
         self.results["elapsed_s"] = time.perf_counter() - started
         self.results["load_end"] = os.getloadavg()[0]

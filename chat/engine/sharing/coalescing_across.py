@@ -12,11 +12,15 @@ generating: it replays the events from the first and then blocks for the live on
   stop the generation while a follower's lease runs: they are detached (Finished
   "cancelled" with the text they had) and the generation goes on for the followers; it is
   stopped once the last listener anywhere is gone.
-- The owner gone (its lease ran out with no final event; a killed process), or a gap in the
-  events: the follower ends with Failed, so its turn sends an error and stores the failure;
-  it never waits longer than a lease and a renewal. It does not generate the answer itself:
-  part of the text may already be on the user's screen, and a new generation (sampled, or
-  after a model reload) need not continue it.
+- The owner gone (its lease ran out with no final event; a killed process), a gap in the
+  events or an event it cannot read: the follower ends with Failed, so its turn sends an error
+  and stores the failure; it never waits longer than a lease and a renewal. It does not
+  generate the answer itself: part of the text may already be on the user's screen, and a new
+  generation (sampled, or after a model reload) need not continue it.
+- A request for a generation that has just ended (its answer not cached yet): until the
+  owner's last event is published, the owner still holds it, so the request follows it and
+  gets that last event from the stream; once published, the ownership is given up in the same
+  step, so the request claims the generation anew and generates for itself.
 - Redis unreachable: the request simply runs in this process (after a failure, Redis is not
   asked again for `backoff_seconds`), so coalescing degrades to in-process only.
 
@@ -300,6 +304,10 @@ class _Followed:
         except registry.errors as exc:
             log.warning("following shared generation %s: Redis failed (%s)", self.generation, exc)
             self._end(Failed(REDIS_LOST, time.perf_counter()))
+        except Exception:
+            # Whatever broke (an entry this version cannot read), its turn must end, not wait.
+            log.exception("following shared generation %s failed", self.generation)
+            self._end(Failed(EVENTS_LOST, time.perf_counter()))
         finally:
             with contextlib.suppress(*registry.errors):
                 registry.leave(self.generation, self.listener)

@@ -44,7 +44,8 @@ def encode(event: Event, n: int) -> dict[str, Any]:
             "decode_s": result.finished_at - result.started_at,
             "first_token_s": None if first is None else first - result.started_at,
         }
-    return {"n": n, "t": "failed", "error": event.error}
+    # The code travels too: a follower's turn tells an engine that went away from a model error.
+    return {"n": n, "t": "failed", "error": event.error, "code": event.code}
 
 
 def decode(data: dict[str, Any]) -> Event:
@@ -73,4 +74,6 @@ def decode(data: dict[str, Any]) -> Event:
                 now,
             )
         )
-    return Failed(str(data.get("error") or "model_error"), at=now)
+    return Failed(
+        str(data.get("error") or "model_error"), at=now, code=str(data.get("code") or "model_error")
+    )
