@@ -9,9 +9,10 @@ from bench import documents
 from bench import head_to_head as h2h
 from bench import openai_client as oc
 from bench.benchmark_targets import met
+from bench.gguf_formats import GgufFormatRuns
 
 
-class ApiRuns:
+class ApiRuns(GgufFormatRuns):
     """The /v1 runs: the product, its peers, the head-to-head. Mixed into the command."""
 
     # The command's, set in handle() or defined on it.
@@ -165,7 +166,7 @@ class ApiRuns:
 
     def head_to_head_lines(self) -> list[str]:
         if "h2h" not in self.results:
-            return []
+            return self.gguf_format_lines()
         product, llama = self.results["h2h"]
         lines = [
             "",
@@ -175,7 +176,7 @@ class ApiRuns:
         ]
         if "documents" in self.results:
             lines += ["", *documents.report(*self.results["documents"], rounds=self.llama_rounds)]
-        return lines
+        return lines + self.gguf_format_lines()
 
     def head_to_head_report(self):
         """`--llama-only`'s report: the race and its targets."""
@@ -197,11 +198,11 @@ class ApiRuns:
 
     def head_to_head_targets(self) -> list:
         if "h2h" not in self.results:
-            return []
+            return self.gguf_format_targets()
         found = h2h.targets(*self.results["h2h"])
         if "documents" in self.results:
             found += documents.targets(*self.results["documents"])
-        return found
+        return found + self.gguf_format_targets()
 
     def api_peer(self):
         from harness.peer import TransformersServe, serving_available

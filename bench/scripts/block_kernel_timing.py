@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Callable
 
 import gguf
 import numpy as np
@@ -65,32 +66,31 @@ def main() -> None:
     )
     print(f"  {'type':>6} " + " ".join(f"{f'{r} row(s)':>11}" for r in rows))
     weight = torch.randn(out_features, in_features)
-    line = [best(lambda: torch.nn.functional.linear(torch.randn(r, in_features), weight), args.repeats) for r in rows]
+    line = [best(float_call(weight, r), args.repeats) for r in rows]
     print(f"  {'fp32':>6} " + " ".join(f"{t * 1000:>8.3f} ms" for t in line))
     for qtype in TYPES:
         data = torch.from_numpy(file_rows(qtype, out_features, in_features))
         layer = blockquant.BlockQuantLinear.from_gguf(int(qtype), data, in_features)
-        line = []
-        for r in rows:
-            x = torch.randn(r, in_features)
-            if layer.kind == "q4_1":
-                call = lambda: module.q4_1_mm(x, layer.qs, layer.d, layer.m, False)  # noqa: E731
-            elif layer.kind == "q8_0":
-                call = lambda: module.q8_0_mm(x, layer.qs, layer.d, False)  # noqa: E731
-            else:
-                call = lambda: module.raw_mm(x, layer.qs, layer.ggml_type)  # noqa: E731
-            line.append(best(call, args.repeats))
+        line = [best(kernel_call(module, layer, r, False), args.repeats) for r in rows]
         print(f"  {qtype.name:>6} " + " ".join(f"{t * 1000:>8.3f} ms" for t in line))
         if layer.kind in blockquant.SPLIT_KINDS:  # llama.cpp's way: int8 activations, VNNI
-            line = []
-            for r in rows:
-                x = torch.randn(r, in_features)
-                if layer.kind == "q4_1":
-                    call = lambda: module.q4_1_mm(x, layer.qs, layer.d, layer.m, True)  # noqa: E731
-                else:
-                    call = lambda: module.q8_0_mm(x, layer.qs, layer.d, True)  # noqa: E731
-                line.append(best(call, args.repeats))
+            line = [best(kernel_call(module, layer, r, True), args.repeats) for r in rows]
             print(f"  {'int8x':>6} " + " ".join(f"{t * 1000:>8.3f} ms" for t in line))
+
+
+def float_call(weight: torch.Tensor, rows: int) -> Callable[[], object]:
+    x = torch.randn(rows, weight.shape[1])
+    return lambda: torch.nn.functional.linear(x, weight)
+
+
+def kernel_call(module, layer, rows: int, int8: bool) -> Callable[[], object]:
+    """One build's kernel for the layer's kind on `rows` random activation rows."""
+    x = torch.randn(rows, layer.in_features)
+    if layer.kind == "q4_1":
+        return lambda: module.q4_1_mm(x, layer.qs, layer.d, layer.m, int8)
+    if layer.kind == "q8_0":
+        return lambda: module.q8_0_mm(x, layer.qs, layer.d, int8)
+    return lambda: module.raw_mm(x, layer.qs, layer.ggml_type)
 
 
 if __name__ == "__main__":

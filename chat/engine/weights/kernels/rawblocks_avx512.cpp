@@ -3,9 +3,9 @@
 // converted from an integer. A block (or a k-quant's sub-block of 32) has at most 32 possible
 // weights, d * q + m over its q range, so they are computed once as one or two 16-float tables
 // and vpermps picks each lane's weight by its 4-bit value, or vpermt2ps from two tables by its
-// 5-bit one (Q5_*). Q6_K's 64 values per scale of
-// 16 weights would need four tables; its 32-weight chunks are assembled as int8 instead (ggml's
-// bit layout, 256 bits at a time) and widened. The weights come out scaled and offset, so each
+// 5-bit one (Q5_*). Q6_K's 64 values per scale of 16 weights would need four tables; its
+// 32-weight chunks are assembled as int8 instead (ggml's bit layout, 256 bits at a time) and
+// widened. The weights come out scaled and offset, so each
 // is one FMA per activation row, and the only rounding is the file's own.
 #include <ATen/Parallel.h>
 #include <immintrin.h>
