@@ -132,6 +132,7 @@ class GgufFormatRuns:
                 busy=self.slots,
                 rounds=self.llama_rounds,
                 note=self.note,
+                newcomer=False,  # the main race measures it; these rows are about tok/s
             )
             llama.peak_rss_mb = bm.process_peak_rss_mb(server.pid)
         product.peak_rss_mb = run.peak_rss_mb
