@@ -82,13 +82,13 @@ class GgufFormatRuns:
             row = {"format": name, "file_mb": path.stat().st_size / 1e6}
             rows.append(row)
             try:
-                row["race"] = self.format_race(path, name, server)
-                row["quality"] = self.format_quality(path, name, quality_limit)
+                self.format_race(path, name, server, quality_limit, row)
             except Exception as error:  # the other formats still measure
                 row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
                 self.failures.append(f"format {name}: {row['error']}")
 
-    def format_race(self, path: Path, name: str, binary: str) -> tuple[h2h.Side, h2h.Side]:
+    def format_race(self, path: Path, name: str, binary: str, limit: int, row: dict) -> None:
+        """The race on the file (row["race"]), then answerquality on it (row["quality"])."""
         from bench import openai_client as oc
         from harness.peer import LlamaServer
 
@@ -135,23 +135,26 @@ class GgufFormatRuns:
                 newcomer=False,  # the main race measures it; these rows are about tok/s
             )
             llama.peak_rss_mb = bm.process_peak_rss_mb(server.pid)
+            row["race"] = (product, llama)
+            # The server's settings and database, without the race's cap on an answer's tokens.
+            env = {k: v for k, v in run.server.env.items() if k != "CHAT_LIMITS"}
+            row["quality"] = self.format_quality(env, name, limit)
         product.peak_rss_mb = run.peak_rss_mb
-        return product, llama
 
-    def format_quality(self, path: Path, name: str, limit: int) -> dict:
-        """`manage.py answerquality` on the file (its own process, the server's settings)."""
+    def format_quality(self, env: dict[str, str], name: str, limit: int) -> dict:
+        """`manage.py answerquality` on the file, in its own process."""
         out = self.workdir / f"answerquality-{name}.json"
         args = ["answerquality", "--json", str(out)] + (["--limit", str(limit)] if limit else [])
         self.note(f"  {name}: answerquality{f' (first {limit} prompts)' if limit else ''}")
-        env = {**os.environ, "CHAT_MODEL_PATH": str(path)}
-        subprocess.run(
+        done = subprocess.run(
             [sys.executable, "manage.py", *args],
             cwd=Path(__file__).resolve().parent.parent,
             env=env,
-            check=True,
             capture_output=True,
             text=True,
         )
+        if done.returncode != 0:
+            raise RuntimeError(f"answerquality failed: {done.stderr.strip()[-300:]}")
         return json.loads(out.read_text())["summary"]["figures"]
 
     def gguf_format_lines(self) -> list[str]:
@@ -167,17 +170,22 @@ class GgufFormatRuns:
             f"{'ended well':>10} {'4-gram':>7} {'tokens':>7}",
         ]
         for row in rows:
-            if "error" in row:
+            if "race" not in row:
                 lines.append(f"  {row['format']:8} {row['file_mb']:5.0f}  failed: {row['error']}")
                 continue
             one, eight = self.format_ratios(row)
             product, llama = row["race"]
-            quality = row["quality"]
+            quality = row.get("quality")
+            answers = (
+                f"{quality['ended_well_pct']:>9}% {quality['repeated_4gram_mean']:>7.3f} "
+                f"{quality['tokens_mean']:>7}"
+                if quality
+                else f"  failed: {row.get('error', '')}"
+            )
             lines.append(
                 f"  {row['format']:8} {row['file_mb']:5.0f} "
                 f"{self.versus(product, llama, 1, one):>22} {self.versus(product, llama, 8, eight):>22} "
-                f"{quality['ended_well_pct']:>9}% {quality['repeated_4gram_mean']:>7.3f} "
-                f"{quality['tokens_mean']:>7}"
+                f"{answers}"
             )
         lines.append(
             "  tok/s: the product's, llama-server's, and their ratio (aggregate over the users); "
