@@ -78,7 +78,8 @@ benchmark: $(STAMP)
 	$(PY) manage.py benchmark --settings project.settings_bench $(BENCH_ARGS)
 
 # llama.cpp's own C++ server (`llama-server`, continuous batching in slots) as the measuring peer
-# of `make benchmark` (docs/benchmarks.md), built once per machine from the llama.cpp sources
+# of `make benchmark` (docs/benchmarks.md), and `llama-quantize`, which makes its files of each
+# GGUF format from the bundled one, built once per machine from the llama.cpp sources
 # vendored in PyPI's llama-cpp-python source package: about 6 minutes on 2 quiet cores. Native
 # (-march=native), so the stamp names the CPU's flags: a new machine builds again. Not part of
 # `make test`.
@@ -101,7 +102,7 @@ $(LLAMA_STAMP): | $(STAMP)
 	  -DLLAMA_BUILD_SERVER=ON -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF \
 	  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF \
 	  -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
-	cmake --build $(LLAMA_PEER)/build --target llama-server -j $$(nproc)
+	cmake --build $(LLAMA_PEER)/build --target llama-server llama-quantize -j $$(nproc)
 	$(LLAMA_PEER)/build/bin/llama-server --version
 	touch $@
 

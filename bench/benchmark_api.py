@@ -11,9 +11,10 @@ from bench import head_to_head as h2h
 from bench import openai_client as oc
 from bench import two_engines as duo
 from bench.benchmark_targets import met
+from bench.gguf_formats import GgufFormatRuns
 
 
-class ApiRuns:
+class ApiRuns(GgufFormatRuns):
     """The /v1 runs: the product, its peers, the head-to-head. Mixed into the command."""
 
     # The command's, set in handle() or defined on it.
@@ -235,7 +236,7 @@ class ApiRuns:
                 ),
             ]
         if "h2h" not in self.results:
-            return lines
+            return lines + self.gguf_format_lines()
         product, llama = self.results["h2h"]
         lines = [
             *lines,
@@ -246,7 +247,7 @@ class ApiRuns:
         ]
         if "documents" in self.results:
             lines += ["", *documents.report(*self.results["documents"], rounds=self.llama_rounds)]
-        return lines
+        return lines + self.gguf_format_lines()
 
     def head_to_head_report(self):
         """`--llama-only`'s report: the race and its targets."""
@@ -269,11 +270,11 @@ class ApiRuns:
     def head_to_head_targets(self) -> list:
         found = duo.targets(self.results["two_engines"]) if "two_engines" in self.results else []
         if "h2h" not in self.results:
-            return found
+            return found + self.gguf_format_targets()
         found += h2h.targets(*self.results["h2h"])
         if "documents" in self.results:
             found += documents.targets(*self.results["documents"])
-        return found
+        return found + self.gguf_format_targets()
 
     def api_peer(self):
         from harness.peer import TransformersServe, serving_available

@@ -100,8 +100,10 @@ def race(
     busy: int,
     rounds: int,
     note=print,
+    newcomer: bool = True,
 ) -> None:
-    """Fill each side's figures: `rounds` rounds, each measurement taken on every side in turn."""
+    """Fill each side's figures: `rounds` rounds, each measurement taken on every side in turn
+    (the newcomer among `busy` too, unless `newcomer` is False)."""
     for side in sides:  # warm-up: first requests pay one-off allocations on either server
         warm = stream_chat(side.target, "Hi", 4)
         if not warm.ok:
@@ -118,7 +120,7 @@ def race(
                 ]
                 streams, wall = together(side.target, prompts, tokens)
                 side.levels.setdefault(users, []).append(Level(streams, wall))
-        for side in order:
+        for side in order if newcomer else []:
             note(f"  round {round_no + 1}/{rounds}: {side.target.label}, newcomer among {busy}")
             stream, running = newcomer_among(side.target, busy, tokens, round_no)
             side.newcomer.append(stream)

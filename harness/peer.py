@@ -177,6 +177,14 @@ class TransformersServe(ServerProcess):
         ]
 
 
+def llama_quantize() -> str | None:
+    """The `llama-quantize` binary built beside llama-server (LLAMA_QUANTIZE names another), or
+    None: it makes the benchmark's files of each GGUF format from the bundled one."""
+    named = os.environ.get("LLAMA_QUANTIZE")
+    candidate = Path(named) if named else LLAMA_SERVER.with_name("llama-quantize")
+    return str(candidate) if candidate.is_file() and os.access(candidate, os.X_OK) else None
+
+
 def llama_server() -> str | None:
     """The `llama-server` binary (LLAMA_SERVER, else the one `make llama-peer` built), or None."""
     named = os.environ.get("LLAMA_SERVER")

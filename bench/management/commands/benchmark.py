@@ -23,6 +23,7 @@ from bench.benchmark_api import ApiRuns
 from bench.benchmark_live import LiveRuns
 from bench.benchmark_report import Report
 from bench.benchmark_targets import Targets, met
+from bench.gguf_formats import FORMATS
 from chat.management.engine_loading import load
 
 PROMPT = "Write a long, detailed story about a lighthouse keeper."
@@ -115,6 +116,20 @@ class Command(Targets, LiveRuns, ApiRuns, Report, BaseCommand):
             help="interleaved rounds of the race against llama-server (default 3; --quick 1)",
         )
         parser.add_argument(
+            "--gguf-formats",
+            nargs="?",
+            const=",".join(FORMATS),
+            default=None,
+            help="only the rows per GGUF format against llama-server on the same file, for the "
+            f"formats named (default {','.join(FORMATS)}); `make benchmark` runs them after the race",
+        )
+        parser.add_argument(
+            "--quality-prompts",
+            type=int,
+            default=None,
+            help="answerquality prompts per GGUF format (default all 60; --quick 8)",
+        )
+        parser.add_argument(
             "--quick", action="store_true", help="tiny sizes: a smoke test in well under a minute"
         )
         parser.add_argument(
@@ -164,12 +179,27 @@ class Command(Targets, LiveRuns, ApiRuns, Report, BaseCommand):
         self.results: dict = {}
         started = time.perf_counter()
         self.results["load_start"] = os.getloadavg()[0]
-        if opts["llama_only"] or opts["engines_only"]:
+        formats = [f.strip().upper() for f in (opts["gguf_formats"] or "").split(",") if f.strip()]
+        unknown = sorted(set(formats) - set(FORMATS))
+        if unknown:
+            raise CommandError(f"--gguf-formats: {', '.join(unknown)}: expected some of {FORMATS}")
+        self.quality_limit = (
+            opts["quality_prompts"] if opts["quality_prompts"] is not None else (8 if quick else 0)
+        )
+        if opts["llama_only"] or opts["engines_only"] or formats:
             with tempfile.TemporaryDirectory(prefix="chat-benchmark-") as tmp:
                 self.workdir, self.first_server = Path(tmp), True
-                if not opts["engines_only"]:
+                if opts["llama_only"]:
                     self.section("the product against llama-server", self.head_to_head)
-                self.section("both engines busy at once", self.two_engines)
+                if opts["llama_only"] or opts["engines_only"]:
+                    self.section("both engines busy at once", self.two_engines)
+                if formats:
+                    self.section(
+                        "GGUF formats against llama-server",
+                        self.gguf_formats,
+                        formats,
+                        self.quality_limit,
+                    )
             self.results["load_end"] = os.getloadavg()[0]
             self.results["elapsed_s"] = time.perf_counter() - started
             self.head_to_head_report()
@@ -225,6 +255,12 @@ class Command(Targets, LiveRuns, ApiRuns, Report, BaseCommand):
             if opts["llama"]:
                 self.section("the product against llama-server", self.head_to_head)
                 self.section("both engines busy at once", self.two_engines)
+                self.section(
+                    "GGUF formats against llama-server",
+                    self.gguf_formats,
+                    list(FORMATS),
+                    self.quality_limit,
+                )
         self.results["bench_rss_mb"] = bm.self_peak_rss_mb()
         self.results["elapsed_s"] = time.perf_counter() - started
         self.results["load_end"] = os.getloadavg()[0]

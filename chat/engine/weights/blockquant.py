@@ -35,9 +35,14 @@ log = logging.getLogger(__name__)
 
 KERNELS = Path(__file__).with_name("kernels")
 # The extension's sources: the block matmuls, and the decode step built on them (llama_step.py).
-SOURCES = (KERNELS / "blockquant.cpp", KERNELS / "rawblocks.cpp", KERNELS / "llama_step.cpp")
+SOURCES = (
+    KERNELS / "blockquant.cpp",
+    KERNELS / "rawblocks.cpp",
+    KERNELS / "rawblocks_avx512.cpp",
+    KERNELS / "llama_step.cpp",
+)
 # Bump when the C++ interface changes, so an old build is never imported.
-EXTENSION = "chat_blockquant_v6"
+EXTENSION = "chat_blockquant_v7"
 # The AVX-512 subsets the AVX-512 kernels are compiled for (cpuinfo names; -mavx512f and so on).
 AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq")
 ISA_LEVELS = ("avx2", "avx512", "avx512-vnni")

@@ -30,4 +30,8 @@ int64_t raw_block_bytes(int64_t type);
 void raw_matmul(const float* x, int64_t M, int64_t K, const uint8_t* qs, int64_t type, float* out,
                 int64_t N, int64_t n0 = 0, int64_t n1 = -1);
 
+// raw_matmul's AVX-512 kernels (rawblocks_avx512.cpp); false where this build has none.
+bool raw_matmul_avx512(const float* x, int64_t M, int64_t K, const uint8_t* qs, int64_t type,
+                       float* out, int64_t N, int64_t n0, int64_t n1);
+
 }  // namespace blockquant

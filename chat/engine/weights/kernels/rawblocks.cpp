@@ -4,10 +4,11 @@
 // layout and kernels; these read each row's blocks straight from the file's bytes, so a file of
 // mixed types needs no conversion but a row permutation (llama's q/k).
 //
-// A block is decoded to fp32 into a small buffer (each format's `decode`, ggml's
-// dequantize_row_* for one block), then dotted with a tile of activation rows in fp32 FMAs,
-// 512 bits wide in the AVX-512 build and 256 in the AVX2 one: the only rounding is the file's
-// own, as in blockquant.cpp's fp32 path. Weights are decoded once per tile of rows.
+// The AVX-512 build computes with rawblocks_avx512.cpp's lookup tables. The AVX2 one decodes a
+// block to fp32 into a small buffer (each format's `decode`, ggml's dequantize_row_* for one
+// block), then dots it with a tile of activation rows in 256-bit fp32 FMAs: the only rounding is
+// the file's own, as in blockquant.cpp's fp32 path. Weights are decoded once per tile of rows;
+// `decode` also gives a prefill's dequantized weight on both builds.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -16,31 +17,12 @@
 #include <cstring>
 
 #include "blockquant.h"
-
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
-#define RAWBLOCKS_AVX512 1
-#else
-#define RAWBLOCKS_AVX512 0
-#endif
+#include "ggml_scales.h"
 
 namespace {
 
-inline float fp16(const uint8_t* p) {
-  uint16_t bits;
-  std::memcpy(&bits, p, 2);
-  return _cvtsh_ss(bits);
-}
-
-// ggml's get_scale_min_k4: sub-block j's 6-bit scale and min from a k-quant's 12 scale bytes.
-inline void scale_min_k4(int j, const uint8_t* q, int* scale, int* min) {
-  if (j < 4) {
-    *scale = q[j] & 63;
-    *min = q[j + 4] & 63;
-  } else {
-    *scale = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    *min = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
+using ggml_scales::fp16;
+using ggml_scales::scale_min_k4;
 
 // Q4_0: fp16 d, 16 bytes of nibbles (element j low, j + 16 high); w = d * (q - 8).
 struct Q4_0 {
@@ -171,23 +153,11 @@ struct Q6_K {
   }
 };
 
-// Activation rows sharing one decoded block: as blockquant.cpp's tiles.
-constexpr int kRows = RAWBLOCKS_AVX512 ? 8 : 4;
+// The AVX2 build's tiles (the AVX-512 build computes with rawblocks_avx512.cpp's): activation
+// rows sharing one decoded block, as blockquant.cpp's tiles.
+constexpr int kRows = 4;
 constexpr int64_t kGrain = 32;
 
-#if RAWBLOCKS_AVX512
-using Vec = __m512;
-constexpr int kLanes = 16;
-inline Vec vzero() { return _mm512_setzero_ps(); }
-inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
-// A decoded block's 16 weights as two 256-bit loads: a decode that stored them 256 bits at a time
-// (Q5's) cannot forward its stores to one 512-bit load, a stall measured at 5x the whole tile.
-inline Vec vload_decoded(const float* p) {
-  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_load_ps(p)), _mm256_load_ps(p + 8), 1);
-}
-inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline float vsum(Vec v) { return _mm512_reduce_add_ps(v); }
-#else
 using Vec = __m256;
 constexpr int kLanes = 8;
 inline Vec vzero() { return _mm256_setzero_ps(); }
@@ -200,7 +170,6 @@ inline float vsum(Vec v) {
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
-#endif
 
 // out[r, n] for R activation rows from r and weight row n: each block decoded once, dotted with
 // the R rows on two accumulator chains each.
@@ -233,12 +202,6 @@ void matmul(const float* x, int64_t M, int64_t K, const uint8_t* qs, float* out,
       int64_t r = 0;
       for (; r + kRows <= M; r += kRows) tile<F, kRows>(x + r * K, row, out + r * N + n, K, N, blocks);
       switch (M - r) {
-#if RAWBLOCKS_AVX512
-        case 7: tile<F, 7>(x + r * K, row, out + r * N + n, K, N, blocks); break;
-        case 6: tile<F, 6>(x + r * K, row, out + r * N + n, K, N, blocks); break;
-        case 5: tile<F, 5>(x + r * K, row, out + r * N + n, K, N, blocks); break;
-        case 4: tile<F, 4>(x + r * K, row, out + r * N + n, K, N, blocks); break;
-#endif
         case 3: tile<F, 3>(x + r * K, row, out + r * N + n, K, N, blocks); break;
         case 2: tile<F, 2>(x + r * K, row, out + r * N + n, K, N, blocks); break;
         case 1: tile<F, 1>(x + r * K, row, out + r * N + n, K, N, blocks); break;
@@ -292,6 +255,7 @@ int64_t raw_block_bytes(int64_t type) {
 
 void raw_matmul(const float* x, int64_t M, int64_t K, const uint8_t* qs, int64_t type, float* out,
                 int64_t N, int64_t n0, int64_t n1) {
+  if (raw_matmul_avx512(x, M, K, qs, type, out, N, n0, n1)) return;
   with_format(type, [&](auto format) {
     matmul<decltype(format)>(x, M, K, qs, out, N, n0, n1);
   });

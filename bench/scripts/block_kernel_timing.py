@@ -1,0 +1,97 @@
+"""Each GGUF block type's matmul kernel on one weight shape, one thread, beside fp32's matmul.
+
+    PYTHONPATH=. .venv/bin/python bench/scripts/block_kernel_timing.py [--shape 6144x768]
+        [--rows 1,4,8] [--isa avx2] [--repeats 200]
+
+Prints the best time of --repeats calls per block type and row count (the weights are random
+but valid blocks). To compare two checkouts, run it from each in the same command: each checkout
+builds its own kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable
+
+import gguf
+import numpy as np
+import torch
+
+Q = gguf.GGMLQuantizationType
+TYPES = [Q.Q4_1, Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+# Byte offsets of the fp16 scales in the k-quant blocks gguf only reads (it cannot write them).
+K_SCALE_OFFSETS = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+
+
+def file_rows(qtype: gguf.GGMLQuantizationType, rows: int, columns: int) -> np.ndarray:
+    rng = np.random.default_rng(int(qtype))
+    if qtype not in K_SCALE_OFFSETS:
+        return gguf.quants.quantize(rng.standard_normal((rows, columns)).astype(np.float32), qtype)
+    block_weights, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    data = rng.integers(0, 256, (rows, columns // block_weights, block_bytes), dtype=np.uint8)
+    for offset in K_SCALE_OFFSETS[qtype]:
+        scales = (rng.random(data.shape[:2]) * 2e-4 + 2e-5).astype(np.float16)
+        data[..., offset : offset + 2] = scales[..., None].view(np.uint8)
+    return data.reshape(rows, -1)
+
+
+def best(call, repeats: int) -> float:
+    call()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="6144x768", help="out x in features")
+    parser.add_argument("--rows", default="1,4,8")
+    parser.add_argument("--isa", default="", help="avx2: the AVX2 build on an AVX-512 CPU")
+    parser.add_argument("--repeats", type=int, default=200)
+    args = parser.parse_args()
+    from chat.engine.weights import blockquant
+
+    torch.set_num_threads(1)
+    out_features, in_features = (int(n) for n in args.shape.split("x"))
+    module = blockquant.build(blockquant.isa_level(wanted=args.isa))
+    rows = [int(r) for r in args.rows.split(",")]
+    print(
+        f"{module.isa()} kernels, {out_features}x{in_features}, one thread, best of "
+        f"{args.repeats}; 1-min load {os.getloadavg()[0]:.1f}"
+    )
+    print(f"  {'type':>6} " + " ".join(f"{f'{r} row(s)':>11}" for r in rows))
+    weight = torch.randn(out_features, in_features)
+    line = [best(float_call(weight, r), args.repeats) for r in rows]
+    print(f"  {'fp32':>6} " + " ".join(f"{t * 1000:>8.3f} ms" for t in line))
+    for qtype in TYPES:
+        data = torch.from_numpy(file_rows(qtype, out_features, in_features))
+        layer = blockquant.BlockQuantLinear.from_gguf(int(qtype), data, in_features)
+        line = [best(kernel_call(module, layer, r, False), args.repeats) for r in rows]
+        print(f"  {qtype.name:>6} " + " ".join(f"{t * 1000:>8.3f} ms" for t in line))
+        if layer.kind in blockquant.SPLIT_KINDS:  # llama.cpp's way: int8 activations, VNNI
+            line = [best(kernel_call(module, layer, r, True), args.repeats) for r in rows]
+            print(f"  {'int8x':>6} " + " ".join(f"{t * 1000:>8.3f} ms" for t in line))
+
+
+def float_call(weight: torch.Tensor, rows: int) -> Callable[[], object]:
+    x = torch.randn(rows, weight.shape[1])
+    return lambda: torch.nn.functional.linear(x, weight)
+
+
+def kernel_call(module, layer, rows: int, int8: bool) -> Callable[[], object]:
+    """One build's kernel for the layer's kind on `rows` random activation rows."""
+    x = torch.randn(rows, layer.in_features)
+    if layer.kind == "q4_1":
+        return lambda: module.q4_1_mm(x, layer.qs, layer.d, layer.m, int8)
+    if layer.kind == "q8_0":
+        return lambda: module.q8_0_mm(x, layer.qs, layer.d, int8)
+    return lambda: module.raw_mm(x, layer.qs, layer.ggml_type)
+
+
+if __name__ == "__main__":
+    main()
