@@ -250,8 +250,17 @@ class LlamaServer(ServerProcess):
             str(self.context * self.slots),
             "--jinja",
             "--no-webui",
-            # Extra buffer types off: on x86 the only one for this file's Q4_1 and Q8_0 blocks
-            # is AMX, whose kernel (ggml_backend_amx_mul_mat) segfaults at the first matmul on
-            # the AMX Xeon it was measured on; repacked layouts exist for neither type here.
-            "--no-repack",
+            *self.repack_flags(),
         ]
+
+    @staticmethod
+    def repack_flags() -> list[str]:
+        """Extra buffer types off on an AMX CPU only: there the one for the bundled file's Q4_1
+        and Q8_0 blocks is AMX, whose kernel (ggml_backend_amx_mul_mat) segfaulted at the first
+        matmul on the Xeon it was measured on. Elsewhere they stay on, as a user runs
+        llama-server: its repacked Q4_0 and Q4_K layouts are its fastest kernels for those files."""
+        try:
+            flags = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return ["--no-repack"]
+        return ["--no-repack"] if "amx_tile" in flags else []
