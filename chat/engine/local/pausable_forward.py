@@ -15,7 +15,9 @@ position, as the model's forward with `logits_to_keep=1` does.
 
 from __future__ import annotations
 
+import functools
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -64,8 +66,8 @@ class PausableForward:
         self.layers: list[nn.Module] = list(layers) if self.supported else []  # type: ignore[arg-type]
         self.norm: nn.Module = norm if self.supported else nn.Identity()
         self.head: nn.Module = head if self.supported else nn.Identity()
-        self._pause: Callable[[], bool] | None = None
-        self._thread: int | None = None  # the hooks act on this thread's pass alone
+        if self.supported:
+            _hook_once(self.layers)
 
     def run(
         self, forward: Callable[[], torch.Tensor], pause: Callable[[], bool]
@@ -74,20 +76,13 @@ class PausableForward:
         before every layer but the first; returns the logits, or where it paused."""
         if not self.supported:
             return forward()
-        hooks = [
-            layer.register_forward_pre_hook(self._hook(index), with_kwargs=True)
-            for index, layer in enumerate(self.layers)
-            if index
-        ]
-        self._pause, self._thread = pause, threading.get_ident()
+        _ACTIVE.pause = pause
         try:
             return forward()
         except _Pause as stop:
             return stop.paused
         finally:
-            self._pause = self._thread = None
-            for hook in hooks:
-                hook.remove()
+            _ACTIVE.pause = None
 
     def resume(self, paused: Paused, pause: Callable[[], bool]) -> torch.Tensor | Paused:
         """Go on from where `paused` stopped: at least one layer runs before `pause` is asked
@@ -101,13 +96,29 @@ class PausableForward:
         logits = self.head(self.norm(hidden)[:, -1:, :])
         return logits[:, -1, :].float()
 
-    def _hook(self, index: int) -> Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], None]:
-        def before_layer(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            if self._thread != threading.get_ident() or self._pause is None:
-                return  # another thread's pass on the same model
-            if self._pause():
-                kwargs = dict(kwargs)
-                hidden = args[0] if args else kwargs.pop("hidden_states")
-                raise _Pause(Paused(index, hidden, kwargs))
 
-        return before_layer
+# The pause asked by this thread's pass, if it may pause: another thread's pass on the same
+# model (a test's, a timing run's) never sees it.
+_ACTIVE = threading.local()
+# Decoder layers that carry the hook, installed once per model (a hook added and removed per
+# pass would change the hooks while another thread's pass reads them).
+_HOOKED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+
+def _hook_once(layers: list[nn.Module]) -> None:
+    for index, layer in enumerate(layers):
+        if index and layer not in _HOOKED:
+            layer.register_forward_pre_hook(
+                functools.partial(_before_layer, index), with_kwargs=True
+            )
+            _HOOKED.add(layer)
+
+
+def _before_layer(
+    index: int, _module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    pause = getattr(_ACTIVE, "pause", None)
+    if pause is not None and pause():
+        kwargs = dict(kwargs)
+        hidden = args[0] if args else kwargs.pop("hidden_states")
+        raise _Pause(Paused(index, hidden, kwargs))
