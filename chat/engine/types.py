@@ -262,6 +262,10 @@ class Batch(Protocol[RowT]):
     """A running batch as its scheduler drives it (local.decoding.RunningBatch): rows join it
     between decode steps and leave it the step they end. Each call returns the rows that ended."""
 
+    # Set by the scheduler: whether someone waits who could join now. A long prompt's chunk in
+    # flight pauses for them and goes on at a later step.
+    pause_when: Callable[[], bool] | None
+
     def __len__(self) -> int:
         """Rows in the batch, decoding or still prefilling."""
 

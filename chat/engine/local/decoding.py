@@ -30,9 +30,11 @@ import torch
 from transformers import DynamicCache, StopStringCriteria
 
 from .batching import Row, left_pad
+from .chunked_prefill import ChunkedPrefill, row_indices
 from .kv_cache import GrowingCache
 from .llama_step import LlamaStep
 from .llama_step import prepare as prepare_llama_step
+from .pausable_forward import PausableForward, Paused
 from .prefix_store import PrefixEntry, PrefixStore, common_prefix
 from .threads import ThreadPlan
 
@@ -55,6 +57,9 @@ class RunningBatch:
     shared_prefix_min = 16
     # With no row decoding, a pending prompt is read this many chunks at a time.
     CHUNK_ALONE_FACTOR = 2
+    # A row that joined and has shown no text yet decodes up to this many tokens before a
+    # pending prompt reads on: a newcomer's first words never wait behind a document's chunk.
+    FIRST_TOKENS = 8
 
     def __init__(
         self,
@@ -76,8 +81,13 @@ class RunningBatch:
         self.rows: list[Row] = []
         self.cache: DynamicCache | None = None
         self.mask: torch.Tensor | None = None  # [rows, width], 0 on padding
-        self.pending: list[_Prefill] = []  # newcomers prefilled a chunk per step, oldest first
+        self.pending: list[
+            ChunkedPrefill
+        ] = []  # newcomers prefilled a chunk per step, oldest first
         self.forward_calls = 0  # prefills and decode steps; tests count what a row costs
+        # Whether someone waits to join (the scheduler's queue): a chunk pauses for them.
+        self.pause_when: Callable[[], bool] | None = None
+        self._pausable = PausableForward(model)
         self.fused_step = fused_step
         # The fused step is built for the modules it reads: rebuilt when they are swapped.
         self._llama_step: LlamaStep | None = None
@@ -122,7 +132,7 @@ class RunningBatch:
         # Nobody decoding waits on a chunk then: a longer one reads a document faster.
         return self.prefill_chunk * self.CHUNK_ALONE_FACTOR
 
-    def _join(self, prefill: _Prefill, logits: torch.Tensor) -> list[Row]:
+    def _join(self, prefill: ChunkedPrefill, logits: torch.Tensor) -> list[Row]:
         """Prefilled rows join the batch and pick their first tokens; returns rows already done."""
         self._merge(prefill.rows, prefill.cache, prefill.mask)
         done = self._choose(prefill.rows, logits)
@@ -147,7 +157,7 @@ class RunningBatch:
 
     # -- prefix reuse -----------------------------------------------------------
 
-    def _reusing_prefill(self, rows: list[Row]) -> _Prefill:
+    def _reusing_prefill(self, rows: list[Row]) -> ChunkedPrefill:
         """The newcomers' prefill, starting from the longest stored prefix each can use.
 
         A batched forward pass costs the width of its longest remainder for every row, so a
@@ -159,7 +169,7 @@ class RunningBatch:
             ids, mask = left_pad(prompts, self.pad_id, self.model.device)
             if self.store is not None:
                 self.store.count(computed=sum(len(p) for p in prompts), reused=0)
-            return _Prefill(rows, ids, mask)
+            return ChunkedPrefill(rows, ids, mask)
         # Quantizing or wrapping linears swaps modules: KV computed before must not be read.
         self.store.use_weights(self._weights)
         self._share_prefixes(prompts, [row.request.tag for row in rows])
@@ -172,7 +182,9 @@ class RunningBatch:
         )
         cache, past = self._reused_cache([e for _, e in found], taken)
         self.store.count(computed=int(mask.sum()), reused=sum(taken))
-        return _Prefill(rows, ids, torch.cat([past, mask], dim=1), cache=cache, past=past.shape[1])
+        return ChunkedPrefill(
+            rows, ids, torch.cat([past, mask], dim=1), cache=cache, past=past.shape[1]
+        )
 
     def _reused_cache(
         self, entries: list[PrefixEntry | None], taken: list[int]
@@ -254,23 +266,39 @@ class RunningBatch:
                 (row.request.tag,),
             )
 
-    def _advance_prefill(self) -> list[Row]:
+    def _advance_prefill(self) -> list[Row] | None:
         """Feed the pending prefill with the least left to read its next chunk (a short prompt
-        never waits behind a document); when it is complete, its rows join."""
+        never waits behind a document); when it is complete, its rows join. None: the chunk
+        paused between two layers, for someone waiting to join or a cancel; it goes on later."""
         if not self.pending:
             return []
-        prefill = min(self.pending, key=lambda p: p.ids.shape[1] - p.done)
-        chunk = self.prefill_chunk if self.rows else self._chunk_alone
-        end = min(prefill.done + chunk, prefill.ids.shape[1])
-        logits = self._forward(
-            prefill.ids[:, prefill.done : end], prefill.mask[:, : prefill.past + end], prefill.cache
-        )
-        prefill.done = end
-        if end < prefill.ids.shape[1]:
+        prefill = min(self.pending, key=lambda p: p.left)
+        ids, mask = prefill.chunk(self.prefill_chunk if self.rows else self._chunk_alone)
+        self._use_threads(ids)
+        waiting = self.pause_when
+
+        def pause() -> bool:
+            return prefill.cancelled() or (waiting is not None and waiting())
+
+        if prefill.paused is not None:
+            logits = self._pausable.resume(prefill.paused, pause)
+        else:
+            self.forward_calls += 1
+            logits = self._pausable.run(
+                lambda: self._model_forward(ids, mask, prefill.cache), pause
+            )
+        if isinstance(logits, Paused):
+            prefill.paused = logits
+            return None
+        prefill.read()
+        if prefill.left:
             prefill.report()
             return []
         self.pending.remove(prefill)
         return self._join(prefill, logits)
+
+    def _first_text_due(self) -> bool:
+        return any(not row.shown and len(row.new_ids) < self.FIRST_TOKENS for row in self.rows)
 
     def _merge(self, rows: list[Row], cache: DynamicCache, mask: torch.Tensor) -> None:
         if self.cache is None:
@@ -304,9 +332,15 @@ class RunningBatch:
 
     @torch.inference_mode()
     def step(self) -> list[Row]:
-        """One prefill chunk of a pending newcomer, then one decode step for every row; returns
-        the rows that ended (already dropped)."""
-        joined = self._advance_prefill()
+        """One prefill chunk of a pending newcomer (none while a row that just joined has yet to
+        show text), then one decode step for every row; returns the rows that ended (already
+        dropped). A chunk paused for someone waiting ends the step: they join before it goes on."""
+        joined: list[Row] = []
+        if not self._first_text_due():
+            advanced = self._advance_prefill()
+            if advanced is None:
+                return []
+            joined = advanced
         if not self.rows:
             return joined
         last = torch.tensor([[row.new_ids[-1]] for row in self.rows], device=self.model.device)
@@ -315,15 +349,23 @@ class RunningBatch:
         return joined + self._choose(self.rows, logits)
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
-        # Each row counts its own positions: padding on the left must not shift them.
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1] :]
         self.forward_calls += 1
-        if self.threads is not None:
-            self.threads.use(ids.numel())
+        self._use_threads(ids)
         if ids.shape[1] == 1 and self._llama_step is not None:
             logits = self._llama_step(ids, mask, cache)
             if logits is not None:
                 return logits
+        return self._model_forward(ids, mask, cache)
+
+    def _use_threads(self, ids: torch.Tensor) -> None:
+        if self.threads is not None:
+            self.threads.use(ids.numel())
+
+    def _model_forward(
+        self, ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache
+    ) -> torch.Tensor:
+        # Each row counts its own positions: padding on the left must not shift them.
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1] :]
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
@@ -354,7 +396,7 @@ class RunningBatch:
         if not rows:
             self.rows, self.cache, self.mask = [], None, None
             return
-        indices = _indices(self.rows, rows, self.mask.device)
+        indices = row_indices(self.rows, rows, self.mask.device)
         self.cache.batch_select_indices(indices)
         self.mask = self.mask[indices]
         used = self.mask.any(dim=0).nonzero()
@@ -365,47 +407,6 @@ class RunningBatch:
                 layer.keys = layer.keys[..., start:, :]
                 layer.values = layer.values[..., start:, :]
         self.rows = rows
-
-
-class _Prefill:
-    """Newcomers prefilled together (left-padded), possibly over several steps.
-
-    `mask` covers the `past` columns of reused KV already in `cache`, then `ids`.
-    """
-
-    def __init__(
-        self,
-        rows: list[Row],
-        ids: torch.Tensor,
-        mask: torch.Tensor,
-        *,
-        cache: DynamicCache | None = None,
-        past: int = 0,
-    ):
-        self.rows, self.ids, self.mask = rows, ids, mask
-        self.cache = cache if cache is not None else GrowingCache()
-        self.past = past
-        self.done = 0  # columns of `ids` already in the cache
-
-    def report(self) -> None:
-        """Tell each row how much of its prompt is read (reused KV counts as read)."""
-        read, total = self.past + self.done, self.past + self.ids.shape[1]
-        for row in self.rows:
-            if row.on_reading is not None:
-                row.on_reading(read, total)
-
-    def keep(self, rows: list[Row]) -> None:
-        """Select `rows` (a subset, in order), e.g. when some were cancelled mid-prefill."""
-        indices = _indices(self.rows, rows, self.ids.device)
-        if rows and (self.done or self.past):
-            self.cache.batch_select_indices(indices)
-        self.ids, self.mask, self.rows = self.ids[indices], self.mask[indices], rows
-
-
-def _indices(rows: list[Row], kept: list[Row], device) -> torch.Tensor:
-    """The positions in `rows` of `kept` (a subset, in order), for selecting cache rows."""
-    position = {id(row): index for index, row in enumerate(rows)}
-    return torch.tensor([position[id(row)] for row in kept], dtype=torch.long, device=device)
 
 
 def _pad_left(tensor: torch.Tensor, width: int) -> torch.Tensor:

@@ -21,6 +21,7 @@ from collections import deque
 from typing import Any
 
 from ..types import (
+    Batch,
     Failed,
     Finished,
     GenerationRequest,
@@ -180,7 +181,7 @@ class ContinuousScheduler(Scheduler):
     # -- worker ---------------------------------------------------------------
 
     def _work(self) -> None:
-        batch = self.backend.new_batch()
+        batch = self._new_batch()
         tickets: dict[int, tuple[Ticket, float]] = {}  # id(row) -> its ticket and start time
         while True:
             with self._cond:
@@ -200,7 +201,18 @@ class ContinuousScheduler(Scheduler):
             except Exception as exc:  # the queue must go on whatever one step does
                 self._fail(list(tickets.values()), exc)
                 tickets.clear()
-                batch = self.backend.new_batch()
+                batch = self._new_batch()
+
+    def _new_batch(self) -> Batch[Any]:
+        batch = self.backend.new_batch()
+        # A long prompt's chunk pauses between layers when a waiter could join: nobody waits
+        # for the rest of a document's forward pass (decoding.py).
+        batch.pause_when = self._someone_can_join
+        return batch
+
+    def _someone_can_join(self) -> bool:
+        with self._cond:
+            return bool(self._waiting) and self._queue_positions()[0] == 0
 
     def _gather(self) -> None:
         """Hold the first step briefly while announced requests are still being prepared."""
