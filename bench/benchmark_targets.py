@@ -2,7 +2,7 @@
 against its own: met, not met, or not measured."""
 
 from bench import benchmarking as bm
-from bench import prefix_reuse_report
+from bench import memory_load, prefix_reuse_report
 
 TARGETS = {
     "stream": 1.05,  # streamed total <= 1.05 x bare generate
@@ -216,6 +216,7 @@ class Targets:
         lines.extend(self.api_targets())
         lines.extend(self.head_to_head_targets())
         lines.extend(prefix_reuse_report.targets(r.get("prefix") or {}))
+        lines.extend(memory_load.targets(r.get("memory") or []))
         out("")
         out("Targets (docs/benchmarks.md)")
         out(f"  {'figure':50} {'measured':52} {'target':>10}  result")

@@ -151,10 +151,13 @@ def _connect(server):
     )
 
 
-async def converse(ws, answer: Answer, request_id: str, timeout: float) -> Answer:
+async def converse(
+    ws, answer: Answer, request_id: str, timeout: float, policy: str | None = None
+) -> Answer:
     """Send one prompt on an open socket and read events until its done or error (bounded)."""
+    frame_fields = {"type": "prompt", "request_id": request_id, "text": answer.prompt}
     frame = json.dumps(
-        {"type": "prompt", "request_id": request_id, "text": answer.prompt, "conversation": None}
+        {**frame_fields, "conversation": None, **({"policy": policy} if policy else {})}
     )
     answer.sent_at = time.perf_counter()
     await ws.send(frame)
@@ -211,7 +214,9 @@ async def ask(server, prompt: str, request_id: str = "bench-1", timeout: float =
     return answer
 
 
-async def ask_together(server, prompts: list[str], timeout: float) -> tuple[list[Answer], float]:
+async def ask_together(
+    server, prompts: list[str], timeout: float, policy: str | None = None
+) -> tuple[list[Answer], float]:
     """Open one connection per prompt, then send all prompts at once; (answers, wall seconds).
 
     Wall time runs from the first prompt sent to the last done received.
@@ -225,7 +230,7 @@ async def ask_together(server, prompts: list[str], timeout: float) -> tuple[list
             answer.connect_ms = (time.perf_counter() - started) * 1000
         await asyncio.gather(
             *(
-                converse(ws, a, f"bench-c{i}", timeout)
+                converse(ws, a, f"bench-c{i}", timeout, policy)
                 for i, (ws, a) in enumerate(zip(sockets, answers, strict=True))
             ),
             return_exceptions=True,

@@ -268,6 +268,30 @@ def test_the_store_keeps_the_longest_row_of_a_prefix_and_evicts_the_least_recent
     assert not PrefixStore(0).put([1, 2], *kv(2))  # 0: reuse off
 
 
+class CountedClones(torch.Tensor):
+    """A tensor that counts the copies made of it (the store copies what it keeps)."""
+
+    clones = 0
+
+    def clone(self, *args, **kwargs):
+        CountedClones.clones += 1
+        return super().clone(*args, **kwargs)
+
+
+def test_a_row_over_the_budget_is_refused_before_it_is_copied_and_takes_nothing_with_it():
+    """A document's KV (hundreds of MB) must not be copied only to be refused: the copy alone
+    would raise the process's peak memory; and the entry it extends stays."""
+    per_token = 8
+    store = PrefixStore(10 * per_token)
+    assert store.put([1, 2, 3], *kv(3))
+    keys, values = kv(20)
+    CountedClones.clones = 0
+    watched = [t.as_subclass(CountedClones) for t in (*keys, *values)]
+    assert not store.put(list(range(1, 21)), watched[:1], watched[1:])
+    assert CountedClones.clones == 0
+    assert store.longest([1, 2, 3, 4], 3)[0] == 3 and store.nbytes == 3 * per_token
+
+
 def test_swapping_the_models_modules_empties_the_store(backend):
     """Quantizing (or wrapping) linears swaps modules in place: KV computed before is never read."""
     import copy

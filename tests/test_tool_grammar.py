@@ -3,6 +3,8 @@ constrained tool-call row decodes beside a prose row in one batch (the real mode
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import pytest
 
 from chat.engine.local import constrained
@@ -88,9 +90,26 @@ def test_a_schema_xgrammar_cannot_compile_is_left_unconstrained(backend, monkeyp
     def refuse(*_args, **_kwargs):
         raise RuntimeError("unsupported keyword")
 
-    monkeypatch.setattr(constrained, "_compiled", {})
+    monkeypatch.setattr(constrained, "_compiled", OrderedDict())
     compiler = constrained._compiler(backend.tokenizer, backend.model.config.vocab_size)
     monkeypatch.setattr(type(compiler), "compile_json_schema", refuse)
     schema = {"type": "object", "title": "refused"}
     assert constrained.logits_processor(backend.tokenizer, 49152, schema) is None
     assert "cannot compile" in caplog.text
+
+
+def test_compiled_grammars_are_kept_up_to_a_bound_least_recently_used_first(backend, monkeypatch):
+    """/v1 clients bring schemas of their own: each is compiled once, and the oldest leave."""
+    monkeypatch.setattr(constrained, "_compiled", OrderedDict())
+    monkeypatch.setattr(constrained, "COMPILED_KEPT", 2)
+    vocab = backend.model.config.vocab_size
+
+    def schema(name: str) -> dict:
+        return {"type": "object", "properties": {name: {"type": "string"}}, "required": [name]}
+
+    for name in ("first", "second"):
+        assert constrained.logits_processor(backend.tokenizer, vocab, schema(name)) is not None
+    constrained.logits_processor(backend.tokenizer, vocab, schema("first"))  # used again
+    assert constrained.logits_processor(backend.tokenizer, vocab, schema("third")) is not None
+    kept = "".join(constrained._compiled)
+    assert len(constrained._compiled) == 2 and "first" in kept and "second" not in kept

@@ -18,7 +18,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 import chat.engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads, as the server does)
 from bench import benchmarking as bm
-from bench import in_process, prefix_reuse, prefix_reuse_report
+from bench import in_process, memory_load, prefix_reuse, prefix_reuse_report
 from bench.benchmark_api import ApiRuns
 from bench.benchmark_live import LiveRuns
 from bench.benchmark_report import Report
@@ -137,6 +137,23 @@ class Command(Targets, LiveRuns, ApiRuns, Report, BaseCommand):
             action="store_true",
             help="only the prefix-reuse and coalescing rows (in process, a few minutes)",
         )
+        parser.add_argument(
+            "--memory-only",
+            action="store_true",
+            help="only the `make run` process's memory after the load (no model in this process)",
+        )
+        parser.add_argument(
+            "--memory-seconds",
+            type=float,
+            default=None,
+            help="seconds of the load's 16 sockets before the documents (default 60; --quick 20)",
+        )
+        parser.add_argument(
+            "--memory-candidates",
+            default=None,
+            help="allocator configurations to measure on the same load, comma-separated, from "
+            f"{', '.join(memory_load.CANDIDATES)} (default shipped; --memory-only all)",
+        )
 
     # -- orchestration ------------------------------------------------------------
 
@@ -186,6 +203,23 @@ class Command(Targets, LiveRuns, ApiRuns, Report, BaseCommand):
         self.quality_limit = (
             opts["quality_prompts"] if opts["quality_prompts"] is not None else (8 if quick else 0)
         )
+        self.memory_seconds = opts["memory_seconds"] or (20.0 if quick else 60.0)
+        default_candidates = ",".join(memory_load.CANDIDATES) if opts["memory_only"] else "shipped"
+        self.memory_candidates = [
+            x.strip() for x in (opts["memory_candidates"] or default_candidates).split(",")
+        ]
+        unknown = set(self.memory_candidates) - set(memory_load.CANDIDATES)
+        if unknown:
+            raise CommandError(f"--memory-candidates: no {', '.join(sorted(unknown))}")
+        if opts["memory_only"]:
+            with tempfile.TemporaryDirectory(prefix="chat-benchmark-") as tmp:
+                self.workdir = Path(tmp)
+                self.section("memory after the load", self.memory_rows)
+            self.results["load_end"] = os.getloadavg()[0]
+            self.memory_report()
+            if self.failures:
+                raise CommandError("could not measure: " + "; ".join(self.failures))
+            return
         if opts["llama_only"] or opts["engines_only"] or formats:
             with tempfile.TemporaryDirectory(prefix="chat-benchmark-") as tmp:
                 self.workdir, self.first_server = Path(tmp), True
@@ -261,6 +295,7 @@ class Command(Targets, LiveRuns, ApiRuns, Report, BaseCommand):
                     list(FORMATS),
                     self.quality_limit,
                 )
+            self.section("memory after the load", self.memory_rows)
         self.results["bench_rss_mb"] = bm.self_peak_rss_mb()
         self.results["elapsed_s"] = time.perf_counter() - started
         self.results["load_end"] = os.getloadavg()[0]
@@ -359,6 +394,45 @@ class Command(Targets, LiveRuns, ApiRuns, Report, BaseCommand):
         out(f"  {'figure':50} {'measured':52} {'target':>10}  result")
         for name, measured, target, ok in prefix_reuse_report.targets(results):
             out(f"  {name:50} {measured:52} {target:>10}  {met(ok)}")
+
+    def memory_rows(self):
+        runs = self.results["memory"] = []
+        for label in self.memory_candidates:
+            runs.append(
+                memory_load.measure(
+                    self.workdir,
+                    label,
+                    memory_load.CANDIDATES[label],
+                    sockets=memory_load.SOCKETS,
+                    seconds=self.memory_seconds,
+                    documents=memory_load.DOCUMENTS,
+                    redis_url=settings.REDIS_URL,
+                    note=self.note,
+                )
+            )
+
+    def memory_report(self):
+        out = self.stdout.write
+        out("")
+        for line in self.memory_lines():
+            out(line)
+        out("")
+        out(f"  {'figure':50} {'measured':52} {'target':>10}  result")
+        for name, measured, target, ok in memory_load.targets(self.results.get("memory") or []):
+            out(f"  {name:50} {measured:52} {target:>10}  {met(ok)}")
+        load = f"{self.results['load_start']:.1f} -> {self.results['load_end']:.1f}"
+        out(f"  load average {load}")
+
+    def memory_lines(self) -> list[str]:
+        runs = self.results.get("memory")
+        if not runs:
+            return []
+        return memory_load.report(
+            runs,
+            sockets=memory_load.SOCKETS,
+            seconds=self.memory_seconds,
+            documents=memory_load.DOCUMENTS,
+        )
 
     def floor_for(self, backend, tokens: int):
         """The bare-generate floor for exactly `tokens` tokens (measured once, on demand)."""

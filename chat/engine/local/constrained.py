@@ -13,13 +13,17 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
-_compiled: dict[str, Any] = {}  # xgrammar's objects (its types are skipped: mypy.ini); None: failed
+# xgrammar's objects (its types are skipped: mypy.ini), None when it failed; least recently used
+# first. Bounded: /v1 clients send schemas and tools of their own, each compiled once.
+_compiled: OrderedDict[str, Any] = OrderedDict()
+COMPILED_KEPT = 64
 _compilers: dict[int, Any] = {}
 
 
@@ -45,6 +49,9 @@ def _processor(key: str, tokenizer: Any, vocab_size: int, compile: Callable[[Any
             except Exception as exc:  # xgrammar raises plain RuntimeErrors for what it lacks
                 log.warning("decoding not constrained: xgrammar cannot compile %s: %s", key, exc)
                 _compiled[key] = None
+            while len(_compiled) > COMPILED_KEPT:
+                _compiled.popitem(last=False)
+        _compiled.move_to_end(key)
         grammar = _compiled[key]
     return None if grammar is None else LogitsProcessor(grammar)
 

@@ -51,11 +51,15 @@ class PrefixEntry:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+        return _nbytes(self.keys, self.values)
 
     def common(self, ids: torch.Tensor, limit: int) -> int:
         """How many leading ids (at most `limit`) this entry shares with `ids`."""
         return common_prefix(self.ids, ids, limit)
+
+
+def _nbytes(keys: list[torch.Tensor], values: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in (*keys, *values))
 
 
 def common_prefix(a: torch.Tensor, b: torch.Tensor, limit: int) -> int:
@@ -130,6 +134,10 @@ class PrefixStore:
         if not self.enabled or not ids:
             return False
         tagged = {tag for tag in tags if tag}
+        if _nbytes(keys, values) > self.max_bytes:
+            # Checked before copying: a document's KV is hundreds of MB, and a copy made only to
+            # be refused would still raise the process's peak and leave the allocator holding it.
+            return False
         wanted = torch.tensor(ids, dtype=torch.long)
         with self._lock:
             if tagged & self._forgotten_tags:
@@ -149,8 +157,6 @@ class PrefixStore:
                 [v.detach().clone() for v in values],
                 tagged,
             )
-            if entry.nbytes > self.max_bytes:
-                return False
             self._numbers += 1
             self._entries[self._numbers] = entry
             self.nbytes += entry.nbytes
