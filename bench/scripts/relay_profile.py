@@ -87,7 +87,7 @@ def status_mb(pid: int, key: str) -> float:
     return 0.0
 
 
-async def clients(url: str, key: str, users: int, tokens: int, round_: int) -> int:
+async def clients(url: str, key: str, users: int, tokens: int, round_: str) -> int:
     """`users` streams at once, each a distinct prompt (no cache hit); the tokens received."""
     import httpx
 
@@ -128,6 +128,7 @@ class Side:
             "CHAT_REMOTE": f"http://127.0.0.1:{port}/v1?model=scripted&concurrency={users * 2}",
             "REDIS_URL": bm.CACHE_REDIS_URL,
             "DJANGO_SETTINGS_MODULE": "project.settings_bench",
+            "CHAT_RATE_LIMITS": "prompt=0",  # both sides' `bench` users are one user to Redis
         }
         self.server = LiveServer(workdir, root=root, **env).start(wait_for_model=True)
         self.key = bm.api_key(self.server)
@@ -141,7 +142,9 @@ class Side:
 
     def measure(self, users: int, tokens: int, round_: int) -> None:
         before, started = cpu_seconds(self.pid), time.perf_counter()
-        self.received += asyncio.run(clients(self.server.url, self.key, users, tokens, round_))
+        # Each side its own prompts: the other's answers are in the same Redis cache.
+        round_name = f"{round_} of {self.label}"
+        self.received += asyncio.run(clients(self.server.url, self.key, users, tokens, round_name))
         self.elapsed += time.perf_counter() - started
         self.cpu += cpu_seconds(self.pid) - before
 
@@ -188,7 +191,7 @@ def main() -> None:
                 Side(f"baseline ({args.baseline})", args.baseline.resolve(), port, args.users)
             )
         for side in sides:  # warm: imports, connections
-            asyncio.run(clients(side.server.url, side.key, args.users, 4, 0))
+            asyncio.run(clients(side.server.url, side.key, args.users, 4, f"warm {side.label}"))
         spy = None
         if args.py_spy:
             spy = subprocess.Popen(
