@@ -263,11 +263,13 @@ async def chat_completions(request):
     async def stream():
         try:
             yield reply.chunk(delta=Delta(role="assistant", content=""))
-            async for event in feed.until_end():
-                if event is KEEPALIVE:
-                    yield event
-                elif text := reply.take(event):
+            async for batch in feed.batches_until_end():
+                # What arrived together goes out in one write: one delta for its text.
+                text = "".join([reply.take(e) for e in batch if e is not KEEPALIVE])
+                if text:
                     yield reply.content_chunk(text)
+                elif batch[-1] is KEEPALIVE:
+                    yield KEEPALIVE
             for event in reply.ending():
                 yield event
             yield "data: [DONE]\n\n"
