@@ -211,7 +211,7 @@ class Report:
 
         self.api_report(out)
         prefix = ["", *prefix_reuse_report.report(r["prefix"])] if r.get("prefix") else []
-        for line in [*self.head_to_head_lines(), *prefix]:
+        for line in [*self.head_to_head_lines(), *self.relay_lines(), *prefix]:
             out(line)
         self.targets(out, floors)
         out("")

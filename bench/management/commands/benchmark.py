@@ -98,6 +98,12 @@ class Command(Targets, LiveRuns, ApiRuns, Report, BaseCommand):
             help="only the race against llama-server (a few minutes; no model in this process)",
         )
         parser.add_argument(
+            "--relay-only",
+            action="store_true",
+            help="only the web tier in front of llama-server against llama-server alone: 8 users, "
+            "the web process's CPU ms per relayed token and RSS (no model in this process)",
+        )
+        parser.add_argument(
             "--llama-levels",
             default=None,
             help='concurrent users in the race against llama-server (default "1,4,8,16"; --quick "1,2")',
@@ -157,10 +163,12 @@ class Command(Targets, LiveRuns, ApiRuns, Report, BaseCommand):
         self.results: dict = {}
         started = time.perf_counter()
         self.results["load_start"] = os.getloadavg()[0]
-        if opts["llama_only"]:
+        if opts["llama_only"] or opts["relay_only"]:
             with tempfile.TemporaryDirectory(prefix="chat-benchmark-") as tmp:
                 self.workdir, self.first_server = Path(tmp), True
-                self.section("the product against llama-server", self.head_to_head)
+                if opts["llama_only"]:
+                    self.section("the product against llama-server", self.head_to_head)
+                self.section("the web tier as a relay", self.relay)
             self.results["load_end"] = os.getloadavg()[0]
             self.results["elapsed_s"] = time.perf_counter() - started
             self.head_to_head_report()
@@ -215,6 +223,7 @@ class Command(Targets, LiveRuns, ApiRuns, Report, BaseCommand):
                 )
             if opts["llama"]:
                 self.section("the product against llama-server", self.head_to_head)
+                self.section("the web tier as a relay", self.relay)
         self.results["bench_rss_mb"] = bm.self_peak_rss_mb()
         self.results["elapsed_s"] = time.perf_counter() - started
         self.results["load_end"] = os.getloadavg()[0]
