@@ -326,7 +326,24 @@ def test_an_answers_repetition_hook_indexes_its_text_once_and_judges_it_as_a_fre
     import random
 
     random.seed(7)
-    words = "the cat sat on a mat and then it ran over to the big red barn".split()
+    words = [
+        "the",
+        "cat",
+        "sat",
+        "on",
+        "a",
+        "mat",
+        "and",
+        "then",
+        "it",
+        "ran",
+        "over",
+        "to",
+        "the",
+        "big",
+        "red",
+        "barn",
+    ]
     for trial in range(120):
         text = " ".join(random.choice(words) for _ in range(random.randint(20, 160)))
         if trial % 3:

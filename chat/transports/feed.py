@@ -47,6 +47,7 @@ class TurnFeed:
         # One timer for the whole stream, not one per wait: a wait per token is what a relay
         # does most, and asyncio.wait_for costs a task and a timer each time.
         heard = self.sent
+        timer: asyncio.TimerHandle | None = None
 
         def tick() -> None:
             nonlocal heard, timer
@@ -68,7 +69,8 @@ class TurnFeed:
                     return
                 yield batch
         finally:
-            timer.cancel()
+            if timer is not None:
+                timer.cancel()
 
     async def all_events(self) -> list[Event]:
         """Every event of the turn, once it has ended (a response that is not streamed)."""
