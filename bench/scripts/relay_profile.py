@@ -109,7 +109,9 @@ async def clients(url: str, key: str, users: int, tokens: int, round_: str) -> i
                     if line.startswith("data: ") and line != "data: [DONE]":
                         chunk = json.loads(line[6:])
                         if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
-                            received += 1
+                            # Counted in the upstream's tokens ("w12 "): a relay may send several
+                            # in one chunk.
+                            received += len(chunk["choices"][0]["delta"]["content"].split())
         return received
 
     return sum(await asyncio.gather(*(one(i) for i in range(users))))
