@@ -6,12 +6,13 @@ import os
 from typing import Any
 
 from bench import benchmarking as bm
-from bench import documents
+from bench import documents, relay_race
 from bench import head_to_head as h2h
 from bench import openai_client as oc
 from bench import two_engines as duo
 from bench.benchmark_targets import met
 from bench.gguf_formats import GgufFormatRuns
+from harness.liveserver import process_status_mb
 
 
 class ApiRuns(GgufFormatRuns):
@@ -142,6 +143,68 @@ class ApiRuns(GgufFormatRuns):
             self.documents_race(product.target, binary)
         product.peak_rss_mb = run.peak_rss_mb
 
+    def relay(self):
+        """The web tier in front of llama-server against llama-server alone (bench/relay_race.py)."""
+        from chat.engine.weights.loading import bundled_gguf_path
+        from harness.peer import LlamaServer, llama_server
+
+        binary = llama_server()
+        if binary is None:
+            self.note("  skipped: llama-server is not built on this machine (`make llama-peer`)")
+            return
+        bm.flush_cache_db()
+        users = 8
+        upstream = LlamaServer(
+            bundled_gguf_path(),
+            binary=binary,
+            threads=os.cpu_count() or 1,
+            slots=users,
+            log_path=self.workdir / "llama-server-relay.log",
+        )
+        with upstream as server:
+            env = {
+                "CHAT_BACKEND": "openai",
+                "CHAT_REMOTE": f"{server.base_url}?model={server.model}&concurrency={users}",
+                "CHAT_LIMITS": f"new_tokens_cap={self.tokens}",
+            }
+            self.note(
+                f"  starting daphne (CHAT_BACKEND=openai in front of llama-server, {users} slots)"
+            )
+            with self.start("web tier (relay)", env) as run:
+                self.servers.append(run)
+                relay = oc.Target(
+                    "via the web tier",
+                    "remote",
+                    run.server.url + "/v1",
+                    "smollm2",
+                    key=bm.api_key(run.server),
+                )
+                direct = oc.Target(
+                    "straight to llama-server", "llama", server.base_url, server.model
+                )
+                pid = run.server.pid
+                found = relay_race.race(
+                    relay,
+                    direct,
+                    pid,
+                    users=users,
+                    tokens=self.tokens,
+                    rounds=self.llama_rounds,
+                    prompt=self.prompt,
+                    note=self.note,
+                )
+                found.rss_mb = process_status_mb(pid, "VmRSS")
+                found.peak_rss_mb = process_status_mb(pid, "VmHWM")
+                self.results["relay"] = found
+
+    def relay_lines(self) -> list[str]:
+        found = self.results.get("relay")
+        return ["", *relay_race.report(found)] if found is not None else []
+
+    def relay_targets(self) -> list:
+        found = self.results.get("relay")
+        return relay_race.targets(found) if found is not None else []
+
     def documents_race(self, product: oc.Target, binary: str) -> None:
         """A pasted document on each side (bench/documents.py): llama-server again, with two
         slots of the bundled model's whole context, so a 6,000-token prompt fits one."""
@@ -250,7 +313,7 @@ class ApiRuns(GgufFormatRuns):
         return lines + self.gguf_format_lines()
 
     def head_to_head_report(self):
-        """`--llama-only`'s report: the race and its targets."""
+        """`--llama-only`'s and `--relay-only`'s report: the races run and their targets."""
         out = self.stdout.write
         r = self.results
         out("")
@@ -258,11 +321,11 @@ class ApiRuns(GgufFormatRuns):
             f"== benchmark against llama-server: {os.cpu_count()} CPUs, {self.tokens} tokens per "
             f"answer, 1-min load average {r['load_start']:.1f} at start, {r['load_end']:.1f} at end"
         )
-        for line in self.head_to_head_lines():
+        for line in [*self.head_to_head_lines(), *self.relay_lines()]:
             out(line)
         out("")
         out(f"  {'figure':50} {'measured':52} {'target':>10}  result")
-        for name, measured, target, ok in self.head_to_head_targets():
+        for name, measured, target, ok in [*self.head_to_head_targets(), *self.relay_targets()]:
             out(f"  {name:50} {measured:52} {target:>10}  {met(ok)}")
         out("")
         out(f"benchmark took {r['elapsed_s']:.0f} s")

@@ -212,7 +212,7 @@ class Report:
         self.api_report(out)
         prefix = ["", *prefix_reuse_report.report(r["prefix"])] if r.get("prefix") else []
         memory = ["", *self.memory_lines()] if r.get("memory") else []
-        for line in [*self.head_to_head_lines(), *prefix, *memory]:
+        for line in [*self.head_to_head_lines(), *self.relay_lines(), *prefix, *memory]:
             out(line)
         self.targets(out, floors)
         out("")

@@ -215,6 +215,7 @@ class Targets:
         )
         lines.extend(self.api_targets())
         lines.extend(self.head_to_head_targets())
+        lines.extend(self.relay_targets())
         lines.extend(prefix_reuse_report.targets(r.get("prefix") or {}))
         lines.extend(memory_load.targets(r.get("memory") or []))
         out("")

@@ -61,7 +61,8 @@ class LiveServer:
     them as one site spread over processes; `env` sets any further variables.
     With `serve`, it runs `python -m project.serve` (what `make run` runs: with REDIS_URL
     unset, the checkout's embedded Redis) instead of daphne alone; `daphne_flags` are passed to
-    daphne besides its address and port (a deploy file's, say).
+    daphne besides its address and port (a deploy file's, say). `root` is the checkout it
+    serves (another one's code, to measure two versions side by side).
     """
 
     def __init__(
@@ -71,9 +72,11 @@ class LiveServer:
         database_url: str | None = None,
         serve: bool = False,
         daphne_flags: tuple[str, ...] = (),
+        root: Path = ROOT,
         **env: str,
     ):
-        settings_source = (ROOT / "project" / "settings.py").read_text()
+        self.root = root
+        settings_source = (root / "project" / "settings.py").read_text()
         # Settings reads each variable by its quoted name: a substring would let `CHAT_LIMIT` pass.
         stale = [
             k
@@ -105,7 +108,7 @@ class LiveServer:
         """Migrate, start daphne, and return once /healthz says ready (or answers at all, without
         `wait_for_model`: a server with CHAT_BACKEND=none never reports ready)."""
         subprocess.run(
-            [sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=self.env, check=True
+            [sys.executable, "manage.py", "migrate", "-v0"], cwd=self.root, env=self.env, check=True
         )
         log = self.log_path.open("ab")
         daphne = [
@@ -114,7 +117,7 @@ class LiveServer:
         ]
         self.process = subprocess.Popen(
             [sys.executable, "-m", *(["project.serve"] if self.serve else daphne)],
-            cwd=ROOT,
+            cwd=self.root,
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -144,7 +147,7 @@ class LiveServer:
         """Run a manage.py command against this server's database."""
         done = subprocess.run(
             [sys.executable, "manage.py", *args],
-            cwd=ROOT,
+            cwd=self.root,
             env=self.env,
             check=True,
             capture_output=True,

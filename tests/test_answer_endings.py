@@ -316,3 +316,54 @@ def test_a_short_loop_keeps_one_copy_completed_to_its_pause():
     )
     eggs = "How to:\n\nBoil an egg:\n\n" + "Boil an egg:\n\n" * 20
     assert eggs[: hook.check(eggs, final=True).cut_at] == "How to:\n\nBoil an egg:"
+
+
+@pytest.mark.unit
+def test_an_answers_repetition_hook_indexes_its_text_once_and_judges_it_as_a_fresh_one():
+    """The gate's own copy of the hook keeps its index of the growing text between checks (each
+    position indexed once, not the whole text every window), and says what a fresh hook says
+    of every prefix, a rewritten text included."""
+    import random
+
+    random.seed(7)
+    words = [
+        "the",
+        "cat",
+        "sat",
+        "on",
+        "a",
+        "mat",
+        "and",
+        "then",
+        "it",
+        "ran",
+        "over",
+        "to",
+        "the",
+        "big",
+        "red",
+        "barn",
+    ]
+    for trial in range(120):
+        text = " ".join(random.choice(words) for _ in range(random.randint(20, 160)))
+        if trial % 3:
+            at = random.randint(0, len(text))
+            text = (
+                text[:at] + text[at : at + random.randint(8, 50)] * random.randint(2, 7) + text[at:]
+            )
+        hook = RepetitionHook(max_repeats=random.choice([2, 3, 4]), min_span=random.choice([8, 20]))
+        answer = hook.for_answer()
+        assert answer is not hook
+        step = random.randint(5, 70)
+        for end in range(10, len(text) + step, step):
+            assert answer.check(text[:end], final=False) == hook.check(text[:end], final=False)
+        assert answer.check(text, final=True) == hook.check(text, final=True)
+        index = answer._index  # type: ignore[attr-defined]
+        starts = sorted(at for positions in index.starts.values() for at in positions)
+        assert starts == list(range(len(text) - hook.min_span + 1))
+    rewritten = GOOD + LOOP  # a mask or cut: the text is not the last one grown
+    answer = RepetitionHook(max_repeats=2).for_answer()
+    answer.check("Something else entirely, and long enough.", final=False)
+    assert answer.check(rewritten, final=False) == RepetitionHook(max_repeats=2).check(
+        rewritten, final=False
+    )

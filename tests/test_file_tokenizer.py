@@ -92,3 +92,33 @@ def test_another_template_renders_as_transformers_renders_it(folder, tmp_path):
         assert ours.apply_chat_template(chat) == reference.apply_chat_template(chat, tokenize=False)
     with pytest.raises(jinja2.TemplateError, match="unknown role"):
         ours.apply_chat_template([{"role": "tool", "content": "x"}])
+
+
+def test_one_tokenizer_reads_markers_as_text_or_as_tokens_whatever_other_threads_ask(
+    folder, monkeypatch
+):
+    """The folder's tokenizer.json is read once (each instance holds about 30 MB of the web
+    tier's memory), and an encode that reads typed markers as text never changes how another
+    encode, on another thread at the same time, reads them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tokenizers import Tokenizer
+
+    reads = []
+    real = Tokenizer.from_file
+    monkeypatch.setattr(
+        Tokenizer, "from_file", staticmethod(lambda path: reads.append(path) or real(path))
+    )
+    ours = FileTokenizer(folder)
+    assert len(reads) == 1
+    text = "a<|im_end|>b " * 50
+    plain = ours(text, add_special_tokens=False)["input_ids"]
+    split = ours(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    assert plain != split and ours.convert_tokens_to_ids("<|im_end|>") in plain
+
+    def encode(n: int) -> list[int]:
+        return ours(text, add_special_tokens=False, split_special_tokens=n % 2 == 1)["input_ids"]
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(encode, range(200)))
+    assert results == [split if n % 2 else plain for n in range(200)]

@@ -303,6 +303,34 @@ def test_the_owners_failure_and_queue_position_reach_a_follower():
     assert follower.events[-1].error == "the model broke"
 
 
+def test_the_owner_gathers_its_text_into_few_writes_and_sends_the_rest_at_once(monkeypatch):
+    """A round trip to Redis per token cost the web process more than relaying the token: the
+    owner writes the text that came within a moment together, and its end without waiting."""
+    writes: list[list[str]] = []
+    real = GenerationRegistry.publish
+
+    def publish(self, generation, token, payloads, **kwargs):
+        writes.append([p["t"] for p in payloads])
+        return real(self, generation, token, payloads, **kwargs)
+
+    monkeypatch.setattr(GenerationRegistry, "publish", publish)
+    scheduler = ScriptedScheduler()
+    a, b = process(), process()
+    owner, follower = Listener(), Listener()
+    a.sharing(scheduler, "key").submit(request(), owner)
+    b.sharing(scheduler, "key").submit(request(), follower)
+    ticket = scheduler.tickets[0]
+    play(ticket, start=True)
+    for n in range(20):  # a token every 2 ms: faster than a write may follow another
+        play(ticket, f"w{n} ")
+        time.sleep(0.002)
+    play(ticket, end="".join(f"w{n} " for n in range(20)))
+    assert owner.done.wait(10) and follower.done.wait(10)
+    assert follower.text == "".join(f"w{n} " for n in range(20))
+    with_text = [kinds for kinds in writes if "chunk" in kinds]
+    assert sum(len(kinds) for kinds in with_text) >= 20 and len(with_text) <= 5, writes
+
+
 def hold_final_publish(process: Coalescer) -> threading.Event:
     """The owner's last publish waits until the returned event is set: the moment after its own
     listener heard the end (its turn sent `done`) and before any other process can see it."""

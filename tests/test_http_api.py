@@ -329,3 +329,27 @@ async def test_an_answer_cut_off_over_http_is_continued_over_http(visitor, make_
         "/api/chat", {"type": "continue", "message": first["message"]}
     )
     assert status == 400 and error["code"] == "bad_message"  # no longer the last answer
+
+
+@pytest.mark.unit
+async def test_the_feed_hands_on_what_was_queued_together_at_once_and_keeps_a_quiet_stream_alive(
+    monkeypatch,
+):
+    """A response writes whatever its turn queued meanwhile in one go (one write through the
+    server's layers, not one per token), and a stream with nothing to say gets a keep-alive."""
+    from chat.protocol import events
+    from chat.transports import feed as feed_module
+
+    monkeypatch.setattr(feed_module, "KEEPALIVE_SECONDS", 0.05)
+    feed = feed_module.TurnFeed()
+    batches = feed.batches_until_end()
+    chunks = [events.Chunk("r", text) for text in ("a", "b", "c")]
+    for chunk in chunks:
+        await feed.send(chunk)
+    assert await anext(batches) == chunks
+    assert await anext(batches) == [feed_module.KEEPALIVE]  # quiet since: kept alive
+    await feed.send(chunks[0])
+    feed.events.put_nowait(feed.END)
+    assert await anext(batches) == [chunks[0]]
+    with pytest.raises(StopAsyncIteration):
+        await anext(batches)

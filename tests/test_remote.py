@@ -333,3 +333,49 @@ def test_healthz_names_the_remote_backend_and_reports_an_unreachable_upstream_as
     assert report["backend"] == "openai" and report["model_name"] == "served-model"
     assert report["upstream_status"] == "unavailable"
     assert "upstream" not in report and down.config.base_url not in response.content.decode()
+
+
+@pytest.mark.unit
+def test_events_that_arrive_together_are_handed_on_as_one_piece_and_split_lines_join():
+    """The relay parses what one read brought together and hands its text on once (one event
+    per token costs the web process a hand-off each); a line split across reads still parses."""
+    import json
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    def event(text: str | None, finish: str | None = None) -> bytes:
+        delta = {"content": text} if text is not None else {}
+        body = {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        return f"data: {json.dumps(body)}\r\n\r\n".encode()
+
+    together = event("Hello") + event(", ") + event("world")
+    split = event("!") + event(None, "stop") + b"data: [DONE]\n\n"
+
+    class Upstream(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for part in (together, split[:9], split[9:]):
+                self.wfile.write(part)
+                self.wfile.flush()
+                time.sleep(0.2)  # apart, so each part is a read of its own
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), Upstream)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        remote = OpenAIBackend(
+            RemoteConfig(base_url=f"http://127.0.0.1:{server.server_port}/v1", model="m")
+        )
+        pieces: list[str] = []
+        result = remote.generate(remote.request(COUNT, max_new_tokens=8), pieces.append)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert pieces == ["Hello, world", "!"]
+    assert result.text == "Hello, world!" and result.finish_reason == "eos"
+    assert result.new_tokens == 4  # one per event that carried text, without a usage

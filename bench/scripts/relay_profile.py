@@ -7,6 +7,10 @@ process's CPU time (utime + stime from /proc) over the run, divided by the token
 received, is the figure; with --py-spy PATH it also records where that time went.
 
     .venv/bin/python bench/scripts/relay_profile.py --users 8 --tokens 256 --rate 25
+
+With --baseline DIR another checkout (a `git worktree add DIR <commit>`, with `var` linked) runs
+beside it against the same upstream, rounds alternating, so a change is measured against what it
+changed in one run.
 """
 
 from __future__ import annotations
@@ -83,7 +87,7 @@ def status_mb(pid: int, key: str) -> float:
     return 0.0
 
 
-async def clients(url: str, key: str, users: int, tokens: int, round_: int) -> int:
+async def clients(url: str, key: str, users: int, tokens: int, round_: str) -> int:
     """`users` streams at once, each a distinct prompt (no cache hit); the tokens received."""
     import httpx
 
@@ -105,10 +109,57 @@ async def clients(url: str, key: str, users: int, tokens: int, round_: int) -> i
                     if line.startswith("data: ") and line != "data: [DONE]":
                         chunk = json.loads(line[6:])
                         if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
-                            received += 1
+                            # Counted in the upstream's tokens ("w12 "): a relay may send several
+                            # in one chunk.
+                            received += len(chunk["choices"][0]["delta"]["content"].split())
         return received
 
     return sum(await asyncio.gather(*(one(i) for i in range(users))))
+
+
+class Side:
+    """One web process in front of the upstream: its CPU seconds and tokens over the measured rounds."""
+
+    def __init__(self, label: str, root: Path, port: int, users: int):
+        from bench import benchmarking as bm
+
+        self.label = label
+        workdir = Path(tempfile.mkdtemp(prefix="relay-"))
+        env = {
+            "CHAT_BACKEND": "openai",
+            "CHAT_REMOTE": f"http://127.0.0.1:{port}/v1?model=scripted&concurrency={users * 2}",
+            "REDIS_URL": bm.CACHE_REDIS_URL,
+            "DJANGO_SETTINGS_MODULE": "project.settings_bench",
+            "CHAT_RATE_LIMITS": "prompt=0",  # both sides' `bench` users are one user to Redis
+        }
+        self.server = LiveServer(workdir, root=root, **env).start(wait_for_model=True)
+        self.key = bm.api_key(self.server)
+        self.cpu = self.elapsed = 0.0
+        self.received = 0
+
+    @property
+    def pid(self) -> int:
+        assert self.server.pid is not None
+        return self.server.pid
+
+    def measure(self, users: int, tokens: int, round_: int) -> None:
+        before, started = cpu_seconds(self.pid), time.perf_counter()
+        # Each side its own prompts: the other's answers are in the same Redis cache.
+        round_name = f"{round_} of {self.label}"
+        self.received += asyncio.run(clients(self.server.url, self.key, users, tokens, round_name))
+        self.elapsed += time.perf_counter() - started
+        self.cpu += cpu_seconds(self.pid) - before
+
+    def report(self) -> list[str]:
+        pid = self.pid
+        return [
+            f"{self.label}:",
+            f"  tokens relayed        {self.received}",
+            f"  relayed tok/s         {self.received / max(self.elapsed, 1e-9):.0f}",
+            f"  web CPU ms per token  {1000 * self.cpu / max(self.received, 1):.3f}",
+            f"  web RSS               {status_mb(pid, 'VmRSS'):.0f} MB "
+            f"(peak {status_mb(pid, 'VmHWM'):.0f} MB)",
+        ]
 
 
 def main() -> None:
@@ -118,6 +169,12 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=25.0, help="tokens a second per stream")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--py-spy", help="record the web process with py-spy to this file")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout (e.g. a `git worktree` of the commit before) measured in the same "
+        "run, its rounds alternating with this one's",
+    )
     args = parser.parse_args()
 
     port = free_port()
@@ -128,19 +185,15 @@ def main() -> None:
     from bench import benchmarking as bm
 
     bm.flush_cache_db()
-    workdir = Path(tempfile.mkdtemp(prefix="relay-"))
-    env = {
-        "CHAT_BACKEND": "openai",
-        "CHAT_REMOTE": f"http://127.0.0.1:{port}/v1?model=scripted&concurrency={args.users * 2}",
-        "REDIS_URL": bm.CACHE_REDIS_URL,
-        "DJANGO_SETTINGS_MODULE": "project.settings_bench",
-    }
-    server = LiveServer(workdir, **env).start(wait_for_model=True)
+    sides: list[Side] = []
     try:
-        key = bm.api_key(server)
-        pid = server.pid
-        assert pid is not None
-        asyncio.run(clients(server.url, key, args.users, 4, 0))  # warm: imports, connections
+        sides.append(Side(f"this checkout ({ROOT})", ROOT, port, args.users))
+        if args.baseline:
+            sides.append(
+                Side(f"baseline ({args.baseline})", args.baseline.resolve(), port, args.users)
+            )
+        for side in sides:  # warm: imports, connections
+            asyncio.run(clients(side.server.url, side.key, args.users, 4, f"warm {side.label}"))
         spy = None
         if args.py_spy:
             spy = subprocess.Popen(
@@ -155,32 +208,27 @@ def main() -> None:
                     "-r",
                     "200",
                     "-p",
-                    str(pid),
+                    str(sides[0].pid),
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
             time.sleep(1)
-        before, started = cpu_seconds(pid), time.perf_counter()
-        received = sum(
-            asyncio.run(clients(server.url, key, args.users, args.tokens, n + 1))
-            for n in range(args.rounds)
-        )
-        elapsed, cpu = time.perf_counter() - started, cpu_seconds(pid) - before
+        for n in range(args.rounds):
+            # The order swaps every round, so a burst of other work lands on both sides.
+            for side in sides if n % 2 == 0 else sides[::-1]:
+                side.measure(args.users, args.tokens, n + 1)
         if spy is not None:
             spy.send_signal(signal.SIGINT)  # py-spy writes its file on an interrupt
             spy.wait()
         print(
             f"users {args.users}, {args.tokens} tokens each at {args.rate:g} tok/s, {args.rounds} rounds"
         )
-        print(f"tokens relayed        {received}")
-        print(f"relayed tok/s         {received / elapsed:.0f}")
-        print(f"web CPU ms per token  {1000 * cpu / max(received, 1):.3f}")
-        print(
-            f"web RSS               {status_mb(pid, 'VmRSS'):.0f} MB (peak {status_mb(pid, 'VmHWM'):.0f} MB)"
-        )
+        for side in sides:
+            print("\n".join(side.report()))
     finally:
-        server.stop()
+        for side in sides:
+            side.server.stop()
         server_process.terminate()
 
 

@@ -55,7 +55,8 @@ class Gate:
             or holdback_chars < 0
         ):
             raise ValueError(f"holdback_chars must be 0 or more, not {holdback_chars!r}")
-        self._hooks = tuple(hooks)
+        # Each hook as this answer's own: one may keep what it learnt of the text between checks.
+        self._hooks = tuple(hook.for_answer() for hook in hooks)
         self._window_chars = window_chars
         # A hook that rewrites text (a mask) needs its matches whole before any of them shows.
         self._holdback = max([holdback_chars, *(hook.min_holdback for hook in self._hooks)])

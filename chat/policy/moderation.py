@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib
 import re
 from abc import ABC, abstractmethod
@@ -66,6 +67,11 @@ class ModerationHook(ABC):
     @abstractmethod
     def check(self, text: str, *, final: bool) -> Verdict:
         """Judge the answer so far; `final` is False while more text may still arrive."""
+
+    def for_answer(self) -> ModerationHook:
+        """The hook as one answer's gate uses it: a hook that keeps what it learnt of the text
+        between checks (the answer only grows) returns a copy of its own; most keep nothing."""
+        return self
 
     def reach_problems(self) -> list[str]:
         """What the hook would reach that the operator does not allow (a service's host, a
@@ -141,6 +147,12 @@ class RepetitionHook(ModerationHook):
         self.max_repeats = _positive_int("max_repeats", max_repeats)
         self.min_span = _positive_int("min_span", min_span)
         self.turn_markers = [marker for marker in _strings("turn_markers", turn_markers) if marker]
+        self._index: _GramIndex | None = None  # one answer's, kept between its checks
+
+    def for_answer(self) -> RepetitionHook:
+        answer = copy.copy(self)
+        answer._index = _GramIndex(self.min_span, self.max_repeats + 1)
+        return answer
 
     def check(self, text: str, *, final: bool) -> Verdict:
         """Runaway first (most specific), then repetition, then plain length."""
@@ -188,14 +200,10 @@ class RepetitionHook(ModerationHook):
         # Such a loop repeats its first min_span characters at a fixed stride, so only
         # positions of recurring min_span-grams are candidates: linear on ordinary prose.
         width, copies = self.min_span, self.max_repeats + 1
-        starts: dict[str, list[int]] = defaultdict(list)
-        for index in range(len(text) - width + 1):
-            starts[text[index : index + width]].append(index)
-        for gram, positions in starts.items():
-            # Loops of "-----" or blank lines are layout, not rambling; skipping them also
-            # keeps this from going quadratic on long runs of one symbol.
-            if len(positions) < copies or not _WORD.search(gram):
-                continue
+        index = self._index or _GramIndex(width, copies)
+        index.update(text)
+        for gram in index.candidates():
+            positions = index.starts[gram]
             for n, first in enumerate(positions):
                 for m in range(n + 1, len(positions)):
                     period = positions[m] - first
@@ -210,6 +218,39 @@ class RepetitionHook(ModerationHook):
                         unit = _shortest_unit(text[first:other])
                         return unit, first, first + len(unit)
         return "", 0, 0
+
+
+class _GramIndex:
+    """Where each width-gram of a growing text starts, and the grams that recur often enough to
+    be a loop. Kept between one answer's checks, a check indexes only the text added since the
+    last one: the gate checks every window, so a rescan each time was quadratic in the answer."""
+
+    def __init__(self, width: int, copies: int) -> None:
+        self.width, self.copies = width, copies
+        self._clear()
+
+    def _clear(self) -> None:
+        self.text = ""
+        self.starts: dict[str, list[int]] = defaultdict(list)
+        self._recurring: dict[str, None] = {}  # with `copies` starts or more, and a word in it
+
+    def update(self, text: str) -> None:
+        if not text.startswith(self.text):  # masked or cut since: index it afresh
+            self._clear()
+        width, starts = self.width, self.starts
+        for at in range(max(len(self.text) - width + 1, 0), len(text) - width + 1):
+            gram = text[at : at + width]
+            positions = starts[gram]
+            positions.append(at)
+            # Loops of "-----" or blank lines are layout, not rambling; skipping them also
+            # keeps this from going quadratic on long runs of one symbol.
+            if len(positions) == self.copies and _WORD.search(gram):
+                self._recurring[gram] = None
+        self.text = text
+
+    def candidates(self) -> list[str]:
+        """The recurring grams in the order of their first start, as a scan of the text meets them."""
+        return sorted(self._recurring, key=lambda gram: self.starts[gram][0])
 
 
 def _shortest_unit(span: str) -> str:

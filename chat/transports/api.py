@@ -134,8 +134,9 @@ async def chat_stream(request):
 
     async def stream():
         try:
-            async for event in feed.until_end():
-                yield _sse(event, message)
+            async for batch in feed.batches_until_end():
+                # One write for all; bytes, or Django looks the charset up for every chunk.
+                yield "".join([_sse(event, message) for event in batch]).encode()
         finally:
             # Django cancels this generator when the client disconnects; a finished turn ignores it.
             feed.abandon(resumable=True)

@@ -24,9 +24,11 @@ class TurnFeed:
         self.events: asyncio.Queue = asyncio.Queue()
         self.turn: Turn | None = None
         self.following: asyncio.Task | None = None
+        self.sent = 0  # events sent so far: a quiet stream gets a KEEPALIVE
 
     async def send(self, event: Event) -> None:
-        await self.events.put(event)
+        self.sent += 1
+        self.events.put_nowait(event)  # the queue is unbounded: put never waits
 
     def follow(self, turn: Turn) -> None:
         """Queue END after the last event of `turn`, started with this feed's `send`."""
@@ -36,18 +38,39 @@ class TurnFeed:
         else:
             turn.task.add_done_callback(lambda _: self.events.put_nowait(self.END))
 
-    async def until_end(self):
-        """The turn's events as they come, and KEEPALIVE after every quiet KEEPALIVE_SECONDS
-        (a comment line now and then keeps proxies from closing a stream waiting in the queue)."""
-        while True:
-            try:
-                event = await asyncio.wait_for(self.events.get(), KEEPALIVE_SECONDS)
-            except TimeoutError:
-                yield KEEPALIVE
-                continue
-            if event is self.END:
-                return
-            yield event
+    async def batches_until_end(self):
+        """The turn's events as they come, in lists of whatever was queued together (a response
+        writes each list at once: one write through the server's layers, not one per event),
+        and KEEPALIVE after a quiet KEEPALIVE_SECONDS (a comment line now and then keeps
+        proxies from closing a stream waiting in the queue)."""
+        loop = asyncio.get_running_loop()
+        # One timer for the whole stream, not one per wait: a wait per token is what a relay
+        # does most, and asyncio.wait_for costs a task and a timer each time.
+        heard = self.sent
+        timer: asyncio.TimerHandle | None = None
+
+        def tick() -> None:
+            nonlocal heard, timer
+            if self.sent == heard:  # nothing in the last KEEPALIVE_SECONDS
+                self.events.put_nowait(KEEPALIVE)
+            heard = self.sent
+            timer = loop.call_later(KEEPALIVE_SECONDS, tick)
+
+        timer = loop.call_later(KEEPALIVE_SECONDS, tick)
+        try:
+            while True:
+                batch = [await self.events.get()]
+                while not self.events.empty():
+                    batch.append(self.events.get_nowait())
+                end = next((i for i, event in enumerate(batch) if event is self.END), None)
+                if end is not None:
+                    if end:
+                        yield batch[:end]
+                    return
+                yield batch
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     async def all_events(self) -> list[Event]:
         """Every event of the turn, once it has ended (a response that is not streamed)."""

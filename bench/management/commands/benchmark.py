@@ -100,6 +100,12 @@ class Command(Targets, LiveRuns, ApiRuns, Report, BaseCommand):
             "(a few minutes; no model in this process)",
         )
         parser.add_argument(
+            "--relay-only",
+            action="store_true",
+            help="only the web tier in front of llama-server against llama-server alone: 8 users, "
+            "the web process's CPU ms per relayed token and RSS (no model in this process)",
+        )
+        parser.add_argument(
             "--llama-levels",
             default=None,
             help='concurrent users in the race against llama-server (default "1,4,8,16"; --quick "1,2")',
@@ -220,11 +226,13 @@ class Command(Targets, LiveRuns, ApiRuns, Report, BaseCommand):
             if self.failures:
                 raise CommandError("could not measure: " + "; ".join(self.failures))
             return
-        if opts["llama_only"] or opts["engines_only"] or formats:
+        if opts["llama_only"] or opts["engines_only"] or opts["relay_only"] or formats:
             with tempfile.TemporaryDirectory(prefix="chat-benchmark-") as tmp:
                 self.workdir, self.first_server = Path(tmp), True
                 if opts["llama_only"]:
                     self.section("the product against llama-server", self.head_to_head)
+                if opts["llama_only"] or opts["relay_only"]:
+                    self.section("the web tier as a relay", self.relay)
                 if opts["llama_only"] or opts["engines_only"]:
                     self.section("both engines busy at once", self.two_engines)
                 if formats:
@@ -288,6 +296,7 @@ class Command(Targets, LiveRuns, ApiRuns, Report, BaseCommand):
                 )
             if opts["llama"]:
                 self.section("the product against llama-server", self.head_to_head)
+                self.section("the web tier as a relay", self.relay)
                 self.section("both engines busy at once", self.two_engines)
                 self.section(
                     "GGUF formats against llama-server",

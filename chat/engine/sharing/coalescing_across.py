@@ -61,6 +61,11 @@ REDIS_LOST = "Redis, which carried the generation this request shared, stopped a
 
 CountTokens = Callable[[str], int]
 
+# How long the publisher gathers text chunks before one write to Redis (any other event, the
+# end, a queue position, goes at once): a round trip per token would cost the web process more
+# than relaying the token itself, and a follower a tenth of a second behind reads the same answer.
+PUBLISH_SECONDS = 0.1
+
 
 def cancelled_result(
     pieces: list[str], prompt_tokens: int, count_tokens: CountTokens | None
@@ -101,6 +106,7 @@ class _Owned:
         self._ended = False
         self._stopping = False
         self._outbox: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._urgent = threading.Event()  # an event other than text is in the outbox: publish now
         self._thread = threading.Thread(
             target=self._publish_loop, name=f"chat-publish-{generation[-8:]}", daemon=True
         )
@@ -118,6 +124,8 @@ class _Owned:
                 self._ended = True
             local = self._local
         self._outbox.put(event)
+        if not isinstance(event, TextChunk):
+            self._urgent.set()
         if local is not None:
             local(event)
 
@@ -168,6 +176,9 @@ class _Owned:
                     batch = [self._outbox.get(timeout=self.registry.renew_seconds)]
                 except queue.Empty:
                     batch = []  # nothing new: renew the lease all the same
+                if batch:
+                    self._urgent.wait(PUBLISH_SECONDS)  # gather the text that follows
+                    self._urgent.clear()
                 while not self._outbox.empty():
                     batch.append(self._outbox.get_nowait())
                 final = any(isinstance(event, (Finished, Failed)) for event in batch)

@@ -13,6 +13,7 @@ eos.py and the policy checks use, with the same ids and the same rendered text.
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -81,10 +82,11 @@ class FileTokenizer:
         folder = Path(folder)
         self.name_or_path = str(folder)
         self._plain = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        # A second instance that reads special tokens in text as text: no per-call toggling
-        # of one shared instance, which streams on other threads would see.
-        self._split = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        self._split.encode_special_tokens = True
+        # One instance, not a second one that reads special tokens in text as text: each holds
+        # about 30 MB (the web tier's largest single part). Whether an encode reads them as
+        # text is a setting of the instance, so it is set and used under a lock (encodes are a
+        # few ms, once per prompt: they hardly ever wait).
+        self._encoding = threading.Lock()
         config = _read_json(folder / "tokenizer_config.json")
         self.added_tokens_decoder = {
             index: _AddedToken(token.content, token.special)
@@ -153,9 +155,14 @@ class FileTokenizer:
         split_special_tokens: bool = False,
     ) -> dict[str, Any]:
         """{"input_ids": ids} for a string, or a list of them for a list of strings."""
-        backend = self._split if split_special_tokens else self._plain
         texts = [text] if isinstance(text, str) else list(text)
-        ids = [e.ids for e in backend.encode_batch(texts, add_special_tokens=add_special_tokens)]
+        with self._encoding:
+            self._plain.encode_special_tokens = split_special_tokens
+            try:
+                encoded = self._plain.encode_batch(texts, add_special_tokens=add_special_tokens)
+            finally:
+                self._plain.encode_special_tokens = False  # as everyone else reads it
+        ids = [e.ids for e in encoded]
         return {"input_ids": ids[0] if isinstance(text, str) else ids}
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:

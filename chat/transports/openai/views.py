@@ -266,16 +266,17 @@ async def chat_completions(request):
         return JsonResponse(reply.completion())
 
     async def stream():
+        # Bytes, not str: Django would look the charset up in the settings for every chunk.
         try:
-            yield reply.chunk(delta=Delta(role="assistant", content=""))
-            async for event in feed.until_end():
-                if event is KEEPALIVE:
-                    yield event
-                elif text := reply.take(event):
-                    yield reply.content_chunk(text)
-            for event in reply.ending():
-                yield event
-            yield "data: [DONE]\n\n"
+            yield reply.chunk(delta=Delta(role="assistant", content="")).encode()
+            async for batch in feed.batches_until_end():
+                # What arrived together goes out in one write: one delta for its text.
+                text = "".join([reply.take(e) for e in batch if e is not KEEPALIVE])
+                if text:
+                    yield reply.content_chunk(text).encode()
+                elif batch[-1] is KEEPALIVE:
+                    yield KEEPALIVE.encode()
+            yield ("".join(reply.ending()) + "data: [DONE]\n\n").encode()
         finally:
             feed.abandon()  # the client closed the stream: stop the model
 
