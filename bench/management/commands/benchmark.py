@@ -6,7 +6,6 @@ clients against a queueing (CHAT_ENGINE=batch=1) and a batching daphne, memory a
 It always exits 0 when it could measure; a target not met is a finding, not a failure.
 """
 
-import argparse
 import os
 import tempfile
 import time
@@ -17,8 +16,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 import chat.engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads, as the server does)
+from bench import benchmark_options, in_process, memory_load, prefix_reuse, prefix_reuse_report
 from bench import benchmarking as bm
-from bench import in_process, memory_load, prefix_reuse, prefix_reuse_report
 from bench.benchmark_api import ApiRuns
 from bench.benchmark_live import LiveRuns
 from bench.benchmark_report import Report
@@ -26,140 +25,12 @@ from bench.benchmark_targets import Targets, met
 from bench.gguf_formats import FORMATS
 from chat.management.engine_loading import load
 
-PROMPT = "Write a long, detailed story about a lighthouse keeper."
-
 
 class Command(Targets, LiveRuns, ApiRuns, Report, BaseCommand):
     help = "Benchmark the chat end to end on 127.0.0.1 and compare with the targets in docs/benchmarks.md."
 
     def add_arguments(self, parser):
-        parser.add_argument(
-            "--tokens",
-            type=int,
-            default=None,
-            help="new tokens of the single long answer (default 128; --quick 12)",
-        )
-        parser.add_argument(
-            "--concurrency", default=None, help='concurrent clients per round (default "1,2,4,8")'
-        )
-        parser.add_argument(
-            "--concurrent-tokens",
-            type=int,
-            default=None,
-            help="max_new_tokens for the concurrent rounds (default 64; --quick 12)",
-        )
-        parser.add_argument(
-            "--hits", type=int, default=None, help="cache hits to time (default 20; --quick 3)"
-        )
-        parser.add_argument(
-            "--runs", type=int, default=1, help="repeat the in-process generations, report medians"
-        )
-        parser.add_argument(
-            "--batch",
-            default=None,
-            help="CHAT_ENGINE batch= of the batching server (default: the server's default)",
-        )
-        parser.add_argument(
-            "--batch-compare",
-            action=argparse.BooleanOptionalAction,
-            default=None,
-            help="also run the concurrent rounds against CHAT_ENGINE=batch=1 (default on; off with --quick)",
-        )
-        parser.add_argument(
-            "--newcomer-tokens",
-            type=int,
-            default=None,
-            help="length of the long answer a newcomer arrives during (default 800, ~600 words; --quick 40)",
-        )
-        parser.add_argument(
-            "--weights-compare",
-            action=argparse.BooleanOptionalAction,
-            default=None,
-            help="also run the concurrent rounds with fp32 weights (CHAT_ENGINE=quant=none), the "
-            "baseline of the 8-user target (default on; off with --quick)",
-        )
-        parser.add_argument("--prompt", default=PROMPT, help="the prompt of the long answer")
-        parser.add_argument(
-            "--peer",
-            action=argparse.BooleanOptionalAction,
-            default=True,
-            help="also measure `transformers serve --continuous-batching` and the product in front "
-            "of it over the OpenAI API (default on when the serving extra is installed)",
-        )
-        parser.add_argument(
-            "--llama",
-            action=argparse.BooleanOptionalAction,
-            default=True,
-            help="also race the product's /v1 against llama.cpp's llama-server on the same GGUF "
-            "(default on when `make llama-peer` has built it)",
-        )
-        parser.add_argument(
-            "--llama-only",
-            action="store_true",
-            help="only the rows against llama-server: the race, and both engines busy at once "
-            "(a few minutes; no model in this process)",
-        )
-        parser.add_argument(
-            "--relay-only",
-            action="store_true",
-            help="only the web tier in front of llama-server against llama-server alone: 8 users, "
-            "the web process's CPU ms per relayed token and RSS (no model in this process)",
-        )
-        parser.add_argument(
-            "--llama-levels",
-            default=None,
-            help='concurrent users in the race against llama-server (default "1,4,8,16"; --quick "1,2")',
-        )
-        parser.add_argument(
-            "--engines-only",
-            action="store_true",
-            help="only the row with both engines busy at once (llama-server as a remote engine)",
-        )
-        parser.add_argument(
-            "--llama-rounds",
-            type=int,
-            default=None,
-            help="interleaved rounds of the race against llama-server (default 3; --quick 1)",
-        )
-        parser.add_argument(
-            "--gguf-formats",
-            nargs="?",
-            const=",".join(FORMATS),
-            default=None,
-            help="only the rows per GGUF format against llama-server on the same file, for the "
-            f"formats named (default {','.join(FORMATS)}); `make benchmark` runs them after the race",
-        )
-        parser.add_argument(
-            "--quality-prompts",
-            type=int,
-            default=None,
-            help="answerquality prompts per GGUF format (default all 60; --quick 8)",
-        )
-        parser.add_argument(
-            "--quick", action="store_true", help="tiny sizes: a smoke test in well under a minute"
-        )
-        parser.add_argument(
-            "--prefix-only",
-            action="store_true",
-            help="only the prefix-reuse and coalescing rows (in process, a few minutes)",
-        )
-        parser.add_argument(
-            "--memory-only",
-            action="store_true",
-            help="only the `make run` process's memory after the load (no model in this process)",
-        )
-        parser.add_argument(
-            "--memory-seconds",
-            type=float,
-            default=None,
-            help="seconds of the load's 16 sockets before the documents (default 60; --quick 20)",
-        )
-        parser.add_argument(
-            "--memory-candidates",
-            default=None,
-            help="allocator configurations to measure on the same load, comma-separated, from "
-            f"{', '.join(memory_load.CANDIDATES)} (default shipped; --memory-only all)",
-        )
+        benchmark_options.add_arguments(parser)
 
     # -- orchestration ------------------------------------------------------------
 
@@ -202,51 +73,10 @@ class Command(Targets, LiveRuns, ApiRuns, Report, BaseCommand):
         self.results: dict = {}
         started = time.perf_counter()
         self.results["load_start"] = os.getloadavg()[0]
-        formats = [f.strip().upper() for f in (opts["gguf_formats"] or "").split(",") if f.strip()]
-        unknown = sorted(set(formats) - set(FORMATS))
-        if unknown:
-            raise CommandError(f"--gguf-formats: {', '.join(unknown)}: expected some of {FORMATS}")
-        self.quality_limit = (
-            opts["quality_prompts"] if opts["quality_prompts"] is not None else (8 if quick else 0)
-        )
-        self.memory_seconds = opts["memory_seconds"] or (20.0 if quick else 60.0)
-        default_candidates = ",".join(memory_load.CANDIDATES) if opts["memory_only"] else "shipped"
-        self.memory_candidates = [
-            x.strip() for x in (opts["memory_candidates"] or default_candidates).split(",")
-        ]
-        unknown = set(self.memory_candidates) - set(memory_load.CANDIDATES)
-        if unknown:
-            raise CommandError(f"--memory-candidates: no {', '.join(sorted(unknown))}")
-        if opts["memory_only"]:
-            with tempfile.TemporaryDirectory(prefix="chat-benchmark-") as tmp:
-                self.workdir = Path(tmp)
-                self.section("memory after the load", self.memory_rows)
-            self.results["load_end"] = os.getloadavg()[0]
-            self.memory_report()
-            if self.failures:
-                raise CommandError("could not measure: " + "; ".join(self.failures))
-            return
-        if opts["llama_only"] or opts["engines_only"] or opts["relay_only"] or formats:
-            with tempfile.TemporaryDirectory(prefix="chat-benchmark-") as tmp:
-                self.workdir, self.first_server = Path(tmp), True
-                if opts["llama_only"]:
-                    self.section("the product against llama-server", self.head_to_head)
-                if opts["llama_only"] or opts["relay_only"]:
-                    self.section("the web tier as a relay", self.relay)
-                if opts["llama_only"] or opts["engines_only"]:
-                    self.section("both engines busy at once", self.two_engines)
-                if formats:
-                    self.section(
-                        "GGUF formats against llama-server",
-                        self.gguf_formats,
-                        formats,
-                        self.quality_limit,
-                    )
-            self.results["load_end"] = os.getloadavg()[0]
-            self.results["elapsed_s"] = time.perf_counter() - started
-            self.head_to_head_report()
-            if self.failures:
-                raise CommandError("could not measure: " + "; ".join(self.failures))
+        formats = self.later_rows_options(opts, quick)
+        alone = ("memory_only", "llama_only", "engines_only", "relay_only")
+        if formats or any(opts[name] for name in alone):
+            self.rows_alone(opts, formats, started)
             return
 
         self.note(
@@ -309,6 +139,55 @@ class Command(Targets, LiveRuns, ApiRuns, Report, BaseCommand):
         self.results["elapsed_s"] = time.perf_counter() - started
         self.results["load_end"] = os.getloadavg()[0]
         self.report()
+        if self.failures:
+            raise CommandError("could not measure: " + "; ".join(self.failures))
+
+    def later_rows_options(self, opts, quick: bool) -> list[str]:
+        """The options of the rows after the race (GGUF formats, memory): checked, kept on self;
+        returns the formats asked for alone."""
+        formats = [f.strip().upper() for f in (opts["gguf_formats"] or "").split(",") if f.strip()]
+        unknown = sorted(set(formats) - set(FORMATS))
+        if unknown:
+            raise CommandError(f"--gguf-formats: {', '.join(unknown)}: expected some of {FORMATS}")
+        self.quality_limit = (
+            opts["quality_prompts"] if opts["quality_prompts"] is not None else (8 if quick else 0)
+        )
+        self.memory_seconds = opts["memory_seconds"] or (20.0 if quick else 60.0)
+        default_candidates = ",".join(memory_load.CANDIDATES) if opts["memory_only"] else "shipped"
+        self.memory_candidates = [
+            x.strip() for x in (opts["memory_candidates"] or default_candidates).split(",")
+        ]
+        unknown = sorted(set(self.memory_candidates) - set(memory_load.CANDIDATES))
+        if unknown:
+            raise CommandError(f"--memory-candidates: no {', '.join(unknown)}")
+        return formats
+
+    def rows_alone(self, opts, formats: list[str], started: float) -> None:
+        """`--memory-only`, `--llama-only`, `--relay-only`, `--engines-only`, `--gguf-formats`:
+        those rows without the in-process and live sections, and their own report."""
+        with tempfile.TemporaryDirectory(prefix="chat-benchmark-") as tmp:
+            self.workdir, self.first_server = Path(tmp), True
+            if opts["memory_only"]:
+                self.section("memory after the load", self.memory_rows)
+            if opts["llama_only"]:
+                self.section("the product against llama-server", self.head_to_head)
+            if opts["llama_only"] or opts["relay_only"]:
+                self.section("the web tier as a relay", self.relay)
+            if opts["llama_only"] or opts["engines_only"]:
+                self.section("both engines busy at once", self.two_engines)
+            if formats:
+                self.section(
+                    "GGUF formats against llama-server",
+                    self.gguf_formats,
+                    formats,
+                    self.quality_limit,
+                )
+        self.results["load_end"] = os.getloadavg()[0]
+        self.results["elapsed_s"] = time.perf_counter() - started
+        if opts["memory_only"]:
+            self.memory_report()
+        if not opts["memory_only"] or opts["llama_only"] or opts["relay_only"] or formats:
+            self.head_to_head_report()
         if self.failures:
             raise CommandError("could not measure: " + "; ".join(self.failures))
 
