@@ -90,7 +90,6 @@ class ApiRuns(GgufFormatRuns):
 
     def head_to_head(self):
         """The product's /v1 and llama-server side by side, interleaved (bench/head_to_head.py)."""
-        from bench import openai_client as oc
         from chat.engine.weights.loading import bundled_gguf_path
         from harness.peer import LlamaServer, llama_server
 
@@ -114,21 +113,7 @@ class ApiRuns(GgufFormatRuns):
         self.note(f"  starting daphne ({label}) and llama-server ({self.slots} slots)")
         with self.start(label, env) as run, llama_server_process as server:
             self.servers.append(run)
-            product = h2h.Side(
-                oc.Target(
-                    label,
-                    "local",
-                    run.server.url + "/v1",
-                    "smollm2",
-                    key=bm.api_key(run.server),
-                    reset=bm.flush_cache_db,  # a repeated prompt is generated, not a cache hit
-                ),
-                ready_s=run.ready_s,
-            )
-            llama = h2h.Side(
-                oc.Target("llama-server", "llama", server.base_url, server.model),
-                ready_s=server.ready_s,
-            )
+            product, llama = h2h.sides(run, server, label, "llama-server")
             self.results["h2h"] = (product, llama)
             h2h.race(
                 [product, llama],

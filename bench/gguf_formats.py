@@ -89,7 +89,6 @@ class GgufFormatRuns:
 
     def format_race(self, path: Path, name: str, binary: str, limit: int, row: dict) -> None:
         """The race on the file (row["race"]), then answerquality on it (row["quality"])."""
-        from bench import openai_client as oc
         from harness.peer import LlamaServer
 
         bm.flush_cache_db()
@@ -109,21 +108,7 @@ class GgufFormatRuns:
         self.note(f"  {name}: starting daphne and llama-server on {path.name}")
         with self.start(label, env) as run, peer as server:
             self.servers.append(run)
-            product = h2h.Side(
-                oc.Target(
-                    label,
-                    "local",
-                    run.server.url + "/v1",
-                    "smollm2",
-                    key=bm.api_key(run.server),
-                    reset=bm.flush_cache_db,
-                ),
-                ready_s=run.ready_s,
-            )
-            llama = h2h.Side(
-                oc.Target(f"llama-server {name}", "llama", server.base_url, server.model),
-                ready_s=server.ready_s,
-            )
+            product, llama = h2h.sides(run, server, label, f"llama-server {name}")
             h2h.race(
                 [product, llama],
                 prompt=self.prompt,

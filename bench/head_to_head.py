@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .benchmarking import fmt, ratio
+from .benchmarking import api_key, flush_cache_db, fmt, ratio
 from .in_process import LONG_ANSWER, NEWCOMER
 from .openai_client import Stream, Target, stream_chat, together
 
@@ -59,6 +59,26 @@ class Side:
     newcomer_busy: list[bool] = field(default_factory=list)  # the others were still decoding
     ready_s: float | None = None
     peak_rss_mb: float | None = None
+
+
+def sides(run, server, label: str, llama_label: str) -> tuple[Side, Side]:
+    """The product's /v1 on a live daphne (`run`, a benchmarking.ServerRun) and a running
+    LlamaServer, as the race's two sides; a repeated prompt is generated, not a cache hit."""
+    product = Side(
+        Target(
+            label,
+            "local",
+            run.server.url + "/v1",
+            "smollm2",
+            key=api_key(run.server),
+            reset=flush_cache_db,
+        ),
+        ready_s=run.ready_s,
+    )
+    llama = Side(
+        Target(llama_label, "llama", server.base_url, server.model), ready_s=server.ready_s
+    )
+    return product, llama
 
 
 def newcomer_among(target: Target, busy: int, tokens: int, round_no: int) -> tuple[Stream, bool]:

@@ -15,6 +15,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from harness.gguf_rows import FLOAT_TYPES, blocks
+
 Q = gguf.GGMLQuantizationType
 HIDDEN, INTERMEDIATE, LAYERS, HEADS, KV_HEADS = 256, 512, 2, 4, 2
 HEAD_DIM = HIDDEN // HEADS
@@ -24,9 +26,6 @@ CHAT_TEMPLATE = (
     " + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
     "{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-# Byte offsets of the fp16 scales in the blocks gguf only reads (random bytes there could be inf).
-K_SCALE_OFFSETS = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.Q2_K: (80, 82)}
-FLOAT_TYPES = {Q.F32: np.float32, Q.F16: np.float16}
 
 # Per tensor role: the mixes the tests write (every block type at least once).
 LLAMA_MIX = {
@@ -57,23 +56,6 @@ def byte_tokens() -> list[str]:
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     return SPECIALS + [bytes_to_unicode()[byte] for byte in range(256)] + ["Ġt"]
-
-
-def blocks(
-    qtype: gguf.GGMLQuantizationType, rows: int, columns: int, rng: np.random.Generator
-) -> np.ndarray:
-    """rows x columns weights of `qtype` as a GGUF file stores them (float, or uint8 rows)."""
-    if qtype in FLOAT_TYPES:
-        return (rng.standard_normal((rows, columns)) * 0.05).astype(FLOAT_TYPES[qtype])
-    if qtype not in K_SCALE_OFFSETS:
-        weights = (rng.standard_normal((rows, columns)) * 0.05).astype(np.float32)
-        return gguf.quants.quantize(weights, qtype)
-    block_weights, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
-    data = rng.integers(0, 256, (rows, columns // block_weights, block_bytes), dtype=np.uint8)
-    for offset in K_SCALE_OFFSETS[qtype]:
-        scales = (rng.random(data.shape[:2]) * 2e-4 + 2e-5).astype(np.float16)
-        data[..., offset : offset + 2] = scales[..., None].view(np.uint8)
-    return data.reshape(rows, -1)
 
 
 def _add(

@@ -19,22 +19,14 @@ import gguf
 import numpy as np
 import torch
 
+from harness.gguf_rows import blocks
+
 Q = gguf.GGMLQuantizationType
 TYPES = [Q.Q4_1, Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
-# Byte offsets of the fp16 scales in the k-quant blocks gguf only reads (it cannot write them).
-K_SCALE_OFFSETS = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
 
 
 def file_rows(qtype: gguf.GGMLQuantizationType, rows: int, columns: int) -> np.ndarray:
-    rng = np.random.default_rng(int(qtype))
-    if qtype not in K_SCALE_OFFSETS:
-        return gguf.quants.quantize(rng.standard_normal((rows, columns)).astype(np.float32), qtype)
-    block_weights, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
-    data = rng.integers(0, 256, (rows, columns // block_weights, block_bytes), dtype=np.uint8)
-    for offset in K_SCALE_OFFSETS[qtype]:
-        scales = (rng.random(data.shape[:2]) * 2e-4 + 2e-5).astype(np.float16)
-        data[..., offset : offset + 2] = scales[..., None].view(np.uint8)
-    return data.reshape(rows, -1)
+    return blocks(qtype, rows, columns, np.random.default_rng(int(qtype)))
 
 
 def best(call, repeats: int) -> float:
