@@ -13,6 +13,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='outputpolicy',
             name='fallback_to_default',
-            field=models.BooleanField(default=False, help_text="the default engine (the one the server was started with) answers while the policy's own engine is down or full, instead of a fallback engine; its answers say so"),
+            field=models.BooleanField(default=False, help_text="or the default engine as the fallback"),
         ),
     ]

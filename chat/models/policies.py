@@ -98,8 +98,7 @@ class OutputPolicy(models.Model):
     )
     fallback_to_default = models.BooleanField(
         default=False,
-        help_text="the default engine (the one the server was started with) answers while the "
-        "policy's own engine is down or full, instead of a fallback engine; its answers say so",
+        help_text="or the default engine as the fallback",
     )
     max_new_tokens = models.PositiveIntegerField(
         default=256, help_text="capped by CHAT_MAX_NEW_TOKENS_CAP"
