@@ -8,9 +8,8 @@ the process (an arena gives back only its top, and the generation worker's arena
 one), and RSS keeps the high-water of the worst moment: measured in docs/operations.md's memory
 table, with the other candidates (MALLOC_ARENA_MAX, jemalloc) on the same load.
 
-Setting the threshold once fixes it (glibc stops moving it), as MALLOC_MMAP_THRESHOLD_ in the
-environment does; this value replaces that one at load. An allocator preloaded instead (jemalloc
-through LD_PRELOAD) does not read it.
+Setting the threshold once fixes it (glibc stops moving it), which is what MALLOC_MMAP_THRESHOLD_
+in the environment does too: an operator's own value there is left alone.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import os
 
 log = logging.getLogger(__name__)
 
@@ -25,11 +25,14 @@ M_MMAP_THRESHOLD = -3  # malloc.h
 # Buffers from this size get a mapping of their own: a row's KV layer, a prefill's activations.
 # Below it, the decode step's small tensors stay on the heap, where reuse is cheap.
 MMAP_THRESHOLD_BYTES = 1024 * 1024
+ENVIRONMENT = "MALLOC_MMAP_THRESHOLD_"
 
 
 def return_big_buffers() -> bool:
-    """Fix glibc's mmap threshold at MMAP_THRESHOLD_BYTES; False where the C library is not
-    glibc or refused it."""
+    """Fix glibc's mmap threshold at MMAP_THRESHOLD_BYTES, unless the environment already set
+    one or the C library is not glibc; whether it was set here."""
+    if ENVIRONMENT in os.environ:
+        return False
     name = ctypes.util.find_library("c")
     if name is None:
         return False
