@@ -28,10 +28,6 @@ log = logging.getLogger(__name__)
 
 def load_backend(config: EngineConfig | None = None, progress: Progress = log.info) -> LocalBackend:
     """Load model and tokenizer and return a ready LocalBackend."""
-    from .allocator import return_big_buffers
-
-    # Before torch and the first weight: big buffers freed from now on leave the process.
-    return_big_buffers()
     from .backend import LocalBackend  # here: importing it loads torch
 
     config = config or EngineConfig()
