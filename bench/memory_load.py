@@ -23,12 +23,13 @@ from . import benchmarking as bm
 from .documents import document
 
 JEMALLOC = Path("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
-# The allocator candidates, by name: the environment each adds to the shipped one (which fixes
-# glibc's mmap threshold at 1 MB: chat/engine/local/allocator.py).
+# The allocator candidates, by name: the environment each adds to the shipped process (glibc's
+# defaults: a fixed threshold measured ~20% slower at 8 users, docs/operations.md "Memory").
 CANDIDATES: dict[str, dict[str, str]] = {
     "shipped": {},
     # The threshold glibc's own rule climbs to after a few big frees: the allocator as it was.
     "MALLOC_MMAP_THRESHOLD_=32MB": {"MALLOC_MMAP_THRESHOLD_": str(32 * 1024 * 1024)},
+    "MALLOC_MMAP_THRESHOLD_=1MB": {"MALLOC_MMAP_THRESHOLD_": str(1024 * 1024)},
     "MALLOC_ARENA_MAX=2": {"MALLOC_ARENA_MAX": "2"},
     "jemalloc": {"LD_PRELOAD": str(JEMALLOC)},
 }

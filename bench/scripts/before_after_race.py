@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -68,6 +69,7 @@ def main() -> None:
         server = stack.enter_context(peer)
         runs = {}
         for name, root in (("after", ROOT), ("before", args.baseline.resolve())):
+            (tmp / name).mkdir()
             live = LiveServer(tmp / name, root=root, **env)
             stack.callback(live.stop)
             live.manage("migrate", "-v0")
@@ -98,11 +100,14 @@ def main() -> None:
             def tps(side, users=users):
                 values = [level.aggregate_tps() for level in side.levels.get(users, [])]
                 values = [v for v in values if v is not None]
-                return sorted(values)[len(values) // 2] if values else None
+                return statistics.median(values) if values else None
 
             a, b = tps(after), tps(before)
             ratio = f"{a / b:.2f}x" if a and b else "-"
-            print(f"{users} user(s) agg tok/s: after {a} / before {b} = {ratio}")
+            shown = [f"{v:.1f}" if v else "-" for v in (a, b)]
+            print(
+                f"{users} user(s) agg tok/s, median: after {shown[0]} / before {shown[1]} = {ratio}"
+            )
 
 
 if __name__ == "__main__":
