@@ -106,7 +106,6 @@ class ApiRuns(GgufFormatRuns):
         llama_server_process = LlamaServer(
             bundled_gguf_path(),
             binary=binary,
-            threads=os.cpu_count() or 1,
             slots=self.slots,
             log_path=self.workdir / "llama-server.log",
         )
@@ -142,7 +141,6 @@ class ApiRuns(GgufFormatRuns):
         upstream = LlamaServer(
             bundled_gguf_path(),
             binary=binary,
-            threads=os.cpu_count() or 1,
             slots=users,
             log_path=self.workdir / "llama-server-relay.log",
         )
@@ -199,7 +197,6 @@ class ApiRuns(GgufFormatRuns):
         reader = LlamaServer(
             bundled_gguf_path(),
             binary=binary,
-            threads=os.cpu_count() or 1,
             slots=2,
             context=8192,
             log_path=self.workdir / "llama-server-documents.log",
@@ -230,7 +227,6 @@ class ApiRuns(GgufFormatRuns):
         remote = LlamaServer(
             bundled_gguf_path(),
             binary=binary,
-            threads=os.cpu_count() or 1,
             slots=self.slots,
             log_path=self.workdir / "llama-server-engine.log",
         )

@@ -11,7 +11,6 @@ made). Without llama-quantize or llama-server the rows say how to build them and
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -101,7 +100,6 @@ class GgufFormatRuns:
         peer = LlamaServer(
             path,
             binary=binary,
-            threads=os.cpu_count() or 1,
             slots=self.slots,
             log_path=self.workdir / f"llama-server-{name}.log",
         )

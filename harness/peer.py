@@ -208,15 +208,15 @@ class LlamaServer(ServerProcess):
         gguf: Path | str,
         *,
         binary: str,
-        threads: int,
         slots: int,
+        threads: int | None = None,
         context: int = 2048,
         log_path: Path | None = None,
     ):
         super().__init__("smollm2-gguf", log_path=log_path)
         self.gguf = str(gguf)
         self.binary = binary
-        self.threads = threads
+        self.threads = threads or os.cpu_count() or 1  # every core, as the product's engine
         self.slots = slots
         self.context = context
 

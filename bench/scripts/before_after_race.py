@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
 import sys
 import tempfile
@@ -62,7 +61,6 @@ def main() -> None:
         peer = LlamaServer(
             bundled_gguf_path(),
             binary=binary,
-            threads=os.cpu_count() or 1,
             slots=args.slots,
             log_path=tmp / "llama-server.log",
         )
