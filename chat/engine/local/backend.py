@@ -31,6 +31,7 @@ from . import attention
 from .batching import Row
 from .decoding import RunningBatch
 from .device import pick_device, pick_dtype
+from .heap import HeapTrimmer
 from .llama_step import describe as describe_fused_step
 from .llama_step import unsupported as fused_step_unsupported
 from .prefix_store import PrefixStore
@@ -70,6 +71,7 @@ class LocalBackend(SteppedBackend[Row]):
         self._stop_lock = threading.Lock()
         self.prefix_store = PrefixStore(config.prefix_cache_mb * 1024 * 1024)
         self.threads = ThreadPlan.configured(config.threads, config.decode_threads)
+        self.heap = HeapTrimmer()
         self._tokenizer_digest = tokenizer_digest(tokenizer)
         self._identity: dict[str, str] | None = None
 
@@ -164,6 +166,8 @@ class LocalBackend(SteppedBackend[Row]):
         # The timing runs above stored KV of weights that may since have been replaced.
         self.prefix_store.clear()
         self.forget_identity()
+        # Float weights that a quant timing loaded and dropped stay in the heap otherwise.
+        self.heap.trim()
         progress(f"  model ready in {time.perf_counter() - started:.1f} s")
         return self
 
@@ -309,6 +313,7 @@ class LocalBackend(SteppedBackend[Row]):
             prefix_store=self.prefix_store,
             threads=self.threads,
             fused_step=self.config.step == "fused",
+            heap=self.heap,
         )
 
     def row(self, request: GenerationRequest, on_text: OnText) -> Row:

@@ -31,6 +31,7 @@ from transformers import DynamicCache, StopStringCriteria
 
 from .batching import Row, left_pad
 from .chunked_prefill import ChunkedPrefill, row_indices
+from .heap import HeapTrimmer
 from .kv_cache import GrowingCache
 from .llama_step import LlamaStep
 from .llama_step import prepare as prepare_llama_step
@@ -71,6 +72,7 @@ class RunningBatch:
         prefix_store: PrefixStore | None = None,
         threads: ThreadPlan | None = None,
         fused_step: bool = True,
+        heap: HeapTrimmer | None = None,
     ):
         self.model = model
         self.pad_id = pad_id
@@ -89,6 +91,7 @@ class RunningBatch:
         self.pause_when: Callable[[], bool] | None = None
         self._pausable = PausableForward(model)
         self.fused_step = fused_step
+        self.heap = heap  # told of each row that leaves: a document's KV goes back to the system
         # The fused step is built for the modules it reads: rebuilt when they are swapped.
         self._llama_step: LlamaStep | None = None
         self._weights: tuple[tuple[int, bool | None], ...] = ()
@@ -327,6 +330,7 @@ class RunningBatch:
                 prefill.keep([row for row in prefill.rows if row.reason is None])
                 if not prefill.rows:
                     self.pending.remove(prefill)
+                self._left(cancelled)
             gone.extend(cancelled)
         return gone
 
@@ -393,6 +397,21 @@ class RunningBatch:
         """Select `rows` (a subset, in order) in the cache and trim padding nobody needs any more."""
         if len(rows) == len(self.rows):
             return
+        kept = {id(row) for row in rows}
+        leaving = [row for row in self.rows if id(row) not in kept]
+        self._select(rows)
+        self._left(leaving)
+
+    def _left(self, rows: list[Row]) -> None:
+        """Tell the heap trimmer of rows that left, once their KV is no longer referenced."""
+        if self.heap is None:
+            return
+        for row in rows:
+            self.heap.ended(len(row.request.input_ids) + len(row.new_ids))
+        if not self.rows and not self.pending:
+            self.heap.idle()
+
+    def _select(self, rows: list[Row]) -> None:
         if not rows:
             self.rows, self.cache, self.mask = [], None, None
             return
