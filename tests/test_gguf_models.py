@@ -27,7 +27,14 @@ from tests.conftest import LIVE_CACHE_URL, chunks_text
 supported, why = blockquant.cpu_supported()
 needs_kernels = pytest.mark.skipif(not supported, reason=f"block-quant kernels need AVX2: {why}")
 Q = gguf_models.Q
-PROMPT = [{"role": "user", "content": "hi there, tell me a story"}]
+# Longer than MAX_KERNEL_ROWS in the tiny models' byte tokens: a prefill takes both paths.
+PROMPT = [
+    {
+        "role": "user",
+        "content": "hi there, tell me a story about the lighthouse keeper who counted ships "
+        "passing in the night and wrote each name down in a book that nobody ever read",
+    }
+]
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
@@ -76,9 +83,9 @@ def test_the_file_alone_gives_the_model_its_shape_tokenizer_template_and_blocks(
 @needs_kernels
 @pytest.mark.parametrize("step_isa", ["native", "avx2"])
 def test_its_logits_are_transformers_forward_on_the_same_weights(tiny, step_isa, monkeypatch):
-    """A prefill through the kernels (up to 16 tokens) and through the dequantized GEMM (more),
-    then decode steps through the fused C++ step (built from the kernels this CPU compiles, or
-    from the AVX2 build), each against transformers' float forward."""
+    """A prefill through the kernels (up to MAX_KERNEL_ROWS tokens) and through the dequantized
+    GEMM (more), then decode steps through the fused C++ step (built from the kernels this CPU
+    compiles, or from the AVX2 build), each against transformers' float forward."""
     backend, reference = tiny
     if step_isa == "avx2":
         avx2 = blockquant.build("avx2")

@@ -1,11 +1,14 @@
 """Each GGUF block type's matmul kernel on one weight shape, one thread, beside fp32's matmul.
 
     PYTHONPATH=. .venv/bin/python bench/scripts/block_kernel_timing.py [--shape 6144x768]
-        [--rows 1,4,8] [--isa avx2] [--repeats 200]
+        [--rows 1,4,8] [--isa avx2] [--repeats 200] [--threads 1] [--dequantized]
 
 Prints the best time of --repeats calls per block type and row count (the weights are random
 but valid blocks). To compare two checkouts, run it from each in the same command: each checkout
-builds its own kernels.
+builds its own kernels. `--dequantized` adds, per type, the other way to compute the same rows:
+the weight dequantized to fp32 and torch's GEMM (what BlockQuantLinear does above
+MAX_KERNEL_ROWS), so the row count where the GEMM starts to win can be read off, e.g.
+`--rows 16,32,64,96,128,256 --threads 2 --dequantized --shape 1536x576`.
 """
 
 from __future__ import annotations
@@ -45,15 +48,17 @@ def main() -> None:
     parser.add_argument("--rows", default="1,4,8")
     parser.add_argument("--isa", default="", help="avx2: the AVX2 build on an AVX-512 CPU")
     parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--threads", type=int, default=1, help="torch's (and the kernels') threads")
+    parser.add_argument("--dequantized", action="store_true", help="also dequantize + fp32 GEMM")
     args = parser.parse_args()
     from chat.engine.weights import blockquant
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     out_features, in_features = (int(n) for n in args.shape.split("x"))
     module = blockquant.build(blockquant.isa_level(wanted=args.isa))
     rows = [int(r) for r in args.rows.split(",")]
     print(
-        f"{module.isa()} kernels, {out_features}x{in_features}, one thread, best of "
+        f"{module.isa()} kernels, {out_features}x{in_features}, {args.threads} thread(s), best of "
         f"{args.repeats}; 1-min load {os.getloadavg()[0]:.1f}"
     )
     print(f"  {'type':>6} " + " ".join(f"{f'{r} row(s)':>11}" for r in rows))
@@ -61,6 +66,8 @@ def main() -> None:
     line = [best(float_call(weight, r), args.repeats) for r in rows]
     print(f"  {'fp32':>6} " + " ".join(f"{t * 1000:>8.3f} ms" for t in line))
     for qtype in TYPES:
+        if in_features % gguf.GGML_QUANT_SIZES[qtype][0]:
+            continue  # a k-quant's 256-weight super-block does not fit these rows
         data = torch.from_numpy(file_rows(qtype, out_features, in_features))
         layer = blockquant.BlockQuantLinear.from_gguf(int(qtype), data, in_features)
         line = [best(kernel_call(module, layer, r, False), args.repeats) for r in rows]
@@ -68,11 +75,19 @@ def main() -> None:
         if layer.kind in blockquant.SPLIT_KINDS:  # llama.cpp's way: int8 activations, VNNI
             line = [best(kernel_call(module, layer, r, True), args.repeats) for r in rows]
             print(f"  {'int8x':>6} " + " ".join(f"{t * 1000:>8.3f} ms" for t in line))
+        if args.dequantized:
+            line = [best(dequantized_call(layer, r), args.repeats) for r in rows]
+            print(f"  {'deq+mm':>6} " + " ".join(f"{t * 1000:>8.3f} ms" for t in line))
 
 
 def float_call(weight: torch.Tensor, rows: int) -> Callable[[], object]:
     x = torch.randn(rows, weight.shape[1])
     return lambda: torch.nn.functional.linear(x, weight)
+
+
+def dequantized_call(layer, rows: int) -> Callable[[], object]:
+    x = torch.randn(rows, layer.in_features)
+    return lambda: torch.nn.functional.linear(x, layer.weight_float())
 
 
 def kernel_call(module, layer, rows: int, int8: bool) -> Callable[[], object]:

@@ -14,8 +14,8 @@ DQ, and VNNI for the int8 path where present) or AVX2 + FMA (`isa_level`); the b
 and module name carry that level, so machines sharing a home directory never load each other's
 build, and the module's `isa()` says which was compiled.
 
-Rows beyond MAX_KERNEL_ROWS (a prefill chunk) are computed by dequantizing the layer's weight
-into a scratch matrix and calling the float GEMM, whose blocking wins there.
+Rows beyond MAX_KERNEL_ROWS (a document's prefill chunk) are computed by dequantizing the
+layer's weight into a scratch matrix and calling the float GEMM, whose blocking wins there.
 """
 
 from __future__ import annotations
@@ -64,8 +64,10 @@ RAW_KINDS = {
 SPLIT_KINDS = {"q4_1": (GGML_Q4_1, 32, Q4_1_BLOCK_BYTES), "q8_0": (GGML_Q8_0, 32, Q8_0_BLOCK_BYTES)}
 # Every GGUF tensor type a BlockQuantLinear computes, by GGML type id.
 KIND_OF_TYPE = {ggml: kind for kind, (ggml, _, _) in {**RAW_KINDS, **SPLIT_KINDS}.items()}
-# A decode step has a handful of rows; above this the dequantize-and-GEMM path is faster.
-MAX_KERNEL_ROWS = 16
+# Up to this many rows (a chat prompt, a 128-token prefill chunk) the kernels beat dequantizing
+# the weight and torch's GEMM: 3-4x at 32 rows, even at 128; above it the GEMM's blocking wins
+# (bench/scripts/block_kernel_timing.py --dequantized, docs/engine.md).
+MAX_KERNEL_ROWS = 128
 
 _lock = threading.Lock()
 _kernels: Any = None
