@@ -24,7 +24,8 @@ from .documents import document
 
 JEMALLOC = Path("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
 # The allocator candidates, by name: the environment each adds to the shipped process (glibc's
-# defaults: a fixed threshold measured ~20% slower at 8 users, docs/operations.md "Memory").
+# defaults and the engine's malloc_trim after documents; a fixed threshold measured ~20% slower
+# at 8 users, docs/operations.md "Memory").
 CANDIDATES: dict[str, dict[str, str]] = {
     "shipped": {},
     # The threshold glibc's own rule climbs to after a few big frees: the allocator as it was.
