@@ -10,6 +10,8 @@ kernels on an AVX-512 CPU.
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -300,3 +302,28 @@ def test_without_kept_blocks_the_model_is_loaded_whole(float_backend, kernels, t
     parts.pop("lm_head")
     torch.save(parts, gguf_blocks.block_cache_path(bundled_gguf_path(), copy))
     assert load_around_blocks(copy, gguf_path=bundled_gguf_path(), **options) is None
+
+
+def test_a_build_killed_midway_does_not_hold_the_next_start():
+    """torch's builder waits for ever on the lock file a killed build leaves; a start must not."""
+    directory = blockquant.build_directory()
+    leftover = directory / "lock"
+    leftover.touch()
+    code = (
+        "from chat.engine.weights import blockquant\n"
+        "print(blockquant.build(blockquant.isa_level()).isa())"
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=Path(__file__).resolve().parent.parent,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+    finally:
+        held = leftover.exists()
+        leftover.unlink(missing_ok=True)
+    assert done.returncode == 0, done.stderr[-500:]
+    assert done.stdout.strip() == blockquant.isa_level()
+    assert not held

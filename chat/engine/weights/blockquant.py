@@ -20,11 +20,13 @@ layer's weight into a scratch matrix and calling the float GEMM, whose blocking 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -163,19 +165,40 @@ def build(level: str, progress: Callable[[str], None] = log.info) -> Any:
             f"  compiling the block-quant kernels for {level} (once per machine and checkout, 1-2 minutes)..."
         )
     started = time.perf_counter()
-    module = cpp_extension.load(
-        name,
-        [str(source) for source in SOURCES],
-        extra_cflags=compiler_flags(level),
-        # at::parallel_for is inline: without OpenMP it runs serially whatever torch's thread
-        # count. libgomp is the runtime torch itself loads (one soname, one thread pool).
-        extra_ldflags=["-fopenmp"],
-        build_directory=str(directory),
-        verbose=False,
-    )
+    with _build_guard(directory):
+        module = cpp_extension.load(
+            name,
+            [str(source) for source in SOURCES],
+            extra_cflags=compiler_flags(level),
+            # at::parallel_for is inline: without OpenMP it runs serially whatever torch's thread
+            # count. libgomp is the runtime torch itself loads (one soname, one thread pool).
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(directory),
+            verbose=False,
+        )
     if not built:
         progress(f"  kernels compiled in {time.perf_counter() - started:.0f} s")
     return module
+
+
+@contextmanager
+def _build_guard(directory: Path) -> Iterator[None]:
+    """One build at a time in `directory`, under a lock the system drops with its process.
+
+    torch's builder takes a lock file of its own (FileBaton: `lock`, waited on while it exists)
+    that a process killed mid-build leaves behind, and every later start then waits on it for
+    ever. Under this flock no other start is building here, so a `lock` file found is such a
+    leftover, and goes."""
+    with open(directory / "build.flock", "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        try:
+            leftover = directory / "lock"
+            if leftover.exists():
+                log.warning("removing %s, left by a kernel build that did not finish", leftover)
+                leftover.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(guard, fcntl.LOCK_UN)
 
 
 def failure() -> str | None:
