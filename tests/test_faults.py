@@ -286,7 +286,7 @@ async def test_a_terminated_database_connection_at_the_end_of_a_turn_is_retried_
 @pytest.mark.django_db(transaction=True)
 async def test_a_running_answers_saves_share_one_connection_closed_once_it_ends():
     """The text saved as it grows goes through one connection of the writer thread while answers
-    run (one opened for every save cost more than relaying the answer's tokens), and it is
+    run (one opened for every save was a large part of a relayed answer's cost), and it is
     closed once the last answer ends."""
     import threading
 
