@@ -15,11 +15,13 @@ from django.conf import settings  # noqa: E402
 from chat.infra.runtime import runtime  # noqa: E402
 from chat.transports.origin import SameOriginValidator  # noqa: E402
 from chat.transports.routing import websocket_urlpatterns  # noqa: E402
+from chat.transports.sse import ServerSend  # noqa: E402
 from project import websocket_limits  # noqa: E402
 from project.shutdown import RequestsInFlight, Stopper  # noqa: E402
 
 # Counted, so a SIGTERM lets the open responses (server-sent streams) end before the stop.
-http_requests = RequestsInFlight(django_asgi_app)
+# ServerSend: a server-sent stream writes its body straight to daphne (chat/transports/sse.py).
+http_requests = RequestsInFlight(ServerSend(django_asgi_app))
 
 application = ProtocolTypeRouter(
     {

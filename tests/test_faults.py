@@ -280,3 +280,50 @@ async def test_a_terminated_database_connection_at_the_end_of_a_turn_is_retried_
         "cancelled",
         "".join(e["text"] for e in events if e["type"] == "chunk"),
     )
+
+
+@pytest.mark.unit
+@pytest.mark.django_db(transaction=True)
+async def test_a_running_answers_saves_share_one_connection_closed_once_it_ends():
+    """The text saved as it grows goes through one connection of the writer thread while answers
+    run (one opened for every save was a large part of a relayed answer's cost), and it is
+    closed once the last answer ends."""
+    import threading
+
+    from django.db import connection
+    from django.db.backends.signals import connection_created
+
+    from chat.stores import partial
+
+    def in_writer(call):
+        return asyncio.wrap_future(partial._writer.submit(call))
+
+    conversation = await Conversation.objects.acreate(session_key="s", title="t")
+    message = await Message.objects.acreate(
+        conversation=conversation, role="assistant", status="streaming", text=""
+    )
+    writer = await in_writer(threading.get_ident)
+    opened: list[int] = []
+
+    def note(sender, **kwargs):
+        opened.append(threading.get_ident())
+
+    connection_created.connect(note)
+    try:
+        saver = partial.PartialSaver(message.pk, every_s=0.01)
+        for n in range(1, 6):
+            saver.note("x" * n)
+            await asyncio.sleep(0.1)  # a save for each
+        await saver.close()
+        open_after = await in_writer(lambda: connection.connection is not None)
+        # Django never closes an in-memory SQLite database (the suite's SQLite pass).
+        closable = await in_writer(
+            lambda: connection.vendor != "sqlite" or not connection.is_in_memory_db()
+        )
+    finally:
+        connection_created.disconnect(note)
+    assert saver.writes >= 3
+    assert opened.count(writer) == 1
+    assert not (open_after and closable)
+    await message.arefresh_from_db()
+    assert message.text == "xxxxx"

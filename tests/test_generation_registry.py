@@ -331,6 +331,37 @@ def test_the_owner_gathers_its_text_into_few_writes_and_sends_the_rest_at_once(m
     assert sum(len(kinds) for kinds in with_text) >= 20 and len(with_text) <= 5, writes
 
 
+def test_an_unfollowed_owner_keeps_its_text_for_a_longer_wait_and_its_end_goes_at_once(
+    monkeypatch,
+):
+    """Written for nobody, the text waits longer than a follower's tenth of a second (a round
+    trip per answer every tenth of a second was a large part of a relayed answer's cost); the
+    end still goes at once, with all of it."""
+    from chat.engine.sharing import coalescing_across
+
+    monkeypatch.setattr(coalescing_across, "PUBLISH_UNFOLLOWED_SECONDS", 30.0, raising=False)
+    scheduler = ScriptedScheduler()
+    a = process()
+    owner = Listener()
+    a.sharing(scheduler, "key").submit(request(), owner)
+    ticket = scheduler.tickets[0]
+    play(ticket, start=True)
+    published_started(a, "key")
+    play(ticket, "Once ", "more ")
+    registry = cast(AcrossProcesses, a.across).registry()
+    generation = generation_id("key", request().input_ids)
+    time.sleep(0.5)  # five times a followed generation's wait
+    assert not [d for _, d in registry.read(generation) if d["t"] == "chunk"]
+    play(ticket, end="Once more ")
+    assert owner.done.wait(10)
+    deadline = time.monotonic() + 10
+    while not any(d["t"] == "finished" for _, d in registry.read(generation)):
+        assert time.monotonic() < deadline, "the owner never published its end"
+        time.sleep(0.01)
+    kinds = [d["t"] for _, d in registry.read(generation)]
+    assert kinds.count("chunk") == 2, kinds
+
+
 def hold_final_publish(process: Coalescer) -> threading.Event:
     """The owner's last publish waits until the returned event is set: the moment after its own
     listener heard the end (its turn sent `done`) and before any other process can see it."""

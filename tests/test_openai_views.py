@@ -197,6 +197,26 @@ async def test_a_stream_is_chunks_ending_with_finish_reason_usage_and_done(scrip
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 2
 
 
+async def test_a_streams_body_goes_straight_to_the_servers_send(scripted, alice, monkeypatch):
+    """Each piece is one `send` of the server's, not a trip through Django's response
+    iteration (chat/transports/sse.py): Django chunks only the bodies it sends itself."""
+    from django.core.handlers.asgi import ASGIHandler
+
+    chunked: list[bytes] = []
+    chunk_bytes = ASGIHandler.chunk_bytes
+
+    def counting(data):
+        chunked.append(data)
+        return chunk_bytes(data)
+
+    monkeypatch.setattr(ASGIHandler, "chunk_bytes", staticmethod(counting))
+    scripted(Answer(("Hel", "lo.")))
+    response, events = await post(alice[1], ask(stream=True))
+    assert response.status_code == 200 and events[-1] == "[DONE]"
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in events[:-1]) == "Hello."
+    assert chunked == []
+
+
 async def test_a_json_schema_answer_is_held_validated_reasked_and_sent_as_one_delta(
     scripted, alice
 ):

@@ -75,9 +75,10 @@ def upstream(port: int, tokens: int, rate: float) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None)
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_split(pid: int) -> tuple[float, float]:
+    """The process's user and system CPU seconds so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+    return int(fields[11]) / TICKS, int(fields[12]) / TICKS  # utime, stime
 
 
 def status_mb(pid: int, key: str) -> float:
@@ -134,7 +135,7 @@ class Side:
         }
         self.server = LiveServer(workdir, root=root, **env).start(wait_for_model=True)
         self.key = bm.api_key(self.server)
-        self.cpu = self.elapsed = 0.0
+        self.cpu = self.user = self.elapsed = 0.0
         self.received = 0
 
     @property
@@ -143,12 +144,14 @@ class Side:
         return self.server.pid
 
     def measure(self, users: int, tokens: int, round_: int) -> None:
-        before, started = cpu_seconds(self.pid), time.perf_counter()
+        (user, system), started = cpu_split(self.pid), time.perf_counter()
         # Each side its own prompts: the other's answers are in the same Redis cache.
         round_name = f"{round_} of {self.label}"
         self.received += asyncio.run(clients(self.server.url, self.key, users, tokens, round_name))
         self.elapsed += time.perf_counter() - started
-        self.cpu += cpu_seconds(self.pid) - before
+        user_after, system_after = cpu_split(self.pid)
+        self.user += user_after - user
+        self.cpu += user_after + system_after - user - system
 
     def report(self) -> list[str]:
         pid = self.pid
@@ -156,7 +159,8 @@ class Side:
             f"{self.label}:",
             f"  tokens relayed        {self.received}",
             f"  relayed tok/s         {self.received / max(self.elapsed, 1e-9):.0f}",
-            f"  web CPU ms per token  {1000 * self.cpu / max(self.received, 1):.3f}",
+            f"  web CPU ms per token  {1000 * self.cpu / max(self.received, 1):.3f} "
+            f"(user {1000 * self.user / max(self.received, 1):.3f})",
             f"  web RSS               {status_mb(pid, 'VmRSS'):.0f} MB "
             f"(peak {status_mb(pid, 'VmHWM'):.0f} MB)",
         ]

@@ -25,7 +25,7 @@ import logging
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.http import JsonResponse, StreamingHttpResponse
+from django.http import JsonResponse
 from django.middleware.csrf import get_token
 from django.views.csrf import csrf_failure as django_csrf_failure
 from django.views.decorators.http import require_GET, require_POST
@@ -47,6 +47,7 @@ from ..protocol import (
 from ..protocol.errors import error_code
 from ..stores.selectors import owner_of_request
 from .feed import KEEPALIVE, TurnFeed
+from .sse import sse_response
 
 log = logging.getLogger(__name__)
 
@@ -141,10 +142,7 @@ async def chat_stream(request):
             # Django cancels this generator when the client disconnects; a finished turn ignores it.
             feed.abandon(resumable=True)
 
-    response = StreamingHttpResponse(stream(), content_type="text/event-stream; charset=utf-8")
-    response["Cache-Control"] = "no-cache"
-    response["X-Accel-Buffering"] = "no"  # nginx: pass each event on at once
-    return response
+    return sse_response(request, stream())
 
 
 @require_POST

@@ -65,6 +65,11 @@ CountTokens = Callable[[str], int]
 # end, a queue position, goes at once): a round trip per token would cost the web process more
 # than relaying the token itself, and a follower a tenth of a second behind reads the same answer.
 PUBLISH_SECONDS = 0.1
+# As long as no other process follows the generation (the last write counted no listener), text
+# waits this long instead: written for nobody yet, it would cost the web process a round trip
+# per answer every tenth of a second. A follower that joins reads what was written, gets the
+# rest within this wait, and a tenth of a second behind from the next write on.
+PUBLISH_UNFOLLOWED_SECONDS = 0.5
 
 
 def cancelled_result(
@@ -169,15 +174,15 @@ class _Owned:
             self.scheduler.cancel(self.ticket)
 
     def _publish_loop(self) -> None:
-        n, broken = 0, False
+        n, broken, followed = 0, False, False
         try:
             while True:
                 try:
                     batch = [self._outbox.get(timeout=self.registry.renew_seconds)]
                 except queue.Empty:
                     batch = []  # nothing new: renew the lease all the same
-                if batch:
-                    self._urgent.wait(PUBLISH_SECONDS)  # gather the text that follows
+                if batch:  # gather the text that follows
+                    self._urgent.wait(PUBLISH_SECONDS if followed else PUBLISH_UNFOLLOWED_SECONDS)
                     self._urgent.clear()
                 while not self._outbox.empty():
                     batch.append(self._outbox.get_nowait())
@@ -198,6 +203,7 @@ class _Owned:
                         )
                     # A lost lease or Redis: followers see the owner gone; stop publishing.
                     broken = listeners < 0
+                    followed = listeners > 0
                 if final:
                     return
                 with self._lock:

@@ -22,7 +22,7 @@ import uuid
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.http import JsonResponse, StreamingHttpResponse
+from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from ... import turns
@@ -32,6 +32,7 @@ from ...stores import apikeys
 from ...stores.engine_routes import visible_policies
 from ...stores.selectors import owner_of_api_key
 from ..feed import KEEPALIVE, TurnFeed
+from ..sse import sse_response
 from . import (
     MAX_BODY_BYTES,
     ChatRequest,
@@ -280,10 +281,7 @@ async def chat_completions(request):
         finally:
             feed.abandon()  # the client closed the stream: stop the model
 
-    response = StreamingHttpResponse(stream(), content_type="text/event-stream; charset=utf-8")
-    response["Cache-Control"] = "no-cache"
-    response["X-Accel-Buffering"] = "no"
-    return response
+    return sse_response(request, stream())
 
 
 @csrf_exempt
