@@ -343,8 +343,9 @@ def daphne_server(tmp_path_factory):
     server = LiveServer(
         tmp_path_factory.mktemp("live"),
         CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL,
-        # Every browser test signs up from 127.0.0.1; the sign-up throttle has tests/test_accounts.py.
-        CHAT_RATE_LIMITS="signup_address=0",
+        # Every browser test signs up from 127.0.0.1, and tests/test_client_libraries.py asks
+        # many times a minute; the throttles have tests/test_accounts.py and test_shared_limits.py.
+        CHAT_RATE_LIMITS="signup_address=0,prompt=0",
     ).start()
     yield server
     server.stop()
