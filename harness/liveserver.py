@@ -102,14 +102,23 @@ class LiveServer:
         self.serve = serve
         self.daphne_flags = list(daphne_flags)
         self.process: subprocess.Popen | None = None
+        self.launched = 0.0
         self.ready_s: float | None = None
 
     def start(self, timeout: float = 180, *, wait_for_model: bool = True) -> LiveServer:
         """Migrate, start daphne, and return once /healthz says ready (or answers at all, without
         `wait_for_model`: a server with CHAT_BACKEND=none never reports ready)."""
+        self.migrate()
+        self.launch()
+        return self.wait_ready(timeout, wait_for_model=wait_for_model)
+
+    def migrate(self) -> None:
         subprocess.run(
             [sys.executable, "manage.py", "migrate", "-v0"], cwd=self.root, env=self.env, check=True
         )
+
+    def launch(self) -> None:
+        """Start the process, its database already migrated; `wait_ready` waits for it."""
         log = self.log_path.open("ab")
         daphne = [
             *("daphne", "-b", "127.0.0.1", "-p", str(self.port), *self.daphne_flags),
@@ -122,7 +131,11 @@ class LiveServer:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        launched = time.monotonic()
+        self.launched = time.monotonic()
+
+    def wait_ready(self, timeout: float = 180, *, wait_for_model: bool = True) -> LiveServer:
+        assert self.process is not None, "launch() first"
+        launched = self.launched
         deadline = launched + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -133,6 +146,27 @@ class LiveServer:
                 return self
             time.sleep(0.25)
         raise RuntimeError(f"daphne not ready after {timeout} s:\n{self.log()}")
+
+    @staticmethod
+    def start_together(servers: list[LiveServer], timeout: float = 180) -> list[LiveServer]:
+        """Start servers that share a database side by side: it is migrated once, then every
+        process starts and loads its model at the same time rather than each after the one
+        before. Returns them ready; all are stopped if one fails to start."""
+        migrated: set[str] = set()
+        try:
+            for server in servers:
+                if server.env["DATABASE_URL"] not in migrated:
+                    server.migrate()
+                    migrated.add(server.env["DATABASE_URL"])
+            for server in servers:
+                server.launch()
+            for server in servers:
+                server.wait_ready(timeout)
+        except BaseException:
+            for server in servers:
+                server.stop()
+            raise
+        return servers
 
     def restart(self, timeout: float = 180) -> LiveServer:
         """Stop daphne and start it again on the same port and database (start-up migrates, as `make run` does)."""

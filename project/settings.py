@@ -34,9 +34,12 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 #   from ~30 % to ~3 % on 2 cores); libgomp reads it once, when torch loads it.
 # - torch's extension builder runs `ninja` from PATH; the pinned one lives beside this
 #   interpreter, which is not on PATH when the venv's python runs without the venv activated.
+#   It goes first even where the system has a ninja: another version does not read the pinned
+#   one's build log and compiles the kernels again (minutes), and back again after it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 _interpreter_bin = Path(sys.executable).parent
-if shutil.which("ninja") is None and (_interpreter_bin / "ninja").exists():
+_pinned_ninja = _interpreter_bin / "ninja"
+if _pinned_ninja.exists() and shutil.which("ninja") != str(_pinned_ninja):
     os.environ["PATH"] = f"{_interpreter_bin}{os.pathsep}{os.environ.get('PATH', '')}"
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
 import re
+import threading
 
 import pytest
 from channels.testing import WebsocketCommunicator
@@ -103,6 +105,51 @@ def pytest_collection_modifyitems(config, items):
         kept = [item for item in items if touches_a_database(item, seen)]
         config.hook.pytest_deselected(items=[item for item in items if item not in kept])
         items[:] = kept
+
+
+# The kernels' AVX2 build, which tests compare with the native one: a minute or more of both
+# cores to compile in a fresh checkout. Started in a thread once collection says a test will
+# ask for it, it compiles beside the tests before that one (which leave a core idle most of
+# the time); the test's own `blockquant.build("avx2")` then waits for it (torch's build lock)
+# and loads it, or builds it itself, and fails, where this thread's build failed.
+_AVX2_USER = 'blockquant.build("avx2")'
+_avx2_builds: list[threading.Thread] = []
+
+
+def pytest_collection_finish(session):
+    if NO_MODEL or not any(_AVX2_USER in _module_source(item) for item in session.items):
+        return
+    from chat.engine.weights import blockquant
+
+    if not blockquant.cpu_supported()[0]:
+        return
+
+    def build() -> None:
+        # A failure is the test's to report: its own call builds again and raises.
+        with contextlib.suppress(Exception):
+            blockquant.build("avx2", progress=lambda line: None)
+
+    thread = threading.Thread(target=build, name="avx2-kernels", daemon=True)
+    thread.start()
+    _avx2_builds.append(thread)
+
+
+def pytest_sessionfinish(session):
+    """Never leave the compiler running past the session: its lock file would stop the next."""
+    for thread in _avx2_builds:
+        thread.join()
+
+
+def _module_source(item, seen: dict = {}) -> str:  # noqa: B006 (a cache across calls)
+    module = getattr(item, "module", None)
+    if module is None:
+        return ""
+    if module not in seen:
+        try:
+            seen[module] = inspect.getsource(module)
+        except (OSError, TypeError):
+            seen[module] = ""
+    return seen[module]
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -343,8 +390,9 @@ def daphne_server(tmp_path_factory):
     server = LiveServer(
         tmp_path_factory.mktemp("live"),
         CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL,
-        # Every browser test signs up from 127.0.0.1; the sign-up throttle has tests/test_accounts.py.
-        CHAT_RATE_LIMITS="signup_address=0",
+        # Every browser test signs up from 127.0.0.1, and tests/test_client_libraries.py asks
+        # many times a minute; the throttles have tests/test_accounts.py and test_shared_limits.py.
+        CHAT_RATE_LIMITS="signup_address=0,prompt=0",
     ).start()
     yield server
     server.stop()

@@ -49,10 +49,10 @@ def servers(database_url, tmp_path_factory):
         "CHAT_RATE_LIMITS": "prompt=0",
     }
     workdir = tmp_path_factory.mktemp("budgets")
-    started = []
+    started = LiveServer.start_together(
+        [LiveServer(workdir, database_url=database_url, **env) for _ in range(2)]
+    )
     try:
-        for _ in range(2):  # one after the other: the second one's migrate finds the schema
-            started.append(LiveServer(workdir, database_url=database_url, **env).start())
         yield started
     finally:
         for server in started:

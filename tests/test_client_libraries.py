@@ -18,7 +18,6 @@ import pytest
 from pydantic import BaseModel, Field
 
 from harness import client_modes as cm
-from tests.conftest import LIVE_CACHE_URL
 
 pytestmark = pytest.mark.integration
 
@@ -44,26 +43,17 @@ WEATHER_TOOL = {
 
 
 @pytest.fixture(scope="module")
-def live_v1(tmp_path_factory):
-    """One daphne on the local engine for the module, and an endpoint with a fresh API key."""
-    from harness.liveserver import LiveServer
-
-    server = LiveServer(
-        tmp_path_factory.mktemp("clients"),
-        CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL,
-        CHAT_RATE_LIMITS="prompt=0",
-    ).start()
-    try:
-        server.manage(
-            "shell",
-            "-c",
-            "from django.contrib.auth import get_user_model as U; "
-            "U().objects.get_or_create(username='clients')",
-        )
-        key = server.manage("apikey", "create", "--user", "clients").strip().splitlines()[-1]
-        yield cm.Endpoint(server.url + "/v1", key, max_tokens=64)
-    finally:
-        server.stop()
+def live_v1(daphne_server):
+    """The session's daphne on the local engine (its prompt throttle off: these tests ask many
+    times a minute), and an endpoint with a fresh API key of an account of their own."""
+    daphne_server.manage(
+        "shell",
+        "-c",
+        "from django.contrib.auth import get_user_model as U; "
+        "U().objects.get_or_create(username='clients')",
+    )
+    key = daphne_server.manage("apikey", "create", "--user", "clients").strip().splitlines()[-1]
+    return cm.Endpoint(daphne_server.url + "/v1", key, max_tokens=64)
 
 
 def valid_weather_arguments(arguments: str) -> dict:

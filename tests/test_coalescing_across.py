@@ -32,10 +32,10 @@ def servers(database_url, tmp_path_factory):  # noqa: F811 (the imported fixture
         "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
     }
     workdir = tmp_path_factory.mktemp("coalescing")
-    started: list[LiveServer] = []
+    started = LiveServer.start_together(
+        [LiveServer(workdir, database_url=database_url, **env) for _ in range(2)]
+    )
     try:
-        for _ in range(2):  # one after the other: the second one's migrate finds the schema
-            started.append(LiveServer(workdir, database_url=database_url, **env).start())
         started[0].policy(POLICY, max_new_tokens=48)
         yield started
     finally:
@@ -57,8 +57,9 @@ def remote_servers(database_url, backend, tmp_path_factory):  # noqa: F811 (the 
     workdir = tmp_path_factory.mktemp("coalescing-remote")
     started: list[LiveServer] = []
     try:
-        for _ in range(2):
-            started.append(LiveServer(workdir, database_url=database_url, **env).start())
+        started = LiveServer.start_together(
+            [LiveServer(workdir, database_url=database_url, **env) for _ in range(2)]
+        )
         started[0].policy(POLICY, max_new_tokens=48)
         yield fake, started
     finally:

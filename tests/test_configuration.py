@@ -168,3 +168,31 @@ def test_chat_remote_gives_the_url_key_and_options():
         ImproperlyConfigured, match="CHAT_REMOTE concurrency='0' must be at least 1"
     ):
         product.remote_settings("http://h/v1?model=m&concurrency=0")
+
+
+def test_the_pinned_ninja_runs_the_kernels_build_even_beside_another(tmp_path):
+    """Settings put the venv's own ninja first on PATH when another ninja is found there (a
+    system one): a build of the kernels made by one version is rebuilt whole by the other."""
+    import os
+    import subprocess
+    import sys
+
+    pinned = Path(sys.executable).parent / "ninja"
+    if not pinned.exists():
+        pytest.skip("no ninja beside this interpreter (requirements-dev.txt installs one)")
+    other = tmp_path / "ninja"
+    other.write_text("#!/bin/sh\nexit 0\n")
+    other.chmod(0o755)
+    found = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import project.settings_bench, shutil; print(shutil.which('ninja'))",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PATH": f"{tmp_path}{os.pathsep}/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert found == str(pinned)

@@ -267,25 +267,18 @@ def test_rows_that_share_an_opening_are_forgotten_one_conversation_at_a_time(bac
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    """A daphne on the real model, and an API key: (server, key)."""
-    from harness.liveserver import LiveServer
-
-    server = LiveServer(
-        tmp_path_factory.mktemp("forgetting"),
-        CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL,
-        CHAT_RATE_LIMITS="prompt=0",
-    ).start()
-    try:
-        server.manage(
-            "shell",
-            "-c",
-            "from django.contrib.auth import get_user_model as U; "
-            "U().objects.get_or_create(username='forgets')",
-        )
-        yield server, server.manage("apikey", "create", "--user", "forgets").splitlines()[-1]
-    finally:
-        server.stop()
+def live(daphne_server):
+    """The session's daphne on the real model, and an API key of this module's user: (server,
+    key)."""
+    daphne_server.manage(
+        "shell",
+        "-c",
+        "from django.contrib.auth import get_user_model as U; "
+        "U().objects.get_or_create(username='forgets')",
+    )
+    return daphne_server, daphne_server.manage(
+        "apikey", "create", "--user", "forgets"
+    ).splitlines()[-1]
 
 
 def complete(server, key: str, messages: list[dict]) -> dict:

@@ -24,7 +24,6 @@ from chat.stores import erasure
 from chat.stores.apikeys import apikey_create, apikey_revoke
 from chat.turns.cancel_bus import GROUP, CancelKeys
 from harness.scripted import Answer
-from tests.conftest import LIVE_CACHE_URL
 from tests.test_consumer import LONG
 from tests.test_openai_views import ask, post
 
@@ -219,27 +218,19 @@ async def test_revoking_mid_answer_on_the_real_model_ends_the_stream_at_once(run
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    """A daphne on the real model, a user and a key: (server, key, key id)."""
-    from harness.liveserver import LiveServer
-
-    server = LiveServer(
-        tmp_path_factory.mktemp("revocation"),
-        CHAT_CACHE_REDIS_URL=LIVE_CACHE_URL,
-        CHAT_RATE_LIMITS="prompt=0",
-    ).start()
-    try:
-        server.manage(
-            "shell",
-            "-c",
-            "from django.contrib.auth import get_user_model as U; "
-            "U().objects.get_or_create(username='revoked')",
-        )
-        key = server.manage("apikey", "create", "--user", "revoked").strip().splitlines()[-1]
-        key_id = server.manage("apikey", "list").strip().splitlines()[-1].split("\t")[0]
-        yield server, key, key_id
-    finally:
-        server.stop()
+def live(daphne_server):
+    """The session's daphne on the real model, a user of this module's and its key: (server,
+    key, key id)."""
+    server = daphne_server
+    server.manage(
+        "shell",
+        "-c",
+        "from django.contrib.auth import get_user_model as U; "
+        "U().objects.get_or_create(username='revoked')",
+    )
+    key = server.manage("apikey", "create", "--user", "revoked").strip().splitlines()[-1]
+    key_id = server.manage("apikey", "list", "--user", "revoked").strip().splitlines()[-1]
+    return server, key, key_id.split("\t")[0]
 
 
 def v1_stream(url: str, key: str, body: dict):
