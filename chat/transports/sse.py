@@ -9,6 +9,8 @@ in the request's scope, and the response's iterator writes each piece with one `
 yielding nothing. Django has sent the status and headers before it asks for the first piece and
 sends the end after the last, so the wire is the same bytes either way. Without the server's
 `send` (Django's test client, another entry point) the pieces go through Django as before.
+A middleware that rewrites a streaming body (GZipMiddleware) would not see these pieces: none is
+installed, and an event stream is not worth compressing (each piece is one token).
 """
 
 from __future__ import annotations
