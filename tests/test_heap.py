@@ -61,7 +61,10 @@ def test_glibc_trim_is_found_here():
 
 
 @pytest.mark.integration
-def test_a_document_leaving_the_real_batch_trims_the_heap_and_a_short_answer_does_not(backend):
+def test_a_document_leaving_the_real_batch_trims_the_heap_and_a_short_answer_does_not(
+    backend, monkeypatch
+):
+    monkeypatch.setattr(heap, "IDLE_TRIM_TOKENS", 1024)  # a document of 1,200 tokens reads fast
     trimmer, calls, _ = recording()
     batch = backend.new_batch()
     batch.heap = trimmer
@@ -80,7 +83,8 @@ def test_a_document_leaving_the_real_batch_trims_the_heap_and_a_short_answer_doe
 
 
 @pytest.mark.integration
-def test_a_document_cancelled_mid_prefill_is_counted(backend):
+def test_a_document_cancelled_mid_prefill_is_counted(backend, monkeypatch):
+    monkeypatch.setattr(heap, "IDLE_TRIM_TOKENS", 1024)
     trimmer, calls, _ = recording()
     batch = backend.new_batch()
     batch.heap = trimmer

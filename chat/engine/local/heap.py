@@ -21,8 +21,10 @@ log = logging.getLogger(__name__)
 
 # A row this long holds about 90 MB of SmolLM2's KV: its end is worth a trim at once.
 LONG_ROW_TOKENS = 2048
-# Tokens of ended rows since the last trim that make an idle moment worth one.
-IDLE_TRIM_TOKENS = 1024
+# Tokens of ended rows since the last trim that make an idle moment worth one: about 180 MB of
+# SmolLM2's KV. Lower, a conversation's every turn would trim and its next answer pay the page
+# faults (5-10 ms) of memory given back for nothing.
+IDLE_TRIM_TOKENS = 4096
 # Trims at most this often while the batch is busy (each walks every arena's free lists).
 BUSY_INTERVAL_S = 5.0
 
