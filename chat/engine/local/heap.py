@@ -55,6 +55,7 @@ class HeapTrimmer:
         self._trim = trim if trim is not None else _libc_trim()
         self._clock = clock
         self._freed_tokens = 0
+        self._owed = False
         self._last = float("-inf")
         self.trims = 0  # tests and the start-up log read it
 
@@ -65,12 +66,15 @@ class HeapTrimmer:
     def ended(self, tokens: int) -> None:
         """A row of `tokens` (prompt and answer) has left the batch."""
         self._freed_tokens += tokens
-        if tokens >= LONG_ROW_TOKENS and self._clock() - self._last >= BUSY_INTERVAL_S:
-            self._run()
+        if tokens >= LONG_ROW_TOKENS:
+            if self._clock() - self._last >= BUSY_INTERVAL_S:
+                self._run()
+            else:
+                self._owed = True  # trimmed a moment ago: the next idle moment gives it back
 
     def idle(self) -> None:
-        """The batch is empty and nobody waits: trim if rows worth it ended since the last."""
-        if self._freed_tokens >= IDLE_TRIM_TOKENS:
+        """The batch is empty: trim if a long row or enough rows ended since the last trim."""
+        if self._owed or self._freed_tokens >= IDLE_TRIM_TOKENS:
             self._run()
 
     def trim(self) -> None:
@@ -79,6 +83,7 @@ class HeapTrimmer:
 
     def _run(self) -> None:
         self._freed_tokens = 0
+        self._owed = False
         self._last = self._clock()
         if self._trim is None:
             return
