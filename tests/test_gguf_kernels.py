@@ -81,6 +81,9 @@ def test_each_block_types_kernel_is_numpys_matmul_on_ggufs_dequantized_weights(
     want = reference(data, qtype, x.numpy())
     assert got.shape == (rows, out_features)
     assert relative_error(got, want) < 1e-5  # fp32 sums of the file's own weights
+    if qtype == Q.Q5_0:  # computed as Q8_0; the 5-bit kernel on the rows as stored, too
+        stored = builds[isa].raw_mm(x, torch.from_numpy(data), int(qtype))
+        assert relative_error(stored, want) < 1e-5
 
 
 @pytest.mark.parametrize("qtype", QUANTIZABLE + K_QUANTS, ids=lambda t: t.name)
@@ -99,6 +102,13 @@ def test_a_block_linear_dequantizes_as_gguf_does_and_computes_a_prefill_with_it(
     assert relative_error(got.reshape(rows, -1), want) < 1e-5
     decoding = layer(x[:2])  # and a decode step's rows through the kernel, bias included
     assert relative_error(decoding.reshape(2, -1), want[:2]) < 1e-5
+
+
+def test_q5_0_is_widened_to_q8_0_with_every_weight_the_same_float():
+    data = file_rows(Q.Q5_0, 19, 256, seed=5)
+    layer = BlockQuantLinear.from_gguf(int(Q.Q5_0), torch.from_numpy(data), 256)
+    assert layer.kind == "q8_0"
+    assert np.array_equal(layer.weight_float().numpy(), gguf.quants.dequantize(data, Q.Q5_0))
 
 
 def test_rows_that_do_not_fit_their_type_are_refused(builds):
