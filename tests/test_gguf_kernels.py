@@ -28,6 +28,8 @@ pytestmark = [
 
 QUANTIZABLE = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
 K_QUANTS = [Q.Q4_K, Q.Q5_K, Q.Q6_K]
+# Types computed in a faster kernel's layout, every weight unchanged (blockquant.from_gguf).
+WIDENED = {Q.Q5_0: "q8_0", Q.Q4_K: "q4_1"}
 ISAS = ["native", "avx2"]
 
 
@@ -81,7 +83,7 @@ def test_each_block_types_kernel_is_numpys_matmul_on_ggufs_dequantized_weights(
     want = reference(data, qtype, x.numpy())
     assert got.shape == (rows, out_features)
     assert relative_error(got, want) < 1e-5  # fp32 sums of the file's own weights
-    if qtype == Q.Q5_0:  # computed as Q8_0; the 5-bit kernel on the rows as stored, too
+    if qtype in WIDENED:  # computed in another layout; the type's own kernel on the rows too
         stored = builds[isa].raw_mm(x, torch.from_numpy(data), int(qtype))
         assert relative_error(stored, want) < 1e-5
 
@@ -104,11 +106,12 @@ def test_a_block_linear_dequantizes_as_gguf_does_and_computes_a_prefill_with_it(
     assert relative_error(decoding.reshape(2, -1), want[:2]) < 1e-5
 
 
-def test_q5_0_is_widened_to_q8_0_with_every_weight_the_same_float():
-    data = file_rows(Q.Q5_0, 19, 256, seed=5)
-    layer = BlockQuantLinear.from_gguf(int(Q.Q5_0), torch.from_numpy(data), 256)
-    assert layer.kind == "q8_0"
-    assert np.array_equal(layer.weight_float().numpy(), gguf.quants.dequantize(data, Q.Q5_0))
+@pytest.mark.parametrize("qtype", list(WIDENED), ids=lambda t: t.name)
+def test_a_widened_type_keeps_every_weight_the_same_float(qtype):
+    data = file_rows(qtype, 19, 512, seed=5)
+    layer = BlockQuantLinear.from_gguf(int(qtype), torch.from_numpy(data), 512)
+    assert layer.kind == WIDENED[qtype]
+    assert np.array_equal(layer.weight_float().numpy(), gguf.quants.dequantize(data, qtype))
 
 
 def test_rows_that_do_not_fit_their_type_are_refused(builds):
@@ -117,6 +120,5 @@ def test_rows_that_do_not_fit_their_type_are_refused(builds):
         BlockQuantLinear.from_gguf(int(Q.Q4_K), data[:, :72], 128)
     with pytest.raises(ValueError, match="no block kernel"):
         BlockQuantLinear.from_gguf(int(Q.IQ4_NL), data, 256)
-    layer = BlockQuantLinear.from_gguf(int(Q.Q4_K), data, 256)
     with pytest.raises(RuntimeError, match="multiple of 256"):
-        builds["native"].raw_mm(torch.zeros(1, 128), layer.qs, int(Q.Q4_K))
+        builds["native"].raw_mm(torch.zeros(1, 128), data, int(Q.Q4_K))

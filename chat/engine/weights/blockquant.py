@@ -283,6 +283,8 @@ class BlockQuantLinear(nn.Module):
         out_features = rows.shape[0]
         if kind == "q5_0":
             return cls._q5_0_as_q8_0(rows, in_features, bias)
+        if kind == "q4_k":
+            return cls._q4_k_as_q4_1(rows, in_features, bias)
         if kind in RAW_KINDS:
             return cls(kind, in_features, out_features, rows, bias=bias)
         block_bytes = SPLIT_KINDS[kind][2]
@@ -321,6 +323,40 @@ class BlockQuantLinear(nn.Module):
         q = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1) | (fifth.to(torch.int16) << 4)
         widened = (q - 16).to(torch.int8).reshape(out_features, in_features)
         return cls("q8_0", in_features, out_features, widened, d, bias=bias)
+
+    @classmethod
+    def _q4_k_as_q4_1(
+        cls, rows: torch.Tensor, in_features: int, bias: torch.Tensor | None
+    ) -> BlockQuantLinear:
+        """Q4_K rows widened to Q4_1's split layout, exactly: each 32-weight sub-block is
+        `(d * sc) * q - dmin * m` with 6-bit sc and m, which is Q4_1's `d' * q + m'` with
+        d' = d * sc and m' = -dmin * m, both exact in fp32. The Q4_1 kernel is 1.3-1.6x faster
+        than the k-quant's (no scale unpacking per sub-block), for 1.3x the bytes; Q4_K is most
+        of a Q4_K_M file of a model whose rows are a multiple of 256 (Llama 3, Qwen2.5-1.5B)."""
+        out_features = rows.shape[0]
+        _, weights, block_bytes = RAW_KINDS["q4_k"]
+        if in_features % weights or rows.shape[1] != in_features // weights * block_bytes:
+            raise ValueError(
+                f"q4_k: in_features {in_features} is not a multiple of {weights}, or rows of "
+                f"{rows.shape[1]} bytes do not fit it"
+            )
+        blocks = rows.reshape(out_features, in_features // weights, block_bytes)
+        d = blocks[..., 0:2].contiguous().view(torch.float16).float()  # [out, supers, 1]
+        dmin = blocks[..., 2:4].contiguous().view(torch.float16).float()
+        sc, mn = _k4_scales(blocks[..., 4:16].to(torch.int32))  # [out, supers, 8] each
+        # 32 bytes per pair of sub-blocks: the even one's weights in the low nibbles, in order.
+        pairs = blocks[..., 16:].reshape(out_features, -1, 4, 32)
+        q = torch.stack([pairs & 0x0F, pairs >> 4], dim=3).reshape(out_features, -1, GROUP)
+        packed = q[..., :16] | (q[..., 16:] << 4)  # Q4_1's order: weights j and j + 16
+        return cls(
+            "q4_1",
+            in_features,
+            out_features,
+            packed.reshape(out_features, -1),
+            (d * sc).reshape(out_features, -1),
+            (-(dmin * mn)).reshape(out_features, -1),
+            bias=bias,
+        )
 
     def weight_float(self) -> torch.Tensor:
         """The float32 weight [out, in] the blocks stand for."""
@@ -361,6 +397,16 @@ class BlockQuantLinear(nn.Module):
             f"{self.kind}, activations {activations}, in_features={self.in_features}, "
             f"out_features={self.out_features}, bias={self.bias is not None}"
         )
+
+
+def _k4_scales(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """ggml's get_scale_min_k4 for the 8 sub-blocks: (sc, m) float [..., 8] from the 12 scale
+    bytes [..., 12] of a Q4_K (or Q5_K) super-block."""
+    low, high = scales[..., 0:4], scales[..., 8:12]
+    sc = torch.cat([low & 63, (high & 0x0F) | ((low >> 6) << 4)], dim=-1)
+    mins = scales[..., 4:8]
+    mn = torch.cat([mins & 63, (high >> 4) | ((mins >> 6) << 4)], dim=-1)
+    return sc.float(), mn.float()
 
 
 def q8_0_parts(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,8 +5,8 @@ metadata, through transformers' GGUF support (`from_pretrained(folder, gguf_file
 config, the tokenizer and a float model with the file's tensors dequantized, q/k un-permuted).
 For Llama and Qwen2, the architectures the fused decode step computes, every projection and the
 LM head are then swapped for the file's own blocks as stored (blockquant.py: Q4_0, Q4_1, Q5_0,
-Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, per tensor, so mixed files work as they come; Q5_0 widened to
-Q8_0's layout, the same weights, for the faster kernel); F32/F16/BF16
+Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, per tensor, so mixed files work as they come; Q5_0 and Q4_K
+widened to Q8_0's and Q4_1's layouts, the same weights, for the faster kernels); F32/F16/BF16
 tensors stay the float linears transformers built. Any other architecture transformers can build
 runs its float model through transformers' forward. A file with an architecture transformers
 cannot build, or a tensor type with no kernel here, is refused before anything loads, with one
@@ -152,9 +152,8 @@ def swap_in_blocks(
         # llama.cpp's int8 activations exist for the split kinds only; the raw ones stay fp32.
         layer.int8_activations = int8_activations and layer.kind in SPLIT_KINDS
         setattr(parent, attribute, layer)
-        stored = (
-            tensor.tensor_type.name.lower()
-        )  # Q5_0 computes as Q8_0: counted as the file has it
+        # Counted as the file stores it, whatever layout computes it (Q5_0 and Q4_K are widened).
+        stored = tensor.tensor_type.name.lower()
         counts[stored] = counts.get(stored, 0) + 1
     return counts
 
@@ -163,7 +162,11 @@ def describe_counts(counts: dict[str, int]) -> str:
     """ "211 linears from the file's blocks (Q4_K 60, Q6_K 31, ...)"."""
     total = sum(counts.values())
     kinds = ", ".join(f"{kind.upper()} {count}" for kind, count in sorted(counts.items()))
-    widened = "; Q5_0 computed as Q8_0, the same weights" if "q5_0" in counts else ""
+    widened = "".join(
+        f"; {kind.upper()} computed as {layout.upper()}, the same weights"
+        for kind, layout in (("q5_0", "q8_0"), ("q4_k", "q4_1"))
+        if kind in counts
+    )
     return (
         f"{total} linears from the file's blocks ({kinds}{widened})"
         if total
