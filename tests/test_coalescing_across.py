@@ -19,9 +19,9 @@ from tests.test_scaleout import Visitor, database_url, receive, receive_until  #
 pytestmark = pytest.mark.integration
 
 POLICY = "story"  # a few dozen tokens: long enough to join, short enough to wait for
-# Long enough that the owner is still generating when it is killed: a follower's first text can
-# come half a second after it joins (the owner's writes while nobody followed), by which time a
-# few dozen tokens may all be done.
+# For the tests that join a running answer and then cancel or kill its owner: long enough that the
+# owner is still generating then. A follower's first text can come half a second after it joins
+# (the owner's writes while nobody followed), by which time a few dozen tokens may all be done.
 LONG_POLICY = "long-story"
 
 
@@ -41,6 +41,7 @@ def servers(database_url, tmp_path_factory):  # noqa: F811 (the imported fixture
     )
     try:
         started[0].policy(POLICY, max_new_tokens=48)
+        started[0].policy(LONG_POLICY, max_new_tokens=256)
         yield started
     finally:
         for server in started:
@@ -96,7 +97,7 @@ def prompt(request_id: str, policy: str = POLICY) -> str:
     return json.dumps({"type": "prompt", "request_id": request_id, "text": LONG, "policy": policy})
 
 
-async def joined(owner_ws, follower_ws, policy: str = POLICY) -> tuple[dict, dict]:
+async def joined(owner_ws, follower_ws, policy: str = LONG_POLICY) -> tuple[dict, dict]:
     """The prompt sent to the owner and generating, then to the follower and replayed; their `accepted`."""
     await owner_ws.send(prompt("a", policy))
     accepted_a = await receive(owner_ws)
@@ -177,10 +178,9 @@ async def test_a_follower_of_a_killed_owner_gets_an_error_not_a_hang(servers):
     """Runs after the other tests on `servers`: it kills process A. B's turn ends with an error frame once A's lease runs out,
     and its message is stored as failed."""
     a, b = servers
-    a.policy(LONG_POLICY, max_new_tokens=512)
     visitor = Visitor(b)
     async with visitor.socket(a) as on_a, visitor.socket(b) as on_b:
-        _, accepted_b = await joined(on_a, on_b, LONG_POLICY)
+        _, accepted_b = await joined(on_a, on_b)
         assert a.process is not None
         a.process.kill()  # SIGKILL: no drain, no last event
         events = [await receive(on_b)]
