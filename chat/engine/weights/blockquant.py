@@ -207,7 +207,8 @@ def failure() -> str | None:
 
 class BlockQuantLinear(nn.Module):
     """A linear over GGUF blocks: Q4_1 (`d * q + m`) or Q8_0 (`d * q`) in a split layout, or a
-    file's rows of Q4_0, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K as stored (`RAW_KINDS`).
+    file's rows of Q4_0, Q5_1, Q5_K or Q6_K as stored (`RAW_KINDS`; `from_gguf` widens a file's
+    Q5_0 and Q4_K rows to the Q8_0 and Q4_1 layouts, the same weights).
 
     Buffers: `qs` (Q4_1: uint8 [out, in / 2], two weights a byte as GGUF packs them; Q8_0: int8
     [out, in]; a raw kind: uint8 [out, row bytes], the file's row), `d` and, for Q4_1, `m`
@@ -275,7 +276,8 @@ class BlockQuantLinear(nn.Module):
         cls, ggml_type: int, rows: torch.Tensor, in_features: int, bias: torch.Tensor | None = None
     ) -> BlockQuantLinear:
         """From a GGUF tensor's rows as the file stores them (uint8 [out, row bytes]) of any type
-        in `KIND_OF_TYPE`; Q4_1 and Q8_0 are split into their kernels' layout."""
+        in `KIND_OF_TYPE`; Q4_1 and Q8_0 are split into their kernels' layout, Q5_0 and Q4_K
+        widened into Q8_0's and Q4_1's."""
         kind = KIND_OF_TYPE.get(ggml_type)
         if kind is None:
             raise ValueError(f"GGML type {ggml_type} has no block kernel")
