@@ -110,7 +110,7 @@ def pytest_collection_modifyitems(config, items):
 # The kernels' AVX2 build, which tests compare with the native one: a minute or more of both
 # cores to compile in a fresh checkout. Started in a thread once collection says a test will
 # ask for it, it compiles beside the tests before that one (which leave a core idle most of
-# the time); the test's own `blockquant.build("avx2")` then waits for it (torch's build lock)
+# the time); the test's own `blockquant.build("avx2")` then waits for it (the build's flock)
 # and loads it, or builds it itself, and fails, where this thread's build failed.
 _AVX2_USER = 'blockquant.build("avx2")'
 _avx2_builds: list[threading.Thread] = []
