@@ -51,7 +51,15 @@ def _q8_0(out_features: int, in_features: int, seed: int = 0) -> BlockQuantLinea
     return BlockQuantLinear.q8_0(q, d)
 
 
-@pytest.mark.parametrize("make", [_q4_1, _q8_0], ids=["q4_1", "q8_0"])
+def _q8_0_by_16(out_features: int, in_features: int, seed: int = 0) -> BlockQuantLinear:
+    """Q8_0 values with a scale per 16 weights: the layout a file's Q6_K rows are widened to."""
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randint(-32, 32, (out_features, in_features), generator=generator)
+    d = (torch.rand(out_features, in_features // 16, generator=generator) - 0.5) * 0.2
+    return BlockQuantLinear.q8_0(q, d)
+
+
+@pytest.mark.parametrize("make", [_q4_1, _q8_0, _q8_0_by_16], ids=["q4_1", "q8_0", "q8_0/16"])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 16, blockquant.MAX_KERNEL_ROWS + 3])
 @pytest.mark.parametrize("int8_activations", [False, True], ids=["fp32-act", "int8-act"])
 def test_a_block_linear_computes_with_the_weight_its_blocks_stand_for(

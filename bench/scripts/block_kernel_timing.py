@@ -4,7 +4,8 @@
         [--rows 1,4,8] [--isa avx2] [--repeats 200] [--threads 1] [--dequantized]
 
 Prints the best time of --repeats calls per block type and row count (the weights are random
-but valid blocks). To compare two checkouts, run it from each in the same command: each checkout
+but valid blocks); a type widened at load (Q5_0, Q4_K, Q6_K) also through its own kernel on the
+rows as stored. To compare two checkouts, run it from each in the same command: each checkout
 builds its own kernels. `--dequantized` adds, per type, the other way to compute the same rows:
 the weight dequantized to fp32 and torch's GEMM (what BlockQuantLinear does above
 MAX_KERNEL_ROWS), so the row count where the GEMM starts to win can be read off, e.g.
@@ -72,6 +73,12 @@ def main() -> None:
         layer = blockquant.BlockQuantLinear.from_gguf(int(qtype), data, in_features)
         line = [best(kernel_call(module, layer, r, False), args.repeats) for r in rows]
         print(f"  {qtype.name:>6} " + " ".join(f"{t * 1000:>8.3f} ms" for t in line))
+        if qtype.name.lower() in blockquant.WIDENED_AS:  # beside the type's own kernel
+            x = {r: torch.randn(r, in_features) for r in rows}
+            line = [
+                best(lambda r=r: module.raw_mm(x[r], data, int(qtype)), args.repeats) for r in rows
+            ]
+            print(f"  {'stored':>6} " + " ".join(f"{t * 1000:>8.3f} ms" for t in line))
         if layer.kind in blockquant.SPLIT_KINDS:  # llama.cpp's way: int8 activations, VNNI
             line = [best(kernel_call(module, layer, r, True), args.repeats) for r in rows]
             print(f"  {'int8x':>6} " + " ".join(f"{t * 1000:>8.3f} ms" for t in line))

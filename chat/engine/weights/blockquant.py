@@ -44,7 +44,7 @@ SOURCES = (
     KERNELS / "llama_step.cpp",
 )
 # Bump when the C++ interface changes, so an old build is never imported.
-EXTENSION = "chat_blockquant_v7"
+EXTENSION = "chat_blockquant_v8"
 # The AVX-512 subsets the AVX-512 kernels are compiled for (cpuinfo names; -mavx512f and so on).
 AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq")
 ISA_LEVELS = ("avx2", "avx512", "avx512-vnni")
@@ -64,6 +64,8 @@ RAW_KINDS = {
     "q6_k": (14, 256, 210),
 }
 SPLIT_KINDS = {"q4_1": (GGML_Q4_1, 32, Q4_1_BLOCK_BYTES), "q8_0": (GGML_Q8_0, 32, Q8_0_BLOCK_BYTES)}
+# The file types `from_gguf` computes in a faster kernel's layout, every weight the same float.
+WIDENED_AS = {"q5_0": "q8_0", "q4_k": "q4_1", "q6_k": "q8_0"}
 # Every GGUF tensor type a BlockQuantLinear computes, by GGML type id.
 KIND_OF_TYPE = {ggml: kind for kind, (ggml, _, _) in {**RAW_KINDS, **SPLIT_KINDS}.items()}
 # Up to this many rows (a chat prompt, a 128-token prefill chunk) the kernels beat dequantizing
@@ -207,13 +209,13 @@ def failure() -> str | None:
 
 class BlockQuantLinear(nn.Module):
     """A linear over GGUF blocks: Q4_1 (`d * q + m`) or Q8_0 (`d * q`) in a split layout, or a
-    file's rows of Q4_0, Q5_1, Q5_K or Q6_K as stored (`RAW_KINDS`; `from_gguf` widens a file's
-    Q5_0 and Q4_K rows to the Q8_0 and Q4_1 layouts, the same weights).
+    file's rows of Q4_0, Q5_1 or Q5_K as stored (`RAW_KINDS`; `from_gguf` widens a file's Q5_0,
+    Q4_K and Q6_K rows to the Q8_0 and Q4_1 layouts, the same weights).
 
     Buffers: `qs` (Q4_1: uint8 [out, in / 2], two weights a byte as GGUF packs them; Q8_0: int8
     [out, in]; a raw kind: uint8 [out, row bytes], the file's row), `d` and, for Q4_1, `m`
-    (float32 [out, in / 32]; empty for a raw kind), and `bias` (float32 [out], or None: Qwen2's
-    q/k/v have one).
+    (float32 [out, in / 32], or for a widened Q6_K's Q8_0 [out, in / 16]: a scale per 16
+    weights; empty for a raw kind), and `bias` (float32 [out], or None: Qwen2's q/k/v have one).
     """
 
     def __init__(
@@ -252,6 +254,13 @@ class BlockQuantLinear(nn.Module):
             raise ValueError(
                 f"{kind}: blocks of shape {tuple(qs.shape)} do not fit {out_features}x{in_features}"
             )
+        scales = [in_features // GROUP] + ([in_features // 16] if kind == "q8_0" else [])
+        if kind in SPLIT_KINDS and (d is None or d.dim() != 2 or d.shape[0] != out_features
+                                    or d.shape[1] not in scales):
+            raise ValueError(
+                f"{kind}: scales of shape {None if d is None else tuple(d.shape)} do not fit "
+                f"{out_features}x{in_features}"
+            )
         self.register_buffer("qs", qs.contiguous())
         self.register_buffer("d", (d if d is not None else torch.zeros(0)).float().contiguous())
         self.register_buffer("m", (m if m is not None else torch.zeros(0)).float().contiguous())
@@ -276,8 +285,8 @@ class BlockQuantLinear(nn.Module):
         cls, ggml_type: int, rows: torch.Tensor, in_features: int, bias: torch.Tensor | None = None
     ) -> BlockQuantLinear:
         """From a GGUF tensor's rows as the file stores them (uint8 [out, row bytes]) of any type
-        in `KIND_OF_TYPE`; Q4_1 and Q8_0 are split into their kernels' layout, Q5_0 and Q4_K
-        widened into Q8_0's and Q4_1's."""
+        in `KIND_OF_TYPE`; Q4_1 and Q8_0 are split into their kernels' layout, Q5_0, Q4_K and
+        Q6_K widened into Q8_0's, Q4_1's and Q8_0's with 16-weight scales (`WIDENED_AS`)."""
         kind = KIND_OF_TYPE.get(ggml_type)
         if kind is None:
             raise ValueError(f"GGML type {ggml_type} has no block kernel")
@@ -287,6 +296,8 @@ class BlockQuantLinear(nn.Module):
             return cls._q5_0_as_q8_0(rows, in_features, bias)
         if kind == "q4_k":
             return cls._q4_k_as_q4_1(rows, in_features, bias)
+        if kind == "q6_k":
+            return cls._q6_k_as_q8_0(rows, in_features, bias)
         if kind in RAW_KINDS:
             return cls(kind, in_features, out_features, rows, bias=bias)
         block_bytes = SPLIT_KINDS[kind][2]
@@ -360,6 +371,39 @@ class BlockQuantLinear(nn.Module):
             bias=bias,
         )
 
+    @classmethod
+    def _q6_k_as_q8_0(
+        cls, rows: torch.Tensor, in_features: int, bias: torch.Tensor | None
+    ) -> BlockQuantLinear:
+        """Q6_K rows widened to Q8_0's split layout with a scale per 16 weights, exactly: each
+        16 weights are `(d * sc) * (q - 32)` with an int8 sc and q of 6 bits, so q - 32 is an
+        int8 and d * sc (an fp16 times an int8) is exact in fp32. No 32-weight layout holds them
+        (two neighbouring 16s have their own scales), so the Q8_0 kernels take a scale per half
+        block. 1.5x the bytes of these tensors; the kernel is 2-3x faster than the k-quant's
+        (bench/scripts/block_kernel_timing.py). Q6_K is a Q6_K file's down projections and part
+        of a Q4_K_M file's."""
+        out_features = rows.shape[0]
+        _, weights, block_bytes = RAW_KINDS["q6_k"]
+        if in_features % weights or rows.shape[1] != in_features // weights * block_bytes:
+            raise ValueError(
+                f"q6_k: in_features {in_features} is not a multiple of {weights}, or rows of "
+                f"{rows.shape[1]} bytes do not fit it"
+            )
+        # A super-block: 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales, fp16 d.
+        blocks = rows.reshape(out_features, in_features // weights, block_bytes)
+        low = blocks[..., :128].reshape(out_features, -1, 2, 2, 32).to(torch.int16)
+        high = blocks[..., 128:192].reshape(out_features, -1, 2, 1, 32).to(torch.int16)
+        sc = blocks[..., 192:208].contiguous().view(torch.int8).float()  # [out, supers, 16]
+        d = blocks[..., 208:210].contiguous().view(torch.float16).float()  # [out, supers, 1]
+        # Each half of 128 weights: four runs of 32, from the low nibbles of ql[0:32] and
+        # ql[32:64], then their high nibbles, with qh's bit pairs 0-1, 2-3, 4-5 and 6-7.
+        nibbles = torch.cat([low & 0x0F, low >> 4], dim=3)  # [out, supers, 2, 4, 32]
+        pairs = (high >> torch.tensor([0, 2, 4, 6], dtype=torch.int16).reshape(4, 1)) & 3
+        q = (nibbles | (pairs << 4)) - 32
+        widened = q.to(torch.int8).reshape(out_features, in_features)
+        return cls("q8_0", in_features, out_features, widened, (d * sc).reshape(out_features, -1),
+                   bias=bias)
+
     def weight_float(self) -> torch.Tensor:
         """The float32 weight [out, in] the blocks stand for."""
         if self.kind in RAW_KINDS:
@@ -369,7 +413,8 @@ class BlockQuantLinear(nn.Module):
             nibbles = blocks.to(torch.int32)
             q = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1).float()
             weight = q * self.d[..., None] + self.m[..., None]
-        else:
+        else:  # a scale per 32 weights, or per 16 (a widened Q6_K)
+            blocks = self.qs.reshape(self.out_features, self.d.shape[1], -1)
             weight = blocks.float() * self.d[..., None]
         return weight.reshape(self.out_features, self.in_features)
 

@@ -5,7 +5,7 @@ metadata, through transformers' GGUF support (`from_pretrained(folder, gguf_file
 config, the tokenizer and a float model with the file's tensors dequantized, q/k un-permuted).
 For Llama and Qwen2, the architectures the fused decode step computes, every projection and the
 LM head are then swapped for the file's own blocks as stored (blockquant.py: Q4_0, Q4_1, Q5_0,
-Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, per tensor, so mixed files work as they come; Q5_0 and Q4_K
+Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, per tensor, so mixed files work as they come; Q5_0, Q4_K and Q6_K
 widened to Q8_0's and Q4_1's layouts, the same weights, for the faster kernels); F32/F16/BF16
 tensors stay the float linears transformers built. Any other architecture transformers can build
 runs its float model through transformers' forward. A file with an architecture transformers
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .blockquant import KIND_OF_TYPE, SPLIT_KINDS, BlockQuantLinear
+from .blockquant import KIND_OF_TYPE, SPLIT_KINDS, WIDENED_AS, BlockQuantLinear
 from .gguf_blocks import LLAMA_NAMES, unpermute_rows
 
 log = logging.getLogger(__name__)
@@ -152,7 +152,7 @@ def swap_in_blocks(
         # llama.cpp's int8 activations exist for the split kinds only; the raw ones stay fp32.
         layer.int8_activations = int8_activations and layer.kind in SPLIT_KINDS
         setattr(parent, attribute, layer)
-        # Counted as the file stores it, whatever layout computes it (Q5_0 and Q4_K are widened).
+        # Counted as the file stores it, whatever layout computes it (Q5_0, Q4_K and Q6_K are widened).
         stored = tensor.tensor_type.name.lower()
         counts[stored] = counts.get(stored, 0) + 1
     return counts
@@ -164,7 +164,7 @@ def describe_counts(counts: dict[str, int]) -> str:
     kinds = ", ".join(f"{kind.upper()} {count}" for kind, count in sorted(counts.items()))
     widened = "".join(
         f"; {kind.upper()} computed as {layout.upper()}, the same weights"
-        for kind, layout in (("q5_0", "q8_0"), ("q4_k", "q4_1"))
+        for kind, layout in WIDENED_AS.items()
         if kind in counts
     )
     return (

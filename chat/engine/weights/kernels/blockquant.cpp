@@ -7,7 +7,8 @@
 // llama.cpp, dot it with activations quantized to int8 per block of 32.
 //
 //   Q4_1: w = d * q + m, q in 0..15; qs[j] holds element j (low nibble) and j + 16 (high).
-//   Q8_0: w = d * q, q in -127..127.
+//   Q8_0: w = d * q, q in -127..127; d per 32 weights, or per 16 (`G` = 2 scales a block: the
+//         layout a file's Q6_K rows are widened to, w = (d * sc) * (q - 32) per 16 weights).
 //
 // Two instruction sets, chosen at compile time by the flags blockquant.py passes from
 // /proc/cpuinfo: AVX-512 (F, BW, VL, DQ; VNNI where present) and AVX2 + FMA for the rest.
@@ -133,13 +134,15 @@ inline void unpack_q8(const int8_t* qs, __m256 w[4]) {
 template <int R>
 constexpr int kChains = R <= 2 ? 4 : 2;
 
-// acc[r][c] += sum over the block of w * scale * x[r], spread over the row's chains.
+// acc[r][c] += sum over the block of w * scale * x[r], spread over the row's chains; the block's
+// first 16 weights take `scale`, the last 16 `scale_hi` (the same but for a Q8_0 of 16-weight
+// scales).
 template <int R>
-inline void accumulate(const __m256 w[4], float scale, const float* x, int64_t K, int64_t offset,
-                       __m256 (&acc)[R][kChains<R>]) {
-  const __m256 s = _mm256_set1_ps(scale);
+inline void accumulate(const __m256 w[4], float scale, float scale_hi, const float* x, int64_t K,
+                       int64_t offset, __m256 (&acc)[R][kChains<R>]) {
+  const __m256 s = _mm256_set1_ps(scale), s_hi = _mm256_set1_ps(scale_hi);
   __m256 ws[4];
-  for (int i = 0; i < 4; ++i) ws[i] = _mm256_mul_ps(w[i], s);
+  for (int i = 0; i < 4; ++i) ws[i] = _mm256_mul_ps(w[i], i < 2 ? s : s_hi);
   for (int r = 0; r < R; ++r) {
     const float* xr = x + r * K + offset;
     for (int i = 0; i < 4; ++i)
@@ -157,7 +160,9 @@ inline void finish(__m256 (&acc)[R][kChains<R>], const float* extra, float* out,
   }
 }
 
-// AVX2 Q8_0 (also AVX-512's for three or more rows, where it measured faster on Zen 4).
+// AVX2 Q8_0 (also AVX-512's for three or more rows, where it measured faster on Zen 4), with G
+// scales a block of 32.
+template <int G>
 struct Q8_0Fp32Avx2 {
   const float* x;
   const int8_t* qs;
@@ -176,7 +181,8 @@ struct Q8_0Fp32Avx2 {
     __m256 w[4];
     for (int64_t b = 0; b < blocks; ++b) {
       unpack_q8(qs + n * K + b * kBlock, w);
-      accumulate<R>(w, d[n * blocks + b], x + r * K, K, b * kBlock, acc);
+      const float* scale = d + (n * blocks + b) * G;
+      accumulate<R>(w, scale[0], scale[G - 1], x + r * K, K, b * kBlock, acc);
     }
     finish<R>(acc, nullptr, out + r * N + n, N);
   }
@@ -241,8 +247,10 @@ struct Q4_1Fp32 {
 };
 
 // AVX-512 Q8_0, one or two rows: 32 int8 sign-extend and convert to two 16-float halves, the
-// block's dot product is summed unscaled and d applied once (3 ops a row). With more rows the
-// AVX2 tile (weights scaled once, 256 bits wide) measured faster on this Zen 4 EPYC.
+// block's dot product is summed unscaled and d applied once (3 ops a row; with 16-weight scales
+// each half is scaled once, then 2 FMAs a row). With more rows the AVX2 tile (weights scaled once, 256 bits
+// wide) measured faster on this Zen 4 EPYC.
+template <int G>
 struct Q8_0Fp32 {
   const float* x;
   const int8_t* qs;
@@ -256,7 +264,7 @@ struct Q8_0Fp32 {
   template <int R, int C>
   void tile(int64_t r, int64_t n) const {
     if constexpr (R > 2) {
-      Q8_0Fp32Avx2{x, qs, d, out, K, N, blocks}.tile<R, C>(r, n);
+      Q8_0Fp32Avx2<G>{x, qs, d, out, K, N, blocks}.template tile<R, C>(r, n);
     } else {
       __m512 acc[R];
       for (auto& a : acc) a = _mm512_setzero_ps();
@@ -266,12 +274,22 @@ struct Q8_0Fp32 {
             _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + b * kBlock))));
         const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
             _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + b * kBlock + 16))));
-        const __m512 scale = _mm512_set1_ps(d[n * blocks + b]);
+        const float* scales = d + (n * blocks + b) * G;
         const float* xb = x + r * K + b * kBlock;
-        for (int rr = 0; rr < R; ++rr) {
-          const __m512 dot = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb + rr * K + 16),
-                                             _mm512_mul_ps(lo, _mm512_loadu_ps(xb + rr * K)));
-          acc[rr] = _mm512_fmadd_ps(scale, dot, acc[rr]);
+        if constexpr (G == 1) {
+          const __m512 scale = _mm512_set1_ps(scales[0]);
+          for (int rr = 0; rr < R; ++rr) {
+            const __m512 dot = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb + rr * K + 16),
+                                               _mm512_mul_ps(lo, _mm512_loadu_ps(xb + rr * K)));
+            acc[rr] = _mm512_fmadd_ps(scale, dot, acc[rr]);
+          }
+        } else {  // each half scaled once, then two FMAs a row
+          const __m512 lo_scaled = _mm512_mul_ps(lo, _mm512_set1_ps(scales[0]));
+          const __m512 hi_scaled = _mm512_mul_ps(hi, _mm512_set1_ps(scales[1]));
+          for (int rr = 0; rr < R; ++rr)
+            acc[rr] = _mm512_fmadd_ps(hi_scaled, _mm512_loadu_ps(xb + rr * K + 16),
+                                      _mm512_fmadd_ps(lo_scaled, _mm512_loadu_ps(xb + rr * K),
+                                                      acc[rr]));
         }
       }
       for (int rr = 0; rr < R; ++rr) out[(r + rr) * N + n] = _mm512_reduce_add_ps(acc[rr]);
@@ -306,7 +324,7 @@ struct Q4_1Fp32 {
     __m256 w[4];
     for (int64_t b = 0; b < blocks; ++b) {
       unpack_q4(q + b * 16, w);
-      accumulate<R>(w, dn[b], x + r * K, K, b * kBlock, acc);
+      accumulate<R>(w, dn[b], dn[b], x + r * K, K, b * kBlock, acc);
     }
     float low[R];
     for (int rr = 0; rr < R; ++rr) {
@@ -322,7 +340,8 @@ struct Q4_1Fp32 {
   }
 };
 
-using Q8_0Fp32 = Q8_0Fp32Avx2;
+template <int G>
+using Q8_0Fp32 = Q8_0Fp32Avx2<G>;
 
 #endif
 
@@ -458,6 +477,8 @@ struct Q4_1Int8 {
   }
 };
 
+// G scales a block: with two, the dot product's lanes 0-3 (weights 0-15) take the first.
+template <int G>
 struct Q8_0Int8 {
   const QuantizedRows* x;
   const int8_t* qs;
@@ -475,16 +496,21 @@ struct Q8_0Int8 {
       for (auto& col : row) col = _mm256_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
       __m256i w[C];
-      for (int c = 0; c < C; ++c)
+      __m256 scale[C];  // the block's scale in each lane of its dot product
+      for (int c = 0; c < C; ++c) {
         w[c] = _mm256_loadu_si256(
             reinterpret_cast<const __m256i*>(qs + (n + c) * K + b * kBlock));
+        const float* scales = d + ((n + c) * blocks + b) * G;
+        scale[c] = G == 1 ? _mm256_set1_ps(scales[0])
+                          : _mm256_set_m128(_mm_set1_ps(scales[G - 1]), _mm_set1_ps(scales[0]));
+      }
       for (int rr = 0; rr < R; ++rr) {
         const int64_t i = (r + rr) * blocks + b;
         const __m256i qx =
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x->q.data() + i * kBlock));
+        const __m256 dx = _mm256_set1_ps(x->dx[i]);
         for (int c = 0; c < C; ++c)
-          acc[rr][c] = _mm256_fmadd_ps(block_dot_i8(w[c], qx),
-                                       _mm256_set1_ps(d[(n + c) * blocks + b] * x->dx[i]),
+          acc[rr][c] = _mm256_fmadd_ps(block_dot_i8(w[c], qx), _mm256_mul_ps(scale[c], dx),
                                        acc[rr][c]);
       }
     }
@@ -494,7 +520,7 @@ struct Q8_0Int8 {
 };
 
 void check(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& d,
-           int64_t bytes_per_block) {
+           int64_t bytes_per_block, int64_t scales_per_block = 1) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
               "activations must be a contiguous float32 matrix");
   TORCH_CHECK(x.size(1) % kBlock == 0, "in_features must be a multiple of 32");
@@ -502,7 +528,7 @@ void check(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor&
                   qs.size(1) == x.size(1) / kBlock * bytes_per_block,
               "weight blocks do not match in_features");
   TORCH_CHECK(d.scalar_type() == torch::kFloat32 && d.is_contiguous() &&
-                  d.numel() == qs.size(0) * (x.size(1) / kBlock),
+                  d.numel() == qs.size(0) * (x.size(1) / kBlock) * scales_per_block,
               "block scales do not match the weight blocks");
 }
 
@@ -530,15 +556,25 @@ void q4_1_matmul(const float* X, int64_t M, int64_t K, const uint8_t* Q, const f
   }
 }
 
-void q8_0_matmul(const float* X, int64_t M, int64_t K, const int8_t* Q, const float* D, float* O,
-                 int64_t N, bool int8_activations, int64_t n0, int64_t n1) {
+template <int G>
+void q8_0_matmul_of(const float* X, int64_t M, int64_t K, const int8_t* Q, const float* D,
+                    float* O, int64_t N, bool int8_activations, int64_t n0, int64_t n1) {
   const int64_t blocks = K / kBlock;
   if (int8_activations) {
     const QuantizedRows rows = quantize_rows(X, M, K);
-    run_tiles(Q8_0Int8{&rows, Q, D, O, K, N, blocks}, M, N, kGrain, n0, n1);
+    run_tiles(Q8_0Int8<G>{&rows, Q, D, O, K, N, blocks}, M, N, kGrain, n0, n1);
   } else {
-    run_tiles(Q8_0Fp32{X, Q, D, O, K, N, blocks}, M, N, kGrain, n0, n1);
+    run_tiles(Q8_0Fp32<G>{X, Q, D, O, K, N, blocks}, M, N, kGrain, n0, n1);
   }
+}
+
+void q8_0_matmul(const float* X, int64_t M, int64_t K, const int8_t* Q, const float* D, float* O,
+                 int64_t N, bool int8_activations, int64_t scale_group, int64_t n0, int64_t n1) {
+  TORCH_CHECK(scale_group == 32 || scale_group == 16, "a Q8_0 scale covers 32 or 16 weights");
+  if (scale_group == 16)
+    q8_0_matmul_of<2>(X, M, K, Q, D, O, N, int8_activations, n0, n1);
+  else
+    q8_0_matmul_of<1>(X, M, K, Q, D, O, N, int8_activations, n0, n1);
 }
 
 }  // namespace blockquant
@@ -556,13 +592,15 @@ torch::Tensor q4_1_mm(torch::Tensor x, torch::Tensor qs, torch::Tensor d, torch:
   return out;
 }
 
-// x [M, K] fp32; qs int8 [N, K]; d fp32 [N, K / 32]. Returns x @ W.T, [M, N].
+// x [M, K] fp32; qs int8 [N, K]; d fp32 [N, K / 32], or [N, K / 16] for 16-weight scales.
+// Returns x @ W.T, [M, N].
 torch::Tensor q8_0_mm(torch::Tensor x, torch::Tensor qs, torch::Tensor d, bool int8_activations) {
-  check(x, qs, d, kBlock);
+  const int64_t scale_group = d.dim() == 2 && d.size(1) == 2 * (x.size(1) / kBlock) ? 16 : 32;
+  check(x, qs, d, kBlock, kBlock / scale_group);
   const int64_t M = x.size(0), K = x.size(1), N = qs.size(0);
   auto out = torch::empty({M, N}, x.options());
   blockquant::q8_0_matmul(x.data_ptr<float>(), M, K, qs.data_ptr<int8_t>(), d.data_ptr<float>(),
-                          out.data_ptr<float>(), N, int8_activations);
+                          out.data_ptr<float>(), N, int8_activations, scale_group);
   return out;
 }
 

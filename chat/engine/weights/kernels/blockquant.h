@@ -12,9 +12,11 @@ void q4_1_matmul(const float* x, int64_t M, int64_t K, const uint8_t* qs, const 
                  const float* m, float* out, int64_t N, bool int8_activations, int64_t n0 = 0,
                  int64_t n1 = -1);
 
-// out [M, N] = x [M, K] @ W.T for Q8_0 blocks (qs int8 [N, K], d [N, K / 32]); n0, n1 as above.
+// out [M, N] = x [M, K] @ W.T for Q8_0 blocks (qs int8 [N, K], d [N, K / scale_group], a scale
+// per 32 weights or per 16); n0, n1 as above.
 void q8_0_matmul(const float* x, int64_t M, int64_t K, const int8_t* qs, const float* d,
-                 float* out, int64_t N, bool int8_activations, int64_t n0 = 0, int64_t n1 = -1);
+                 float* out, int64_t N, bool int8_activations, int64_t scale_group = 32,
+                 int64_t n0 = 0, int64_t n1 = -1);
 
 // GGML type ids: Q4_1 and Q8_0 (the split layouts above), and the formats rawblocks.cpp reads
 // as the file stores them.

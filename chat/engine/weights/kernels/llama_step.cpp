@@ -200,6 +200,7 @@ struct BlockLinear {
   int64_t type = blockquant::kQ4_1;
   bool int8_activations = false;
   int64_t in = 0, out = 0;
+  int64_t scale_group = 32;  // Q8_0: weights a scale covers, 32 or 16 (widened Q6_K)
 
   // y[:, n0:n1] of y = x @ W.T (+ bias), in the calling thread.
   void apply(const float* x, int64_t rows, float* y, int64_t n0, int64_t n1) const {
@@ -208,7 +209,7 @@ struct BlockLinear {
                               m.data_ptr<float>(), y, out, int8_activations, n0, n1);
     else if (type == blockquant::kQ8_0)
       blockquant::q8_0_matmul(x, rows, in, qs.data_ptr<int8_t>(), d.data_ptr<float>(), y, out,
-                              int8_activations, n0, n1);
+                              int8_activations, scale_group, n0, n1);
     else
       blockquant::raw_matmul(x, rows, in, qs.data_ptr<uint8_t>(), type, y, out, n0, n1);
     if (bias.defined() && bias.numel() > 0) {
@@ -245,9 +246,10 @@ BlockLinear block_linear(const LinearParts& parts, int64_t in) {
               "a linear's blocks have the wrong type");
   linear.in = in;
   linear.out = linear.qs.size(0);
+  if (q8_0 && linear.d.dim() == 2 && linear.d.size(1) == in / 16) linear.scale_group = 16;
   TORCH_CHECK(!(q4_1 || q8_0) ||
                   (linear.d.scalar_type() == torch::kFloat32 && linear.d.is_contiguous() &&
-                   linear.d.numel() == linear.out * (in / 32)),
+                   linear.d.numel() == linear.out * (in / linear.scale_group)),
               "a linear's block scales do not match its blocks");
   TORCH_CHECK(!q4_1 || (linear.m.sizes() == linear.d.sizes() && linear.m.is_contiguous() &&
                         linear.m.scalar_type() == torch::kFloat32),
