@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import replace
+from unittest import mock
 
 import pytest
 import torch
@@ -45,7 +46,12 @@ def tiny(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
     path = gguf_models.write_model(folder / f"tiny-{request.param}.gguf", request.param, theta=5e4)
     config = EngineConfig(model_path=str(path), data_dir=str(folder / "data"), quant="gguf")
-    backend = load_backend(config, progress=lambda line: None)
+    # Built around the file's blocks: transformers' float model (every weight in fp32) never is.
+    never = mock.patch.object(
+        gguf_file, "load_model_and_tokenizer", side_effect=AssertionError("float model built")
+    )
+    with never:
+        backend = load_backend(config, progress=lambda line: None)
     reference = AutoModelForCausalLM.from_pretrained(
         str(folder), gguf_file=path.name, dtype=torch.float32
     ).eval()
@@ -70,8 +76,9 @@ def test_the_file_alone_gives_the_model_its_shape_tokenizer_template_and_blocks(
     # A mixed file, per tensor as it comes: eight types, Q5_0, Q4_K and Q6_K in Q8_0's and Q4_1's
     # layouts (Q6_K's with a scale per 16 weights).
     assert kinds == {"q4_0", "q4_1", "q5_1", "q5_k", "q8_0"}
-    assert any(linear.kind == "q8_0" and linear.d.shape[1] * 16 == linear.in_features
-               for linear in linears)
+    assert any(
+        linear.kind == "q8_0" and linear.d.shape[1] * 16 == linear.in_features for linear in linears
+    )
     if type(model).__name__ == "Qwen2ForCausalLM":
         assert model.model.layers[0].self_attn.q_proj.bias is not None
     rendered = backend.render(PROMPT)
@@ -126,6 +133,30 @@ def test_its_logits_are_transformers_forward_on_the_same_weights(tiny, step_isa,
             context = torch.cat([ids, torch.tensor([fed[: step + 1]])], dim=1)
             want = reference(context).logits[0, -1]
             assert relative(logits, want) < 1e-4
+
+
+@pytest.mark.integration
+@needs_kernels
+def test_a_file_with_float_projections_loads_the_float_model_and_swaps_the_rest(tmp_path):
+    """F16 projections keep transformers' float linears (built from the whole float model); the
+    file's block tensors are still swapped in, and the logits are transformers' forward."""
+    from transformers import AutoModelForCausalLM
+
+    mix = {**gguf_models.LLAMA_MIX, "attn_v": Q.F16, "ffn_up": Q.F16}
+    path = gguf_models.write_model(tmp_path / "half-float.gguf", "llama", mix=mix)
+    config = EngineConfig(model_path=str(path), data_dir=str(tmp_path / "data"), quant="gguf")
+    lines: list[str] = []
+    backend = load_backend(config, progress=lines.append)
+    layer = backend.model.model.layers[0]
+    assert type(layer.self_attn.v_proj) is torch.nn.Linear
+    assert type(layer.self_attn.q_proj) is BlockQuantLinear
+    assert any("linears from the file's blocks" in line for line in lines), lines
+    reference = AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    ids = torch.tensor([backend.encode(PROMPT)])
+    with torch.no_grad():
+        assert relative(backend.model(ids).logits, reference(ids).logits) < 1e-4
 
 
 @pytest.mark.integration

@@ -74,10 +74,7 @@ def main() -> None:
         line = [best(kernel_call(module, layer, r, False), args.repeats) for r in rows]
         print(f"  {qtype.name:>6} " + " ".join(f"{t * 1000:>8.3f} ms" for t in line))
         if qtype.name.lower() in blockquant.WIDENED_AS:  # beside the type's own kernel
-            x = {r: torch.randn(r, in_features) for r in rows}
-            line = [
-                best(lambda r=r: module.raw_mm(x[r], data, int(qtype)), args.repeats) for r in rows
-            ]
+            line = [best(stored_call(module, data, int(qtype), r), args.repeats) for r in rows]
             print(f"  {'stored':>6} " + " ".join(f"{t * 1000:>8.3f} ms" for t in line))
         if layer.kind in blockquant.SPLIT_KINDS:  # llama.cpp's way: int8 activations, VNNI
             line = [best(kernel_call(module, layer, r, True), args.repeats) for r in rows]
@@ -95,6 +92,15 @@ def float_call(weight: torch.Tensor, rows: int) -> Callable[[], object]:
 def dequantized_call(layer, rows: int) -> Callable[[], object]:
     x = torch.randn(rows, layer.in_features)
     return lambda: torch.nn.functional.linear(x, layer.weight_float())
+
+
+def stored_call(module, data: torch.Tensor, ggml_type: int, rows: int) -> Callable[[], object]:
+    """The type's own kernel on the file's rows as stored (a widened type's other way)."""
+    x = torch.randn(
+        rows,
+        data.shape[1] // gguf.GGML_QUANT_SIZES[ggml_type][1] * gguf.GGML_QUANT_SIZES[ggml_type][0],
+    )
+    return lambda: module.raw_mm(x, data, ggml_type)
 
 
 def kernel_call(module, layer, rows: int, int8: bool) -> Callable[[], object]:

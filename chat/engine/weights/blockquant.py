@@ -255,8 +255,9 @@ class BlockQuantLinear(nn.Module):
                 f"{kind}: blocks of shape {tuple(qs.shape)} do not fit {out_features}x{in_features}"
             )
         scales = [in_features // GROUP] + ([in_features // 16] if kind == "q8_0" else [])
-        if kind in SPLIT_KINDS and (d is None or d.dim() != 2 or d.shape[0] != out_features
-                                    or d.shape[1] not in scales):
+        if kind in SPLIT_KINDS and (
+            d is None or d.dim() != 2 or d.shape[0] != out_features or d.shape[1] not in scales
+        ):
             raise ValueError(
                 f"{kind}: scales of shape {None if d is None else tuple(d.shape)} do not fit "
                 f"{out_features}x{in_features}"
@@ -401,8 +402,14 @@ class BlockQuantLinear(nn.Module):
         pairs = (high >> torch.tensor([0, 2, 4, 6], dtype=torch.int16).reshape(4, 1)) & 3
         q = (nibbles | (pairs << 4)) - 32
         widened = q.to(torch.int8).reshape(out_features, in_features)
-        return cls("q8_0", in_features, out_features, widened, (d * sc).reshape(out_features, -1),
-                   bias=bias)
+        return cls(
+            "q8_0",
+            in_features,
+            out_features,
+            widened,
+            (d * sc).reshape(out_features, -1),
+            bias=bias,
+        )
 
     def weight_float(self) -> torch.Tensor:
         """The float32 weight [out, in] the blocks stand for."""

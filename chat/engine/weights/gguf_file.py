@@ -100,6 +100,118 @@ def load_model_and_tokenizer(
     return model, tokenizer
 
 
+def _block_target(model: nn.Module, name: str, tied: bool) -> tuple[nn.Module, str, str] | None:
+    """(parent module, attribute, role) of the linear the file's tensor `name` is the weight of:
+    the LM head (`output`, or the token embedding where the head is tied to it) or a
+    projection; None for any other tensor (the embedding's lookup table, norms, biases)."""
+    pieces = name.split(".")
+    if name == "output.weight" or (name == "token_embd.weight" and tied):
+        return model, "lm_head", "output"
+    if (
+        len(pieces) == 4
+        and pieces[0] == "blk"
+        and pieces[2] in LLAMA_NAMES
+        and pieces[3] == "weight"
+    ):
+        part, attribute = LLAMA_NAMES[pieces[2]].split(".")
+        return getattr(model.model.layers[int(pieces[1])], part), attribute, pieces[2]
+    return None
+
+
+def _rows(
+    tensor: Any, linear: nn.Module, architecture: str, role: str, config: Any
+) -> torch.Tensor:
+    """The tensor's rows as stored (uint8 [out, row bytes]), in transformers' row order."""
+    out_features = linear.weight.shape[0]
+    rows = torch.from_numpy(tensor.data.copy()).view(torch.uint8).reshape(out_features, -1)
+    if architecture == "llama" and role in ("attn_q", "attn_k"):
+        # llama.cpp stores Llama's q/k rows in its rotary order; transformers un-permutes them.
+        heads = config.num_attention_heads if role == "attn_q" else config.num_key_value_heads
+        rows = rows[unpermute_rows(out_features, heads)]
+    return rows
+
+
+def load_around_blocks(
+    path: str | Path,
+    architecture: str,
+    dtype: torch.dtype,
+    attn_implementation: str | None,
+    *,
+    int8_activations: bool = False,
+) -> tuple[nn.Module, Any, dict[str, int]] | None:
+    """(model, tokenizer, linears per type) for a Llama or Qwen2 file, its float linears never
+    built: the model is made on torch's meta device from the file's config, every projection
+    and the LM head become the file's blocks, and only the rest (the embedding table, norms,
+    Qwen2's biases) is dequantized, by the `gguf` package. Loading transformers' float model
+    first dequantizes every weight to fp32, 4 bytes a weight: about 32 GB for an 8B model whose
+    Q4_K_M file is 4.9 GB. None where a projection is stored as floats (the caller loads the
+    float model whole, as for an F16 file)."""
+    import gguf
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import TensorProcessor, get_gguf_hf_weights_map
+
+    from .around_blocks import _rebuild_rotary, _still_meta
+
+    path = Path(path)
+    tensors = {tensor.name: tensor for tensor in gguf.GGUFReader(str(path)).tensors}
+    tied = "output.weight" not in tensors
+    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(
+            config, dtype=dtype, attn_implementation=attn_implementation
+        )
+    hf_names = get_gguf_hf_weights_map(model, TensorProcessor())
+    targets = {}
+    for name in tensors:
+        target = _block_target(model, name, tied)
+        if target is not None:
+            if int(tensors[name].tensor_type) in FLOAT_TYPES:
+                return None
+            targets[name] = target
+    # Qwen2's q/k/v biases go into their blocks; everything else not a block is a float tensor.
+    biases = {name[: -len("bias")] + "weight": name for name in tensors if name.endswith(".bias")}
+    state: dict[str, torch.Tensor] = {}
+
+    def floats(name: str, shape: torch.Size) -> torch.Tensor:
+        tensor = tensors[name]
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        return torch.from_numpy(values.copy()).reshape(shape).to(dtype)
+
+    counts: dict[str, int] = {}
+    for name, (parent, attribute, role) in targets.items():
+        linear = getattr(parent, attribute)
+        out_features, in_features = linear.weight.shape
+        bias = floats(biases[name], torch.Size([out_features])) if name in biases else None
+        rows = _rows(tensors[name], linear, architecture, role, config)
+        layer = BlockQuantLinear.from_gguf(int(tensors[name].tensor_type), rows, in_features, bias)
+        layer.int8_activations = int8_activations and layer.kind in SPLIT_KINDS
+        setattr(parent, attribute, layer)
+        stored = tensors[name].tensor_type.name.lower()
+        counts[stored] = counts.get(stored, 0) + 1
+    wanted = dict(_meta_shapes(model))
+    for name in tensors:
+        hf_name = hf_names.get(name)
+        head_only = name in targets and not (tied and name == "token_embd.weight")
+        if head_only or name in biases.values() or hf_name not in wanted:
+            continue  # a block (a tied head's is also the embedding's table), a bias in its
+            # block, or a tensor transformers does not use
+        state[hf_name] = floats(name, wanted[hf_name])
+    model.load_state_dict(state, strict=False, assign=True)
+    _rebuild_rotary(model)
+    left = _still_meta(model)
+    if left:
+        log.info("%s holds no tensor for %s: loading the float model whole", path.name, left[0])
+        return None
+    model.config._name_or_path = str(path)
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return model.eval(), tokenizer, counts
+
+
+def _meta_shapes(model: nn.Module) -> list[tuple[str, torch.Size]]:
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    return [(name, tensor.shape) for name, tensor in tensors if tensor.is_meta]
+
+
 def swap_in_blocks(
     model: nn.Module, path: str | Path, architecture: str, *, int8_activations: bool = False
 ) -> dict[str, int]:
@@ -122,28 +234,15 @@ def swap_in_blocks(
         kind = int(tensor.tensor_type)
         if kind in FLOAT_TYPES:
             continue
-        pieces = tensor.name.split(".")
-        if tensor.name == "output.weight" or (tensor.name == "token_embd.weight" and tied):
-            parent, attribute, role = model, "lm_head", "output"
-        elif (
-            len(pieces) == 4
-            and pieces[0] == "blk"
-            and pieces[2] in LLAMA_NAMES
-            and pieces[3] == "weight"
-        ):
-            part, attribute = LLAMA_NAMES[pieces[2]].split(".")
-            parent, role = getattr(inner.layers[int(pieces[1])], part), pieces[2]
-        else:
+        target = _block_target(model, tensor.name, tied)
+        if target is None:
             continue  # the embedding's lookup table stays the float one transformers built
+        parent, attribute, role = target
         linear = getattr(parent, attribute)
         if type(linear) is not nn.Linear:
             raise ValueError(f"{tensor.name}: expected a linear, found {type(linear).__name__}")
-        out_features, in_features = linear.weight.shape
-        rows = torch.from_numpy(tensor.data.copy()).view(torch.uint8).reshape(out_features, -1)
-        if architecture == "llama" and role in ("attn_q", "attn_k"):
-            # llama.cpp stores Llama's q/k rows in its rotary order; transformers un-permutes them.
-            heads = config.num_attention_heads if role == "attn_q" else config.num_key_value_heads
-            rows = rows[unpermute_rows(out_features, heads)]
+        in_features = linear.weight.shape[1]
+        rows = _rows(tensor, linear, architecture, role, config)
         layer = BlockQuantLinear.from_gguf(kind, rows, in_features, bias=linear.bias)
         reference = linear.weight.detach().float()
         error = (layer.weight_float() - reference).abs().max()
