@@ -33,6 +33,19 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import widening
+
+# The GGML block types and their layouts, re-exported: callers name them as blockquant's.
+from .block_types import GGML_Q4_1 as GGML_Q4_1
+from .block_types import GGML_Q8_0 as GGML_Q8_0
+from .block_types import GROUP as GROUP
+from .block_types import KIND_OF_TYPE as KIND_OF_TYPE
+from .block_types import Q4_1_BLOCK_BYTES as Q4_1_BLOCK_BYTES
+from .block_types import Q8_0_BLOCK_BYTES as Q8_0_BLOCK_BYTES
+from .block_types import RAW_KINDS as RAW_KINDS
+from .block_types import SPLIT_KINDS as SPLIT_KINDS
+from .block_types import WIDENED_AS as WIDENED_AS
+
 log = logging.getLogger(__name__)
 
 KERNELS = Path(__file__).with_name("kernels")
@@ -48,26 +61,6 @@ EXTENSION = "chat_blockquant_v8"
 # The AVX-512 subsets the AVX-512 kernels are compiled for (cpuinfo names; -mavx512f and so on).
 AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq")
 ISA_LEVELS = ("avx2", "avx512", "avx512-vnni")
-GROUP = 32
-Q8_0_BLOCK_BYTES = 34  # fp16 d, then 32 int8
-Q4_1_BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles
-GGML_Q8_0 = 8
-GGML_Q4_1 = 3
-# The formats kernels/rawblocks.cpp reads as the file stores them: GGML type id, weights and
-# bytes a block. Q4_1 and Q8_0 are split into their own layout for blockquant.cpp's kernels.
-RAW_KINDS = {
-    "q4_0": (2, 32, 18),
-    "q5_0": (6, 32, 22),
-    "q5_1": (7, 32, 24),
-    "q4_k": (12, 256, 144),
-    "q5_k": (13, 256, 176),
-    "q6_k": (14, 256, 210),
-}
-SPLIT_KINDS = {"q4_1": (GGML_Q4_1, 32, Q4_1_BLOCK_BYTES), "q8_0": (GGML_Q8_0, 32, Q8_0_BLOCK_BYTES)}
-# The file types `from_gguf` computes in a faster kernel's layout, every weight the same float.
-WIDENED_AS = {"q5_0": "q8_0", "q4_k": "q4_1", "q6_k": "q8_0"}
-# Every GGUF tensor type a BlockQuantLinear computes, by GGML type id.
-KIND_OF_TYPE = {ggml: kind for kind, (ggml, _, _) in {**RAW_KINDS, **SPLIT_KINDS}.items()}
 # Up to this many rows (a chat prompt, a 128-token prefill chunk) the kernels beat dequantizing
 # the weight and torch's GEMM: 3-4x at 32 rows, even at 128; above it the GEMM's blocking wins
 # (bench/scripts/block_kernel_timing.py --dequantized, docs/engine.md).
@@ -294,11 +287,29 @@ class BlockQuantLinear(nn.Module):
         rows = rows.contiguous().view(torch.uint8)
         out_features = rows.shape[0]
         if kind == "q5_0":
-            return cls._q5_0_as_q8_0(rows, in_features, bias)
+            return cls(
+                "q8_0",
+                in_features,
+                out_features,
+                *widening.q5_0_as_q8_0(rows, in_features),
+                bias=bias,
+            )
         if kind == "q4_k":
-            return cls._q4_k_as_q4_1(rows, in_features, bias)
+            return cls(
+                "q4_1",
+                in_features,
+                out_features,
+                *widening.q4_k_as_q4_1(rows, in_features),
+                bias=bias,
+            )
         if kind == "q6_k":
-            return cls._q6_k_as_q8_0(rows, in_features, bias)
+            return cls(
+                "q8_0",
+                in_features,
+                out_features,
+                *widening.q6_k_as_q8_0(rows, in_features),
+                bias=bias,
+            )
         if kind in RAW_KINDS:
             return cls(kind, in_features, out_features, rows, bias=bias)
         block_bytes = SPLIT_KINDS[kind][2]
@@ -314,102 +325,6 @@ class BlockQuantLinear(nn.Module):
             return cls("q4_1", in_features, out_features, qs, d, m, bias=bias)
         qs = blocks[..., 2:].contiguous().view(torch.int8).reshape(out_features, in_features)
         return cls("q8_0", in_features, out_features, qs, d, bias=bias)
-
-    @classmethod
-    def _q5_0_as_q8_0(
-        cls, rows: torch.Tensor, in_features: int, bias: torch.Tensor | None
-    ) -> BlockQuantLinear:
-        """Q5_0 rows (`w = d * (q - 16)`, q of 5 bits) widened to Q8_0's split layout, exactly:
-        q - 16 is an int8 and d the same scale, so every weight is the same float. The Q8_0
-        kernel is 2.3x faster at one row than the 5-bit one (its second table and two-table
-        permute) and 1.4x at 8, for 1.6x the bytes of these tensors; the 32-weight fallback of
-        llama.cpp's K files (most of a Q4_K_M file of a model whose rows are not a multiple of
-        256) is Q5_0."""
-        out_features = rows.shape[0]
-        _, _, block_bytes = RAW_KINDS["q5_0"]
-        if in_features % GROUP or rows.shape[1] != in_features // GROUP * block_bytes:
-            raise ValueError(f"q5_0: rows of {rows.shape[1]} bytes do not fit {in_features} inputs")
-        blocks = rows.reshape(out_features, in_features // GROUP, block_bytes)
-        d = blocks[..., 0:2].contiguous().view(torch.float16).squeeze(-1).float()
-        high_bits = blocks[..., 2:6].contiguous().view(torch.int32)  # weight j's fifth bit: bit j
-        nibbles = blocks[..., 6:].to(torch.int16)  # weight j low, weight j + 16 high
-        fifth = (high_bits >> torch.arange(GROUP, dtype=torch.int32)) & 1
-        q = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1) | (fifth.to(torch.int16) << 4)
-        widened = (q - 16).to(torch.int8).reshape(out_features, in_features)
-        return cls("q8_0", in_features, out_features, widened, d, bias=bias)
-
-    @classmethod
-    def _q4_k_as_q4_1(
-        cls, rows: torch.Tensor, in_features: int, bias: torch.Tensor | None
-    ) -> BlockQuantLinear:
-        """Q4_K rows widened to Q4_1's split layout, exactly: each 32-weight sub-block is
-        `(d * sc) * q - dmin * m` with 6-bit sc and m, which is Q4_1's `d' * q + m'` with
-        d' = d * sc and m' = -dmin * m, both exact in fp32. The Q4_1 kernel is 1.3-1.6x faster
-        than the k-quant's (no scale unpacking per sub-block), for 1.3x the bytes; Q4_K is most
-        of a Q4_K_M file of a model whose rows are a multiple of 256 (Llama 3, Qwen2.5-1.5B)."""
-        out_features = rows.shape[0]
-        _, weights, block_bytes = RAW_KINDS["q4_k"]
-        if in_features % weights or rows.shape[1] != in_features // weights * block_bytes:
-            raise ValueError(
-                f"q4_k: in_features {in_features} is not a multiple of {weights}, or rows of "
-                f"{rows.shape[1]} bytes do not fit it"
-            )
-        blocks = rows.reshape(out_features, in_features // weights, block_bytes)
-        d = blocks[..., 0:2].contiguous().view(torch.float16).float()  # [out, supers, 1]
-        dmin = blocks[..., 2:4].contiguous().view(torch.float16).float()
-        sc, mn = _k4_scales(blocks[..., 4:16].to(torch.int32))  # [out, supers, 8] each
-        # 32 bytes per pair of sub-blocks: the even one's weights in the low nibbles, in order.
-        pairs = blocks[..., 16:].reshape(out_features, -1, 4, 32)
-        q = torch.stack([pairs & 0x0F, pairs >> 4], dim=3).reshape(out_features, -1, GROUP)
-        packed = q[..., :16] | (q[..., 16:] << 4)  # Q4_1's order: weights j and j + 16
-        return cls(
-            "q4_1",
-            in_features,
-            out_features,
-            packed.reshape(out_features, -1),
-            (d * sc).reshape(out_features, -1),
-            (-(dmin * mn)).reshape(out_features, -1),
-            bias=bias,
-        )
-
-    @classmethod
-    def _q6_k_as_q8_0(
-        cls, rows: torch.Tensor, in_features: int, bias: torch.Tensor | None
-    ) -> BlockQuantLinear:
-        """Q6_K rows widened to Q8_0's split layout with a scale per 16 weights, exactly: each
-        16 weights are `(d * sc) * (q - 32)` with an int8 sc and q of 6 bits, so q - 32 is an
-        int8 and d * sc (an fp16 times an int8) is exact in fp32. No 32-weight layout holds them
-        (two neighbouring 16s have their own scales), so the Q8_0 kernels take a scale per half
-        block. 1.5x the bytes of these tensors; the kernel is 2-3x faster than the k-quant's
-        (bench/scripts/block_kernel_timing.py). Q6_K is a Q6_K file's down projections and part
-        of a Q4_K_M file's."""
-        out_features = rows.shape[0]
-        _, weights, block_bytes = RAW_KINDS["q6_k"]
-        if in_features % weights or rows.shape[1] != in_features // weights * block_bytes:
-            raise ValueError(
-                f"q6_k: in_features {in_features} is not a multiple of {weights}, or rows of "
-                f"{rows.shape[1]} bytes do not fit it"
-            )
-        # A super-block: 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales, fp16 d.
-        blocks = rows.reshape(out_features, in_features // weights, block_bytes)
-        low = blocks[..., :128].reshape(out_features, -1, 2, 2, 32).to(torch.int16)
-        high = blocks[..., 128:192].reshape(out_features, -1, 2, 1, 32).to(torch.int16)
-        sc = blocks[..., 192:208].contiguous().view(torch.int8).float()  # [out, supers, 16]
-        d = blocks[..., 208:210].contiguous().view(torch.float16).float()  # [out, supers, 1]
-        # Each half of 128 weights: four runs of 32, from the low nibbles of ql[0:32] and
-        # ql[32:64], then their high nibbles, with qh's bit pairs 0-1, 2-3, 4-5 and 6-7.
-        nibbles = torch.cat([low & 0x0F, low >> 4], dim=3)  # [out, supers, 2, 4, 32]
-        pairs = (high >> torch.tensor([0, 2, 4, 6], dtype=torch.int16).reshape(4, 1)) & 3
-        q = (nibbles | (pairs << 4)) - 32
-        widened = q.to(torch.int8).reshape(out_features, in_features)
-        return cls(
-            "q8_0",
-            in_features,
-            out_features,
-            widened,
-            (d * sc).reshape(out_features, -1),
-            bias=bias,
-        )
 
     def weight_float(self) -> torch.Tensor:
         """The float32 weight [out, in] the blocks stand for."""
@@ -451,16 +366,6 @@ class BlockQuantLinear(nn.Module):
             f"{self.kind}, activations {activations}, in_features={self.in_features}, "
             f"out_features={self.out_features}, bias={self.bias is not None}"
         )
-
-
-def _k4_scales(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """ggml's get_scale_min_k4 for the 8 sub-blocks: (sc, m) float [..., 8] from the 12 scale
-    bytes [..., 12] of a Q4_K (or Q5_K) super-block."""
-    low, high = scales[..., 0:4], scales[..., 8:12]
-    sc = torch.cat([low & 63, (high & 0x0F) | ((low >> 6) << 4)], dim=-1)
-    mins = scales[..., 4:8]
-    mn = torch.cat([mins & 63, (high >> 4) | ((mins >> 6) << 4)], dim=-1)
-    return sc.float(), mn.float()
 
 
 def q8_0_parts(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
