@@ -21,10 +21,7 @@ def q5_0_as_q8_0(rows: torch.Tensor, in_features: int) -> tuple[torch.Tensor, to
     llama.cpp's K files (most of a Q4_K_M file of a model whose rows are not a multiple of
     256) is Q5_0."""
     out_features = rows.shape[0]
-    _, _, block_bytes = RAW_KINDS["q5_0"]
-    if in_features % GROUP or rows.shape[1] != in_features // GROUP * block_bytes:
-        raise ValueError(f"q5_0: rows of {rows.shape[1]} bytes do not fit {in_features} inputs")
-    blocks = rows.reshape(out_features, in_features // GROUP, block_bytes)
+    blocks = _blocks(rows, in_features, "q5_0")
     d = blocks[..., 0:2].contiguous().view(torch.float16).squeeze(-1).float()
     high_bits = blocks[..., 2:6].contiguous().view(torch.int32)  # weight j's fifth bit: bit j
     nibbles = blocks[..., 6:].to(torch.int16)  # weight j low, weight j + 16 high
@@ -43,13 +40,7 @@ def q4_k_as_q4_1(
     than the k-quant's (no scale unpacking per sub-block), for 1.3x the bytes; Q4_K is most
     of a Q4_K_M file of a model whose rows are a multiple of 256 (Llama 3, Qwen2.5-1.5B)."""
     out_features = rows.shape[0]
-    _, weights, block_bytes = RAW_KINDS["q4_k"]
-    if in_features % weights or rows.shape[1] != in_features // weights * block_bytes:
-        raise ValueError(
-            f"q4_k: in_features {in_features} is not a multiple of {weights}, or rows of "
-            f"{rows.shape[1]} bytes do not fit it"
-        )
-    blocks = rows.reshape(out_features, in_features // weights, block_bytes)
+    blocks = _blocks(rows, in_features, "q4_k")
     d = blocks[..., 0:2].contiguous().view(torch.float16).float()  # [out, supers, 1]
     dmin = blocks[..., 2:4].contiguous().view(torch.float16).float()
     sc, mn = _k4_scales(blocks[..., 4:16].to(torch.int32))  # [out, supers, 8] each
@@ -73,14 +64,8 @@ def q6_k_as_q8_0(rows: torch.Tensor, in_features: int) -> tuple[torch.Tensor, to
     (bench/scripts/block_kernel_timing.py). Q6_K is a Q6_K file's down projections and part
     of a Q4_K_M file's."""
     out_features = rows.shape[0]
-    _, weights, block_bytes = RAW_KINDS["q6_k"]
-    if in_features % weights or rows.shape[1] != in_features // weights * block_bytes:
-        raise ValueError(
-            f"q6_k: in_features {in_features} is not a multiple of {weights}, or rows of "
-            f"{rows.shape[1]} bytes do not fit it"
-        )
     # A super-block: 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales, fp16 d.
-    blocks = rows.reshape(out_features, in_features // weights, block_bytes)
+    blocks = _blocks(rows, in_features, "q6_k")
     low = blocks[..., :128].reshape(out_features, -1, 2, 2, 32).to(torch.int16)
     high = blocks[..., 128:192].reshape(out_features, -1, 2, 1, 32).to(torch.int16)
     sc = blocks[..., 192:208].contiguous().view(torch.int8).float()  # [out, supers, 16]
@@ -92,6 +77,17 @@ def q6_k_as_q8_0(rows: torch.Tensor, in_features: int) -> tuple[torch.Tensor, to
     q = (nibbles | (pairs << 4)) - 32
     widened = q.to(torch.int8).reshape(out_features, in_features)
     return widened, (d * sc).reshape(out_features, -1)
+
+
+def _blocks(rows: torch.Tensor, in_features: int, kind: str) -> torch.Tensor:
+    """The rows' blocks, [out, blocks a row, block bytes], after checking they fit the width."""
+    _, weights, block_bytes = RAW_KINDS[kind]
+    if in_features % weights or rows.shape[1] != in_features // weights * block_bytes:
+        raise ValueError(
+            f"{kind}: in_features {in_features} is not a multiple of {weights}, or rows of "
+            f"{rows.shape[1]} bytes do not fit it"
+        )
+    return rows.reshape(rows.shape[0], in_features // weights, block_bytes)
 
 
 def _k4_scales(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -191,6 +191,38 @@ struct Q8_0Fp32Avx2 {
 
 #if BLOCKQUANT_AVX512
 
+// The AVX-512 fp32 tile of R activation rows by C weight rows: `widen(weight row, block, lo, hi)`
+// gives the block's 32 weights as two 16-float halves, scaled (and offset), once per tile; each
+// row of x then takes two FMAs per weight row, its loads shared across the C weight rows.
+template <int R, int C, typename Widen>
+inline void halves_tile(const float* x, int64_t K, int64_t blocks, float* out, int64_t N,
+                        int64_t r, int64_t n, const Widen& widen) {
+  // Two chains (low and high half of a block) per output while that fits in registers.
+  constexpr int H = R * C <= 8 ? 2 : 1;
+  __m512 acc[R][C][H];
+  for (auto& row : acc)
+    for (auto& col : row)
+      for (auto& chain : col) chain = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m512 lo[C], hi[C];
+    for (int c = 0; c < C; ++c) widen(n + c, b, lo[c], hi[c]);
+    const float* xb = x + r * K + b * kBlock;
+    for (int rr = 0; rr < R; ++rr) {
+      const __m512 xl = _mm512_loadu_ps(xb + rr * K), xh = _mm512_loadu_ps(xb + rr * K + 16);
+      for (int c = 0; c < C; ++c) {
+        acc[rr][c][0] = _mm512_fmadd_ps(lo[c], xl, acc[rr][c][0]);
+        acc[rr][c][H - 1] = _mm512_fmadd_ps(hi[c], xh, acc[rr][c][H - 1]);
+      }
+    }
+  }
+  for (int rr = 0; rr < R; ++rr)
+    for (int c = 0; c < C; ++c) {
+      __m512 sum = acc[rr][c][0];
+      if constexpr (H == 2) sum = _mm512_add_ps(sum, acc[rr][c][1]);
+      out[(r + rr) * N + n + c] = _mm512_reduce_add_ps(sum);
+    }
+}
+
 // AVX-512 Q4_1: a block's 16 bytes zero-extend to 16 int32 lanes (element j's nibble in bits 0-3,
 // element j + 16's in bits 4-7); the block's 16 possible weights d * q + m are one FMA over
 // 0..15, and vpermps picks each lane's weight by the low four bits of its index, so the high
@@ -209,39 +241,17 @@ struct Q4_1Fp32 {
 
   template <int R, int C>
   void tile(int64_t r, int64_t n) const {
-    // Two chains (low and high half of a block) per output while that fits in registers.
-    constexpr int H = R * C <= 8 ? 2 : 1;
-    __m512 acc[R][C][H];
-    for (auto& row : acc)
-      for (auto& col : row)
-        for (auto& chain : col) chain = _mm512_setzero_ps();
     const __m512 iota =
         _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    for (int64_t b = 0; b < blocks; ++b) {
-      __m512 lo[C], hi[C];
-      for (int c = 0; c < C; ++c) {
-        const int64_t i = (n + c) * blocks + b;
-        const __m512i idx =
-            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + i * 16)));
-        const __m512 table = _mm512_fmadd_ps(iota, _mm512_set1_ps(d[i]), _mm512_set1_ps(m[i]));
-        lo[c] = _mm512_permutexvar_ps(idx, table);
-        hi[c] = _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), table);
-      }
-      const float* xb = x + r * K + b * kBlock;
-      for (int rr = 0; rr < R; ++rr) {
-        const __m512 xl = _mm512_loadu_ps(xb + rr * K), xh = _mm512_loadu_ps(xb + rr * K + 16);
-        for (int c = 0; c < C; ++c) {
-          acc[rr][c][0] = _mm512_fmadd_ps(lo[c], xl, acc[rr][c][0]);
-          acc[rr][c][H - 1] = _mm512_fmadd_ps(hi[c], xh, acc[rr][c][H - 1]);
-        }
-      }
-    }
-    for (int rr = 0; rr < R; ++rr)
-      for (int c = 0; c < C; ++c) {
-        __m512 sum = acc[rr][c][0];
-        if constexpr (H == 2) sum = _mm512_add_ps(sum, acc[rr][c][1]);
-        out[(r + rr) * N + n + c] = _mm512_reduce_add_ps(sum);
-      }
+    const auto widen = [&](int64_t row, int64_t b, __m512& lo, __m512& hi) {
+      const int64_t i = row * blocks + b;
+      const __m512i idx =
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + i * 16)));
+      const __m512 table = _mm512_fmadd_ps(iota, _mm512_set1_ps(d[i]), _mm512_set1_ps(m[i]));
+      lo = _mm512_permutexvar_ps(idx, table);
+      hi = _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), table);
+    };
+    halves_tile<R, C>(x, K, blocks, out, N, r, n, widen);
   }
 };
 
@@ -266,40 +276,17 @@ struct Q8_0Fp32 {
   template <int R, int C>
   void tile(int64_t r, int64_t n) const {
     if constexpr (R > 2) {
-      // Like Q4_1's tile: each block's weights widened and scaled once per column (two halves
-      // of 16), then 2 FMAs a row, C columns sharing each row's loads of x.
-      constexpr int H = R * C <= 8 ? 2 : 1;
-      __m512 acc[R][C][H];
-      for (auto& row : acc)
-        for (auto& col : row)
-          for (auto& chain : col) chain = _mm512_setzero_ps();
-      for (int64_t b = 0; b < blocks; ++b) {
-        __m512 lo[C], hi[C];
-        for (int c = 0; c < C; ++c) {
-          const int8_t* q = qs + (n + c) * K + b * kBlock;
-          const float* scales = d + ((n + c) * blocks + b) * G;
-          lo[c] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(q)))),
-                                _mm512_set1_ps(scales[0]));
-          hi[c] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)))),
-                                _mm512_set1_ps(scales[G - 1]));
-        }
-        const float* xb = x + r * K + b * kBlock;
-        for (int rr = 0; rr < R; ++rr) {
-          const __m512 xl = _mm512_loadu_ps(xb + rr * K), xh = _mm512_loadu_ps(xb + rr * K + 16);
-          for (int c = 0; c < C; ++c) {
-            acc[rr][c][0] = _mm512_fmadd_ps(lo[c], xl, acc[rr][c][0]);
-            acc[rr][c][H - 1] = _mm512_fmadd_ps(hi[c], xh, acc[rr][c][H - 1]);
-          }
-        }
-      }
-      for (int rr = 0; rr < R; ++rr)
-        for (int c = 0; c < C; ++c) {
-          __m512 sum = acc[rr][c][0];
-          if constexpr (H == 2) sum = _mm512_add_ps(sum, acc[rr][c][1]);
-          out[(r + rr) * N + n + c] = _mm512_reduce_add_ps(sum);
-        }
+      const auto widen = [&](int64_t row, int64_t b, __m512& lo, __m512& hi) {
+        const int8_t* q = qs + row * K + b * kBlock;
+        const float* scales = d + (row * blocks + b) * G;
+        lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                               _mm_loadu_si128(reinterpret_cast<const __m128i*>(q)))),
+                           _mm512_set1_ps(scales[0]));
+        hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                               _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)))),
+                           _mm512_set1_ps(scales[G - 1]));
+      };
+      halves_tile<R, C>(x, K, blocks, out, N, r, n, widen);
     } else {
       __m512 acc[R];
       for (auto& a : acc) a = _mm512_setzero_ps();
