@@ -367,3 +367,41 @@ def test_an_answers_repetition_hook_indexes_its_text_once_and_judges_it_as_a_fre
     assert answer.check(rewritten, final=False) == RepetitionHook(max_repeats=2).check(
         rewritten, final=False
     )
+
+
+@pytest.mark.unit
+def test_an_answers_sentence_counts_are_kept_between_checks_and_match_a_fresh_count():
+    """Repeated lines and sentences are counted as they complete (each check splits only the
+    text after the last complete one), and every check says what a fresh hook says of the
+    same prefix: separators split across chunks, blank lines, a rewritten text."""
+    import random
+
+    random.seed(11)
+    sentences = [
+        "The lighthouse keeper counted every ship",
+        "He wrote each name down in a book",
+        "Nobody ever read the book he kept",
+        "Then the storm came in from the west",
+        "3.14 is not where a sentence ends",
+    ]
+    separators = [". ", ".\n", "!\n\n", "? ", "\n", ". \n ", ".  "]
+    for _trial in range(150):
+        parts = []
+        for _ in range(random.randint(3, 14)):
+            parts.append(random.choice(sentences[: random.randint(2, 5)]))
+            parts.append(random.choice(separators))
+        text = "".join(parts)
+        hook = RepetitionHook(max_repeats=random.choice([2, 3, 4]), min_span=random.choice([8, 20]))
+        answer = hook.for_answer()
+        step = random.randint(1, 40)
+        for end in range(1, len(text) + step, step):
+            assert answer.check(text[:end], final=False) == hook.check(text[:end], final=False)
+        assert answer.check(text, final=True) == hook.check(text, final=True)
+    answer = RepetitionHook(max_repeats=2, min_span=8).for_answer()
+    answer.check("One line here.\nOne line here.\n", final=False)
+    rewritten = "Another start.\nOne line here.\nOne line here.\n"  # not the text grown
+    assert answer.check(rewritten, final=False) == RepetitionHook(max_repeats=2, min_span=8).check(
+        rewritten, final=False
+    )
+    assert answer._segments.text == rewritten  # type: ignore[attr-defined]
+    assert answer._segments.complete == len(rewritten)  # type: ignore[attr-defined]

@@ -27,6 +27,8 @@ __all__ = [
 # Longest repeating span looked for; longer loops still trip the line/sentence count.
 _MAX_PERIOD = 200
 _WORD = re.compile(r"\w")
+# Where an answer's lines and sentences end: after . ! or ? and whitespace, or at newlines.
+_SEGMENT_END = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
 @dataclass(frozen=True)
@@ -147,11 +149,14 @@ class RepetitionHook(ModerationHook):
         self.max_repeats = _positive_int("max_repeats", max_repeats)
         self.min_span = _positive_int("min_span", min_span)
         self.turn_markers = [marker for marker in _strings("turn_markers", turn_markers) if marker]
-        self._index: _GramIndex | None = None  # one answer's, kept between its checks
+        # One answer's, kept between its checks (for_answer): each check reads only new text.
+        self._index: _GramIndex | None = None
+        self._segments: _SegmentCounts | None = None
 
     def for_answer(self) -> RepetitionHook:
         answer = copy.copy(self)
         answer._index = _GramIndex(self.min_span, self.max_repeats + 1)
+        answer._segments = _SegmentCounts(self.min_span)
         return answer
 
     def check(self, text: str, *, final: bool) -> Verdict:
@@ -179,19 +184,12 @@ class RepetitionHook(ModerationHook):
         span, first, second = self._loop(text)
         if span:
             return span, first, second
-        segments = re.split(r"(?<=[.!?])\s+|\n+", text)
-        if not final:
-            # The last segment may still be growing; counting it could veto too early.
-            segments = segments[:-1]
-        counts = Counter(
-            segment.strip()
-            for segment in segments
-            if len(segment.strip()) >= self.min_span and _WORD.search(segment)
-        )
-        for segment, count in counts.most_common(1):
-            if count > self.max_repeats:
-                first = text.find(segment)
-                return segment, first, text.find(segment, first + len(segment))
+        segments = self._segments or _SegmentCounts(self.min_span)
+        # The last segment may still be growing; counting it could veto too early.
+        segment, count = segments.most_repeated(text, final=final)
+        if count > self.max_repeats:
+            first = text.find(segment)
+            return segment, first, text.find(segment, first + len(segment))
         return "", 0, 0
 
     def _loop(self, text: str) -> tuple[str, int, int]:
@@ -251,6 +249,47 @@ class _GramIndex:
     def candidates(self) -> list[str]:
         """The recurring grams in the order of their first start, as a scan of the text meets them."""
         return sorted(self._recurring, key=lambda gram: self.starts[gram][0])
+
+
+class _SegmentCounts:
+    """How often each line or sentence of a growing answer occurs, kept between one answer's
+    checks: a check splits only the text after the last complete segment (a rescan of the
+    whole answer at every check was quadratic in its length, most of a relayed token's policy
+    time)."""
+
+    def __init__(self, min_span: int) -> None:
+        self.min_span = min_span
+        self._clear()
+
+    def _clear(self) -> None:
+        self.text = ""
+        self.complete = 0  # where the segment still growing starts
+        self.counts: Counter[str] = Counter()
+
+    def most_repeated(self, text: str, *, final: bool) -> tuple[str, int]:
+        """The complete segment (with `final`, the last one too) occurring most, and how often."""
+        if not text.startswith(self.text):  # masked or cut since: count it afresh
+            self._clear()
+        tail = text[self.complete :]
+        ends = list(_SEGMENT_END.finditer(tail))
+        start = 0
+        for end in ends:
+            self._count(tail[start : end.start()], self.counts)
+            start = end.end()
+        self.complete += start
+        self.text = text
+        counts = self.counts
+        if final:  # the growing segment counts too, without being kept
+            counts = self.counts.copy()
+            self._count(text[self.complete :], counts)
+        for segment, count in counts.most_common(1):
+            return segment, count
+        return "", 0
+
+    def _count(self, segment: str, counts: Counter[str]) -> None:
+        segment = segment.strip()
+        if len(segment) >= self.min_span and _WORD.search(segment):
+            counts[segment] += 1
 
 
 def _shortest_unit(span: str) -> str:
