@@ -57,7 +57,7 @@ def load_around_blocks(
         layer = blocks[qualified]
         layer.int8_activations = int8_activations
         setattr(parent, name, layer)
-    wanted = set(_still_meta(model))
+    wanted = set(still_meta(model))
     state: dict[str, torch.Tensor] = {}
     for path in sorted(folder.glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as weights:
@@ -65,8 +65,8 @@ def load_around_blocks(
                 if name in wanted:
                     state[name] = weights.get_tensor(name).to(dtype)
     model.load_state_dict(state, strict=False, assign=True)
-    _rebuild_rotary(model)
-    left = _still_meta(model)
+    rebuild_rotary(model)
+    left = list(still_meta(model))
     if left:
         log.info("no weights in %s for %s: loading the model whole", folder, ", ".join(left[:3]))
         return None
@@ -76,13 +76,13 @@ def load_around_blocks(
     return model.eval(), len(blocks)
 
 
-def _still_meta(model: nn.Module) -> list[str]:
-    """The parameters and buffers not materialised yet."""
+def still_meta(model: nn.Module) -> dict[str, torch.Size]:
+    """The parameters and buffers not materialised yet, with their shapes."""
     tensors = [*model.named_parameters(), *model.named_buffers()]
-    return [name for name, tensor in tensors if tensor.is_meta]
+    return {name: tensor.shape for name, tensor in tensors if tensor.is_meta}
 
 
-def _rebuild_rotary(model: Any) -> None:
+def rebuild_rotary(model: Any) -> None:
     """The rotary embedding's frequencies are computed buffers, not weights: built again on the
     CPU (they were made on the meta device with the rest)."""
     inner = getattr(model, "model", None)

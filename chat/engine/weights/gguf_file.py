@@ -2,15 +2,17 @@
 
 Architecture, sizes, rope settings, tokenizer and chat template come from the file's own
 metadata, through transformers' GGUF support (`from_pretrained(folder, gguf_file=name)` builds the
-config, the tokenizer and a float model with the file's tensors dequantized, q/k un-permuted).
-For Llama and Qwen2, the architectures the fused decode step computes, every projection and the
-LM head are then swapped for the file's own blocks as stored (blockquant.py: Q4_0, Q4_1, Q5_0,
-Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, per tensor, so mixed files work as they come; Q5_0, Q4_K and Q6_K
-widened to Q8_0's and Q4_1's layouts, the same weights, for the faster kernels); F32/F16/BF16
-tensors stay the float linears transformers built. Any other architecture transformers can build
-runs its float model through transformers' forward. A file with an architecture transformers
-cannot build, or a tensor type with no kernel here, is refused before anything loads, with one
-error naming what is not supported.
+config and the tokenizer). For Llama and Qwen2, the architectures the fused decode step
+computes, every projection and the LM head are the file's own blocks as stored (blockquant.py:
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, per tensor, so mixed files work as they come;
+Q5_0, Q4_K and Q6_K widened to Q8_0's and Q4_1's layouts, the same weights, for the faster
+kernels): the model is built around them on the meta device and only its other tensors are
+dequantized (`load_around_blocks`). Where a projection is F32/F16/BF16, transformers builds the
+float model with every tensor dequantized (q/k un-permuted) and the block tensors are swapped in
+(`swap_in_blocks`); the float ones stay the linears transformers built. Any other architecture
+transformers can build runs its float model through transformers' forward. A file with an
+architecture transformers cannot build, or a tensor type with no kernel here, is refused before
+anything loads, with one error naming what is not supported.
 """
 
 from __future__ import annotations
@@ -150,7 +152,7 @@ def load_around_blocks(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import TensorProcessor, get_gguf_hf_weights_map
 
-    from .around_blocks import _rebuild_rotary, _still_meta
+    from .around_blocks import rebuild_rotary, still_meta
 
     path = Path(path)
     tensors = {tensor.name: tensor for tensor in gguf.GGUFReader(str(path)).tensors}
@@ -188,7 +190,7 @@ def load_around_blocks(
         setattr(parent, attribute, layer)
         stored = tensors[name].tensor_type.name.lower()
         counts[stored] = counts.get(stored, 0) + 1
-    wanted = dict(_meta_shapes(model))
+    wanted = still_meta(model)
     for name in tensors:
         hf_name = hf_names.get(name)
         head_only = name in targets and not (tied and name == "token_embd.weight")
@@ -197,19 +199,14 @@ def load_around_blocks(
             # block, or a tensor transformers does not use
         state[hf_name] = floats(name, wanted[hf_name])
     model.load_state_dict(state, strict=False, assign=True)
-    _rebuild_rotary(model)
-    left = _still_meta(model)
+    rebuild_rotary(model)
+    left = list(still_meta(model))
     if left:
         log.info("%s holds no tensor for %s: loading the float model whole", path.name, left[0])
         return None
     model.config._name_or_path = str(path)
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     return model.eval(), tokenizer, counts
-
-
-def _meta_shapes(model: nn.Module) -> list[tuple[str, torch.Size]]:
-    tensors = [*model.named_parameters(), *model.named_buffers()]
-    return [(name, tensor.shape) for name, tensor in tensors if tensor.is_meta]
 
 
 def swap_in_blocks(
