@@ -34,7 +34,7 @@ def load_gguf_backend(
 ) -> LocalBackend:
     """Load the model in the GGUF file `path`; raises gguf_file.UnsupportedModelFile (one error
     naming the architecture or tensor types) for a file this engine cannot run."""
-    architecture = gguf_file.check_runnable(path)
+    architecture, reader = gguf_file.check_runnable(path)
     fingerprint = weights_fingerprint(path, config.data_dir)
     threads = ThreadPlan.configured(config.threads, config.decode_threads)
     torch.set_num_threads(threads.prefill)
@@ -47,7 +47,7 @@ def load_gguf_backend(
     why_not = _why_not_blocks(path, architecture, mode, device, dtype, progress)
     if why_not is None:  # the blocks, without ever building the float linears
         loaded = gguf_file.load_around_blocks(
-            path, architecture, dtype, attn, int8_activations=mode == "gguf-q8"
+            path, reader, architecture, dtype, attn, int8_activations=mode == "gguf-q8"
         )
         if loaded is not None:
             model, tokenizer, counts = loaded
@@ -65,7 +65,7 @@ def load_gguf_backend(
         line = f"weights: the file's tensors dequantized to float ({why_not})"
     else:  # a file with float projections: the float model, its block tensors swapped in
         counts = gguf_file.swap_in_blocks(
-            model, path, architecture, int8_activations=mode == "gguf-q8"
+            model, reader, architecture, int8_activations=mode == "gguf-q8"
         )
         line = f"weights {mode}: {gguf_file.describe_counts(counts)}"
     return backend.ready(line, device, progress, started)

@@ -18,6 +18,7 @@ anything loads, with one error naming what is not supported.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +48,11 @@ def _field(reader: Any, key: str) -> Any:
     return None if field is None else field.contents()
 
 
-def check_runnable(path: str | Path) -> str:
-    """The file's architecture, after checking this engine can run it; raises
-    UnsupportedModelFile (one error naming everything unsupported) or FileNotFoundError."""
+def check_runnable(path: str | Path) -> tuple[str, Any]:
+    """The file's architecture and its `gguf.GGUFReader` (2 s of parsing on the bundled model's
+    metadata: the loaders take it rather than parse the file again), after checking this engine
+    can run it; raises UnsupportedModelFile (one error naming everything unsupported) or
+    FileNotFoundError."""
     import gguf
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
@@ -82,7 +85,7 @@ def check_runnable(path: str | Path) -> str:
         raise UnsupportedModelFile(
             f"{path.name} cannot run here: {'; '.join(problems)} (tensor types run: {supported})"
         )
-    return architecture
+    return architecture, reader
 
 
 def load_model_and_tokenizer(
@@ -102,39 +105,60 @@ def load_model_and_tokenizer(
     return model, tokenizer
 
 
-def _block_target(model: nn.Module, name: str, tied: bool) -> tuple[nn.Module, str, str] | None:
-    """(parent module, attribute, role) of the linear the file's tensor `name` is the weight of:
-    the LM head (`output`, or the token embedding where the head is tied to it) or a
-    projection; None for any other tensor (the embedding's lookup table, norms, biases)."""
+def _linear_role(name: str, tied: bool) -> str | None:
+    """The role of the linear the file's tensor `name` is the weight of: "output" for the LM
+    head (`output`, or the token embedding where the head is tied to it), "N.attn_q" and so on
+    for layer N's projections; None for any other tensor (the embedding's lookup table, norms,
+    biases)."""
     pieces = name.split(".")
     if name == "output.weight" or (name == "token_embd.weight" and tied):
-        return model, "lm_head", "output"
+        return "output"
     if (
         len(pieces) == 4
         and pieces[0] == "blk"
         and pieces[2] in LLAMA_NAMES
         and pieces[3] == "weight"
     ):
-        part, attribute = LLAMA_NAMES[pieces[2]].split(".")
-        return getattr(model.model.layers[int(pieces[1])], part), attribute, pieces[2]
+        return f"{pieces[1]}.{pieces[2]}"
     return None
 
 
-def _rows(
-    tensor: Any, linear: nn.Module, architecture: str, role: str, config: Any
-) -> torch.Tensor:
-    """The tensor's rows as stored (uint8 [out, row bytes]), in transformers' row order."""
-    out_features = linear.weight.shape[0]
+def _parent_of(model: nn.Module, role: str) -> tuple[nn.Module, str]:
+    """(module, attribute) holding the linear of `role` (`_linear_role`)."""
+    if role == "output":
+        return model, "lm_head"
+    layer, projection = role.split(".")
+    part, attribute = LLAMA_NAMES[projection].split(".")
+    return getattr(model.model.layers[int(layer)], part), attribute
+
+
+def _block(
+    tensor: Any,
+    linear: nn.Module,
+    role: str,
+    architecture: str,
+    config: Any,
+    bias: torch.Tensor | None,
+    int8_activations: bool,
+) -> BlockQuantLinear:
+    """The file's blocks of `tensor` as the linear of `role`, rows in transformers' order."""
+    out_features, in_features = linear.weight.shape
     rows = torch.from_numpy(tensor.data.copy()).view(torch.uint8).reshape(out_features, -1)
-    if architecture == "llama" and role in ("attn_q", "attn_k"):
+    projection = role.rsplit(".", 1)[-1]
+    if architecture == "llama" and projection in ("attn_q", "attn_k"):
         # llama.cpp stores Llama's q/k rows in its rotary order; transformers un-permutes them.
-        heads = config.num_attention_heads if role == "attn_q" else config.num_key_value_heads
+        q = projection == "attn_q"
+        heads = config.num_attention_heads if q else config.num_key_value_heads
         rows = rows[unpermute_rows(out_features, heads)]
-    return rows
+    layer = BlockQuantLinear.from_gguf(int(tensor.tensor_type), rows, in_features, bias=bias)
+    # llama.cpp's int8 activations exist for the split kinds only; the raw ones stay fp32.
+    layer.int8_activations = int8_activations and layer.kind in SPLIT_KINDS
+    return layer
 
 
 def load_around_blocks(
     path: str | Path,
+    reader: Any,
     architecture: str,
     dtype: torch.dtype,
     attn_implementation: str | None,
@@ -155,21 +179,17 @@ def load_around_blocks(
     from .around_blocks import rebuild_rotary, still_meta
 
     path = Path(path)
-    tensors = {tensor.name: tensor for tensor in gguf.GGUFReader(str(path)).tensors}
+    tensors = {tensor.name: tensor for tensor in reader.tensors}
     tied = "output.weight" not in tensors
+    roles = {name: role for name in tensors if (role := _linear_role(name, tied)) is not None}
+    if any(int(tensors[name].tensor_type) in FLOAT_TYPES for name in roles):
+        return None  # decided before the config and the model are built
     config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(
             config, dtype=dtype, attn_implementation=attn_implementation
         )
     hf_names = get_gguf_hf_weights_map(model, TensorProcessor())
-    targets = {}
-    for name in tensors:
-        target = _block_target(model, name, tied)
-        if target is not None:
-            if int(tensors[name].tensor_type) in FLOAT_TYPES:
-                return None
-            targets[name] = target
     # Qwen2's q/k/v biases go into their blocks; everything else not a block is a float tensor.
     biases = {name[: -len("bias")] + "weight": name for name in tensors if name.endswith(".bias")}
     state: dict[str, torch.Tensor] = {}
@@ -179,21 +199,18 @@ def load_around_blocks(
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         return torch.from_numpy(values.copy()).reshape(shape).to(dtype)
 
-    counts: dict[str, int] = {}
-    for name, (parent, attribute, role) in targets.items():
+    counts: Counter[str] = Counter()
+    for name, role in roles.items():
+        parent, attribute = _parent_of(model, role)
         linear = getattr(parent, attribute)
-        out_features, in_features = linear.weight.shape
-        bias = floats(biases[name], torch.Size([out_features])) if name in biases else None
-        rows = _rows(tensors[name], linear, architecture, role, config)
-        layer = BlockQuantLinear.from_gguf(int(tensors[name].tensor_type), rows, in_features, bias)
-        layer.int8_activations = int8_activations and layer.kind in SPLIT_KINDS
-        setattr(parent, attribute, layer)
-        stored = tensors[name].tensor_type.name.lower()
-        counts[stored] = counts.get(stored, 0) + 1
+        bias = floats(biases[name], linear.weight.shape[:1]) if name in biases else None
+        block = _block(tensors[name], linear, role, architecture, config, bias, int8_activations)
+        setattr(parent, attribute, block)
+        counts[tensors[name].tensor_type.name.lower()] += 1  # as stored, whatever computes it
     wanted = still_meta(model)
     for name in tensors:
         hf_name = hf_names.get(name)
-        head_only = name in targets and not (tied and name == "token_embd.weight")
+        head_only = name in roles and not (tied and name == "token_embd.weight")
         if head_only or name in biases.values() or hf_name not in wanted:
             continue  # a block (a tied head's is also the embedding's table), a bias in its
             # block, or a tensor transformers does not use
@@ -206,52 +223,43 @@ def load_around_blocks(
         return None
     model.config._name_or_path = str(path)
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    return model.eval(), tokenizer, counts
+    return model.eval(), tokenizer, dict(counts)
 
 
 def swap_in_blocks(
-    model: nn.Module, path: str | Path, architecture: str, *, int8_activations: bool = False
+    model: nn.Module, reader: Any, architecture: str, *, int8_activations: bool = False
 ) -> dict[str, int]:
-    """Replace each projection and the LM head of a Llama or Qwen2 `model` (built from `path`)
-    with the file's blocks for it, as stored; returns how many linears each type took.
+    """Replace each projection and the LM head of a Llama or Qwen2 `model` (built from the file
+    `reader` reads) with the file's blocks for it, as stored; returns how many linears each
+    type took.
 
     Float tensors keep their linear. Every block dequantized is checked against the weight
     transformers loaded from the same bytes (MATCH_TOLERANCE): a mismatch is a bug, not a file
     to fall back from, so it raises.
     """
-    import gguf
-
     if architecture not in BLOCK_ARCHITECTURES:
         raise ValueError(f"architecture {architecture!r}: no block path (transformers' forward)")
-    config = model.config
     inner = model.model
     tied = model.lm_head.weight.data_ptr() == inner.embed_tokens.weight.data_ptr()
-    counts: dict[str, int] = {}
-    for tensor in gguf.GGUFReader(str(path)).tensors:
-        kind = int(tensor.tensor_type)
-        if kind in FLOAT_TYPES:
-            continue
-        target = _block_target(model, tensor.name, tied)
-        if target is None:
-            continue  # the embedding's lookup table stays the float one transformers built
-        parent, attribute, role = target
+    counts: Counter[str] = Counter()
+    for tensor in reader.tensors:
+        role = _linear_role(tensor.name, tied)
+        if role is None or int(tensor.tensor_type) in FLOAT_TYPES:
+            continue  # the embedding's table and float linears stay what transformers built
+        parent, attribute = _parent_of(model, role)
         linear = getattr(parent, attribute)
         if type(linear) is not nn.Linear:
             raise ValueError(f"{tensor.name}: expected a linear, found {type(linear).__name__}")
-        in_features = linear.weight.shape[1]
-        rows = _rows(tensor, linear, architecture, role, config)
-        layer = BlockQuantLinear.from_gguf(kind, rows, in_features, bias=linear.bias)
+        block = _block(
+            tensor, linear, role, architecture, model.config, linear.bias, int8_activations
+        )
         reference = linear.weight.detach().float()
-        error = (layer.weight_float() - reference).abs().max()
+        error = (block.weight_float() - reference).abs().max()
         if error > MATCH_TOLERANCE * max(reference.abs().max().item(), 1e-30):
             raise ValueError(f"{tensor.name}'s blocks do not match the weight transformers loaded")
-        # llama.cpp's int8 activations exist for the split kinds only; the raw ones stay fp32.
-        layer.int8_activations = int8_activations and layer.kind in SPLIT_KINDS
-        setattr(parent, attribute, layer)
-        # Counted as the file stores it, whatever layout computes it (Q5_0, Q4_K and Q6_K are widened).
-        stored = tensor.tensor_type.name.lower()
-        counts[stored] = counts.get(stored, 0) + 1
-    return counts
+        setattr(parent, attribute, block)
+        counts[tensor.tensor_type.name.lower()] += 1  # as stored, whatever computes it
+    return dict(counts)
 
 
 def describe_counts(counts: dict[str, int]) -> str:
