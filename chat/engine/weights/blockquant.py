@@ -286,30 +286,9 @@ class BlockQuantLinear(nn.Module):
             raise ValueError(f"GGML type {ggml_type} has no block kernel")
         rows = rows.contiguous().view(torch.uint8)
         out_features = rows.shape[0]
-        if kind == "q5_0":
-            return cls(
-                "q8_0",
-                in_features,
-                out_features,
-                *widening.q5_0_as_q8_0(rows, in_features),
-                bias=bias,
-            )
-        if kind == "q4_k":
-            return cls(
-                "q4_1",
-                in_features,
-                out_features,
-                *widening.q4_k_as_q4_1(rows, in_features),
-                bias=bias,
-            )
-        if kind == "q6_k":
-            return cls(
-                "q8_0",
-                in_features,
-                out_features,
-                *widening.q6_k_as_q8_0(rows, in_features),
-                bias=bias,
-            )
+        if kind in WIDENED_AS:
+            qs, d, m = widening.WIDEN[kind](rows, in_features)
+            return cls(WIDENED_AS[kind], in_features, out_features, qs, d, m, bias=bias)
         if kind in RAW_KINDS:
             return cls(kind, in_features, out_features, rows, bias=bias)
         block_bytes = SPLIT_KINDS[kind][2]

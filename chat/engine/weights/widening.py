@@ -1,19 +1,25 @@
 """GGUF block types widened at load into a faster kernel's layout, every weight the same float.
 
 Each function takes a tensor's rows as the file stores them (uint8 [out, row bytes]) and returns
-the parts of the split layout it becomes: Q5_0 and Q6_K the Q8_0 layout's int8 values and scales
-(Q6_K's a scale per 16 weights), Q4_K the Q4_1 layout's packed nibbles, scales and offsets. The
+the parts of the split layout it becomes, (qs, d, m): Q5_0 and Q6_K the Q8_0 layout's int8 values
+and scales (Q6_K's a scale per 16 weights) and no offsets, Q4_K the Q4_1 layout's packed nibbles,
+scales and offsets. The
 tests check every weight against `gguf.quants.dequantize` (tests/test_gguf_kernels.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+
+# (qs, d, m): a split layout's values, scales and offsets (None but for Q4_1).
+Parts = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 from .block_types import GROUP, RAW_KINDS
 
 
-def q5_0_as_q8_0(rows: torch.Tensor, in_features: int) -> tuple[torch.Tensor, torch.Tensor]:
+def q5_0_as_q8_0(rows: torch.Tensor, in_features: int) -> Parts:
     """Q5_0 rows (`w = d * (q - 16)`, q of 5 bits) widened to Q8_0's split layout, exactly:
     q - 16 is an int8 and d the same scale, so every weight is the same float. The Q8_0
     kernel is 2.3x faster at one row than the 5-bit one (its second table and two-table
@@ -28,12 +34,10 @@ def q5_0_as_q8_0(rows: torch.Tensor, in_features: int) -> tuple[torch.Tensor, to
     fifth = (high_bits >> torch.arange(GROUP, dtype=torch.int32)) & 1
     q = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1) | (fifth.to(torch.int16) << 4)
     widened = (q - 16).to(torch.int8).reshape(out_features, in_features)
-    return widened, d
+    return widened, d, None
 
 
-def q4_k_as_q4_1(
-    rows: torch.Tensor, in_features: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def q4_k_as_q4_1(rows: torch.Tensor, in_features: int) -> Parts:
     """Q4_K rows widened to Q4_1's split layout, exactly: each 32-weight sub-block is
     `(d * sc) * q - dmin * m` with 6-bit sc and m, which is Q4_1's `d' * q + m'` with
     d' = d * sc and m' = -dmin * m, both exact in fp32. The Q4_1 kernel is 1.3-1.6x faster
@@ -55,7 +59,7 @@ def q4_k_as_q4_1(
     )
 
 
-def q6_k_as_q8_0(rows: torch.Tensor, in_features: int) -> tuple[torch.Tensor, torch.Tensor]:
+def q6_k_as_q8_0(rows: torch.Tensor, in_features: int) -> Parts:
     """Q6_K rows widened to Q8_0's split layout with a scale per 16 weights, exactly: each
     16 weights are `(d * sc) * (q - 32)` with an int8 sc and q of 6 bits, so q - 32 is an
     int8 and d * sc (an fp16 times an int8) is exact in fp32. No 32-weight layout holds them
@@ -76,7 +80,15 @@ def q6_k_as_q8_0(rows: torch.Tensor, in_features: int) -> tuple[torch.Tensor, to
     pairs = (high >> torch.tensor([0, 2, 4, 6], dtype=torch.int16).reshape(4, 1)) & 3
     q = (nibbles | (pairs << 4)) - 32
     widened = q.to(torch.int8).reshape(out_features, in_features)
-    return widened, (d * sc).reshape(out_features, -1)
+    return widened, (d * sc).reshape(out_features, -1), None
+
+
+# Each widened type's function, by kind; the layout each becomes is block_types.WIDENED_AS's.
+WIDEN: dict[str, Callable[[torch.Tensor, int], Parts]] = {
+    "q5_0": q5_0_as_q8_0,
+    "q4_k": q4_k_as_q4_1,
+    "q6_k": q6_k_as_q8_0,
+}
 
 
 def _blocks(rows: torch.Tensor, in_features: int, kind: str) -> torch.Tensor:

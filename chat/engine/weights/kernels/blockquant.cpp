@@ -106,6 +106,7 @@ void run_tiles(const Kernel& kernel, int64_t M, int64_t N, int64_t grain, int64_
 
 // -- fp32 activations ---------------------------------------------------------------------------
 
+// The AVX2 kernels' widening and accumulation, 256 bits wide.
 inline __m256 widen_u8(__m128i bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)); }
 inline __m256 widen_i8(__m128i bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)); }
 
@@ -159,35 +160,6 @@ inline void finish(__m256 (&acc)[R][kChains<R>], const float* extra, float* out,
     out[r * N] = hsum(sum) + (extra ? extra[r] : 0.f);
   }
 }
-
-// AVX2 Q8_0, with G scales a block of 32.
-template <int G>
-struct Q8_0Fp32Avx2 {
-  const float* x;
-  const int8_t* qs;
-  const float* d;
-  float* out;
-  int64_t K, N, blocks;
-
-  template <int R>
-  static constexpr int columns() { return 1; }
-
-  template <int R, int C>
-  void tile(int64_t r, int64_t n) const {
-    __m256 acc[R][kChains<R>];
-    for (auto& row : acc)
-      for (auto& chain : row) chain = _mm256_setzero_ps();
-    __m256 w[4];
-    for (int64_t b = 0; b < blocks; ++b) {
-      unpack_q8(qs + n * K + b * kBlock, w);
-      const float* scale = d + (n * blocks + b) * G;
-      accumulate<R>(w, scale[0], scale[G - 1], x + r * K, K, b * kBlock, acc);
-    }
-    finish<R>(acc, nullptr, out + r * N + n, N);
-  }
-};
-
-
 
 #if BLOCKQUANT_AVX512
 
@@ -362,8 +334,32 @@ struct Q4_1Fp32 {
   }
 };
 
+// AVX2 Q8_0, with G scales a block of 32.
 template <int G>
-using Q8_0Fp32 = Q8_0Fp32Avx2<G>;
+struct Q8_0Fp32 {
+  const float* x;
+  const int8_t* qs;
+  const float* d;
+  float* out;
+  int64_t K, N, blocks;
+
+  template <int R>
+  static constexpr int columns() { return 1; }
+
+  template <int R, int C>
+  void tile(int64_t r, int64_t n) const {
+    __m256 acc[R][kChains<R>];
+    for (auto& row : acc)
+      for (auto& chain : row) chain = _mm256_setzero_ps();
+    __m256 w[4];
+    for (int64_t b = 0; b < blocks; ++b) {
+      unpack_q8(qs + n * K + b * kBlock, w);
+      const float* scale = d + (n * blocks + b) * G;
+      accumulate<R>(w, scale[0], scale[G - 1], x + r * K, K, b * kBlock, acc);
+    }
+    finish<R>(acc, nullptr, out + r * N + n, N);
+  }
+};
 
 #endif
 
@@ -617,7 +613,7 @@ torch::Tensor q4_1_mm(torch::Tensor x, torch::Tensor qs, torch::Tensor d, torch:
 // x [M, K] fp32; qs int8 [N, K]; d fp32 [N, K / 32], or [N, K / 16] for 16-weight scales.
 // Returns x @ W.T, [M, N].
 torch::Tensor q8_0_mm(torch::Tensor x, torch::Tensor qs, torch::Tensor d, bool int8_activations) {
-  const int64_t scale_group = d.dim() == 2 && d.size(1) == 2 * (x.size(1) / kBlock) ? 16 : 32;
+  const int64_t scale_group = blockquant::q8_0_scale_group(x.size(1), d.dim() == 2 ? d.size(1) : 0);
   check(x, qs, d, kBlock, kBlock / scale_group);
   const int64_t M = x.size(0), K = x.size(1), N = qs.size(0);
   auto out = torch::empty({M, N}, x.options());

@@ -12,6 +12,11 @@ void q4_1_matmul(const float* x, int64_t M, int64_t K, const uint8_t* qs, const 
                  const float* m, float* out, int64_t N, bool int8_activations, int64_t n0 = 0,
                  int64_t n1 = -1);
 
+// Weights a Q8_0 linear's scale covers, read off its scales per row: 16 (a widened Q6_K) or 32.
+inline int64_t q8_0_scale_group(int64_t in_features, int64_t scales_per_row) {
+  return scales_per_row == in_features / 16 ? 16 : 32;
+}
+
 // out [M, N] = x [M, K] @ W.T for Q8_0 blocks (qs int8 [N, K], d [N, K / scale_group], a scale
 // per 32 weights or per 16); n0, n1 as above.
 void q8_0_matmul(const float* x, int64_t M, int64_t K, const int8_t* qs, const float* d,

@@ -246,7 +246,8 @@ BlockLinear block_linear(const LinearParts& parts, int64_t in) {
               "a linear's blocks have the wrong type");
   linear.in = in;
   linear.out = linear.qs.size(0);
-  if (q8_0 && linear.d.dim() == 2 && linear.d.size(1) == in / 16) linear.scale_group = 16;
+  if (q8_0 && linear.d.dim() == 2)
+    linear.scale_group = blockquant::q8_0_scale_group(in, linear.d.size(1));
   TORCH_CHECK(!(q4_1 || q8_0) ||
                   (linear.d.scalar_type() == torch::kFloat32 && linear.d.is_contiguous() &&
                    linear.d.numel() == linear.out * (in / linear.scale_group)),
