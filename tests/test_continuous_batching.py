@@ -97,6 +97,47 @@ def test_a_newcomer_streams_while_a_long_answer_runs(backend):
     assert newcomer.text == newcomer.result.text
 
 
+def test_a_steps_text_is_handed_on_after_the_step_not_during_it(backend):
+    """The sinks hear a step's text once the batch call that made it returns: a sink called
+    mid-step wakes the event loop, whose Python then holds the GIL the worker needs to pick the
+    next row's token. Each step's text still comes before the next step starts."""
+    recorder = Recorder(backend)
+    inside = threading.Event()
+    made = recorder.new_batch
+
+    def new_batch():
+        batch = made()
+        for name in ("add", "step"):
+            call = getattr(batch, name)
+
+            def marked(*args, call=call):
+                inside.set()
+                try:
+                    return call(*args)
+                finally:
+                    inside.clear()
+
+            setattr(batch, name, marked)
+        return batch
+
+    recorder.new_batch = new_batch
+    scheduler = ContinuousScheduler(recorder, max_batch=4)
+    clients = [Client(recorder) for _ in range(3)]
+    heard_inside: list[bool] = []
+    for client in clients:
+        client.on_chunk = lambda: heard_inside.append(inside.is_set())
+        scheduler.submit(backend.request(STORY, max_new_tokens=12, min_new_tokens=12), client)
+    assert all(client.done.wait(120) for client in clients)
+    scheduler.close()
+    assert heard_inside and not any(heard_inside)
+    for client in clients:
+        steps = [
+            s for e, s in zip(client.events, client.steps, strict=True) if isinstance(e, TextChunk)
+        ]
+        assert len(set(steps)) >= 4  # streamed step by step, not all at the end
+        assert client.text == client.result.text
+
+
 def test_rows_end_their_own_ways_while_others_join(backend):
     """Five endings in one running batch (greedy, sampled and constrained rows together), the rows
     joining after it started: each ends by its own rule."""

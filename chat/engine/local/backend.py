@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, AutoTokenizer, StopStringCriteria
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ..text.eos import token_id
 from ..text.template import encode_pieces, encode_text, render_pieces, tokenizer_digest
@@ -36,6 +36,7 @@ from .llama_step import describe as describe_fused_step
 from .llama_step import unsupported as fused_step_unsupported
 from .prefix_store import PrefixStore
 from .row_processors import sampling_processors
+from .stopping import StopStrings
 from .threads import ThreadPlan
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ class LocalBackend(SteppedBackend[Row]):
         self.device = model.device
         self.context_length = int(getattr(model.config, "max_position_embeddings", 2048))
         self.eos_token_ids = self._model_eos_ids()
-        self._stop_criteria: OrderedDict[tuple[str, ...], StopStringCriteria] = OrderedDict()
+        self._stop_criteria: OrderedDict[tuple[str, ...], StopStrings] = OrderedDict()
         self._stop_lock = threading.Lock()
         self.prefix_store = PrefixStore(config.prefix_cache_mb * 1024 * 1024)
         self.threads = ThreadPlan.configured(config.threads, config.decode_threads)
@@ -371,8 +372,8 @@ class LocalBackend(SteppedBackend[Row]):
         per_token: int = 2 * config.num_hidden_layers * heads * head_dim * size
         return per_token
 
-    def stop_string_criteria(self, stop_strings: tuple[str, ...]) -> StopStringCriteria:
-        """transformers' StopStringCriteria, built once per set of stop strings (it is stateless).
+    def stop_string_criteria(self, stop_strings: tuple[str, ...]) -> StopStrings:
+        """The check for a set of stop strings, built once per set (it is stateless).
 
         Building one scans the vocabulary, 0.8 s on this model: per request, that was
         most of the time to first token.
@@ -380,8 +381,8 @@ class LocalBackend(SteppedBackend[Row]):
         with self._stop_lock:
             criteria = self._stop_criteria.get(stop_strings)
             if criteria is None:
-                criteria = self._stop_criteria[stop_strings] = StopStringCriteria(
-                    self.tokenizer, list(stop_strings)
+                criteria = self._stop_criteria[stop_strings] = StopStrings(
+                    self.tokenizer, stop_strings
                 )
                 # API clients choose their own stop strings: keep the recent sets, not every one.
                 while len(self._stop_criteria) > STOP_CRITERIA_KEPT:

@@ -11,11 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from transformers import LogitsProcessorList, StopStringCriteria, TextStreamer
+from transformers import LogitsProcessorList, TextStreamer
 
 from ..sampling_params import SamplingType
 from ..text.holdback import StopStringHoldback
 from ..types import GenerationRequest, OnText
+from .stopping import StopStrings
 
 
 @dataclass(eq=False)
@@ -40,7 +41,7 @@ class Row:
     new_ids: list[int] = field(default_factory=list)
     first_token_at: float | None = None
     reason: str | None = None  # why it ended: a FINISH_REASONS value once set
-    stop: StopStringCriteria | None = None
+    stop: StopStrings | None = None
     decoder: TextStreamer | None = None
     tokenizer: object = None
     # A seeded request samples from its own generator, so its answer does not depend on what
@@ -49,7 +50,7 @@ class Row:
     # Told (tokens read, prompt tokens) after each chunk of a long prompt read in chunks.
     on_reading: Callable[[int, int], None] | None = None
 
-    def prepare(self, stop_criteria: Callable[[tuple[str, ...]], StopStringCriteria]) -> None:
+    def prepare(self, stop_criteria: Callable[[tuple[str, ...]], StopStrings]) -> None:
         """Build what the row needs once it runs: stop-string matcher, holdback, text decoder."""
         stops = tuple(self.request.params.stop_strings)
         self.holdback = StopStringHoldback(stops)
@@ -82,14 +83,18 @@ class Row:
         self.decoder.put(torch.tensor([token]))
         if token in self.eos_ids:
             self.end("eos")
-        elif self.holdback.stopped or (self.stop is not None and self._hit_stop_string()):
+        elif self.holdback.stopped or (self.stop is not None and self.stop.hit(self._last_ids())):
             self.end("stop_string")
         elif len(self.new_ids) >= self.max_new:
             self.end("length")
 
-    def _hit_stop_string(self) -> bool:
-        # StopStringCriteria only reads the last `maximum_token_len` ids.
-        return bool(self.stop(self.ids(self.stop.maximum_token_len), None))
+    def _last_ids(self) -> list[int]:
+        # A stop string's check reads at most its longest string's length in ids.
+        assert self.stop is not None
+        wanted = self.stop.maximum_token_len
+        if len(self.new_ids) >= wanted:
+            return self.new_ids[-wanted:]
+        return (self.request.input_ids + self.new_ids)[-wanted:]
 
     def end(self, reason: str) -> None:
         """Mark the row done and release the text the decoder and the holdback still hold."""

@@ -15,7 +15,7 @@ that arrive together and share a prefix (a policy's system prompt) have it prefi
 Each row's prompt KV is stored when it joins, and its whole KV (prompt and answer) when it
 ends normally; a cancelled row's never is.
 
-Per row: its own eos ids, stop strings (transformers' StopStringCriteria on the ids, the
+Per row: its own eos ids, stop strings (stopping.py on the ids, the
 holdback on the text), max/min_new_tokens, the penalties against loops (penalties.py),
 temperature/top_p (transformers' warpers) and a schema's xgrammar logits processor, so
 constrained rows run beside prose rows.
@@ -27,9 +27,10 @@ import time
 from collections.abc import Callable
 
 import torch
-from transformers import DynamicCache, StopStringCriteria
+from transformers import DynamicCache
 
 from .batching import Row, left_pad
+from .choosing import next_tokens
 from .chunked_prefill import ChunkedPrefill, row_indices
 from .heap import HeapTrimmer
 from .kv_cache import GrowingCache
@@ -37,6 +38,7 @@ from .llama_step import LlamaStep
 from .llama_step import prepare as prepare_llama_step
 from .pausable_forward import PausableForward, Paused
 from .prefix_store import PrefixEntry, PrefixStore, common_prefix
+from .stopping import StopStrings
 from .threads import ThreadPlan
 
 
@@ -46,7 +48,7 @@ class RunningBatch:
     Args:
         model: a causal LM in eval mode.
         pad_id: token id written into padding positions (masked out).
-        stop_criteria: a StopStringCriteria for a tuple of stop strings (built once, cached).
+        stop_criteria: the StopStrings for a tuple of stop strings (built once, cached).
         prefill_chunk: while rows decode, a newcomer's prompt is prefilled this many tokens a step.
         prefix_store: KV of recent rows to reuse and to add to; None prefills every prompt whole.
         threads: torch threads per forward pass by its size (threads.py).
@@ -66,7 +68,7 @@ class RunningBatch:
         self,
         model,
         pad_id: int,
-        stop_criteria: Callable[[tuple[str, ...]], StopStringCriteria],
+        stop_criteria: Callable[[tuple[str, ...]], StopStrings],
         *,
         prefill_chunk: int = 0,
         prefix_store: PrefixStore | None = None,
@@ -383,9 +385,7 @@ class RunningBatch:
     def _choose(self, rows: list[Row], logits: torch.Tensor) -> list[Row]:
         """Pick each row's next token under its own rules, feed it to its stream, drop rows that ended."""
         now = time.perf_counter()
-        greedy = logits.argmax(dim=-1).tolist()
-        for index, row in enumerate(rows):
-            token = row.pick(logits[index : index + 1]) if row.processors else greedy[index]
+        for row, token in zip(rows, next_tokens(rows, logits), strict=True):
             row.accept(token, now)
         done = [row for row in rows if row.reason is not None]
         if done:

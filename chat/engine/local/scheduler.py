@@ -8,7 +8,9 @@ the batch is full, and then only for the first row to end.
 
 Each request's events go to its `sink`, a callable invoked on the worker thread
 (or the caller's, for queue moves); it must not block. The async side wraps it
-with `loop.call_soon_threadsafe`.
+with `loop.call_soon_threadsafe`. The text a step makes is handed on once the step is over,
+not token by token while it picks them: a sink woken mid-step wakes the event loop, whose
+Python then holds the GIL the worker needs to pick the next row's token.
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ class ContinuousScheduler(Scheduler):
         self._cond = threading.Condition()
         self._numbers = itertools.count(1)
         self._closed = False
+        # Text chunks made during a batch call, handed on after it (`_deliver`); worker only.
+        self._outbox: list[tuple[Sink, TextChunk]] = []
         self._thread = threading.Thread(target=self._work, name="generation-worker", daemon=True)
         self._thread.start()
 
@@ -264,7 +268,8 @@ class ContinuousScheduler(Scheduler):
                 continue
             try:
                 row = self.backend.row(
-                    ticket.request, lambda text, s=ticket.sink: s(TextChunk(text))
+                    ticket.request,
+                    lambda text, s=ticket.sink: self._outbox.append((s, TextChunk(text))),
                 )
             except Exception as exc:  # e.g. PromptTooLong: this request alone fails
                 self._fail([(ticket, now)], exc)
@@ -275,7 +280,14 @@ class ContinuousScheduler(Scheduler):
             rows.append(row)
         return batch.add(rows)
 
+    def _deliver(self) -> None:
+        """Hand on the text the last batch call made, in the order it was made."""
+        outbox, self._outbox = self._outbox, []
+        for sink, chunk in outbox:
+            sink(chunk)
+
     def _finish(self, rows: list, tickets: dict) -> None:
+        self._deliver()  # every row's text before any row's end
         finished = time.perf_counter()
         for row in rows:
             ticket, started = tickets.pop(id(row))
@@ -283,6 +295,7 @@ class ContinuousScheduler(Scheduler):
             ticket.sink(Finished(self.backend.result(row, started, finished)))
 
     def _fail(self, failed: list[tuple[Ticket, float]], exc: Exception) -> None:
+        self._deliver()
         log.error(
             "generation failed for %s",
             ", ".join(t.request.label or str(t.number) for t, _ in failed),
