@@ -10,7 +10,7 @@ import torch
 from transformers import StopStringCriteria
 
 from chat.engine.local.batching import Row
-from chat.engine.local.choosing import greedy_repetition_penalty, next_tokens
+from chat.engine.local.choosing import greedy_rules, next_tokens
 from chat.engine.local.row_processors import sampling_processors
 from chat.engine.local.stopping import StopStrings
 from chat.engine.types import GenerationRequest
@@ -52,7 +52,7 @@ def test_rows_chosen_together_get_the_token_their_own_processors_give():
         rows = [_random_row(rng) for _ in range(rng.randrange(1, 9))]
         logits = torch.randn(len(rows), VOCAB) * 3
         # The best scores sit on ids the answers hold, of both signs, so penalties decide.
-        logits[:, :8] += torch.randn(len(rows), 8).abs() * 4 - 1
+        logits[:, :8] += torch.randn(len(rows), 8).abs() * 4 - 1  # id 0 is the rows' eos
         expected = []
         for index, row in enumerate(rows):
             if row.generator is not None:
@@ -66,24 +66,20 @@ def test_rows_chosen_together_get_the_token_their_own_processors_give():
         changed += sum(
             1
             for row, token, first in zip(rows, expected, plain, strict=True)
-            if token != first and greedy_repetition_penalty(row) is not None
+            if token != first and greedy_rules(row) is not None
         )
     assert changed > 20  # the penalties changed many choices, so they were applied
 
 
 @pytest.mark.unit
-def test_only_a_greedy_repetition_penalty_on_the_answer_is_chosen_together():
-    assert greedy_repetition_penalty(_row([1, 2], [3], repetition_penalty=1.1)) == 1.1
-    assert (
-        greedy_repetition_penalty(
-            _row([1, 2], [3], repetition_penalty=1.1, seed=1, temperature=0.5)
-        )
-        is None
-    )
-    assert (
-        greedy_repetition_penalty(_row([1], [3], repetition_penalty=1.1, min_new_tokens=2)) is None
-    )
-    assert greedy_repetition_penalty(_row([1], [3], frequency_penalty=0.5)) is None
+def test_only_greedy_rows_with_a_penalty_or_a_minimum_length_are_chosen_together():
+    assert greedy_rules(_row([1, 2], [3], repetition_penalty=1.1)) == (None, 1.1)
+    minimum, penalty = greedy_rules(_row([1], [3], repetition_penalty=1.1, min_new_tokens=2))
+    assert minimum is not None and penalty == 1.1
+    assert greedy_rules(_row([1], [3], min_new_tokens=2))[1] is None
+    assert greedy_rules(_row([1, 2], [3], repetition_penalty=1.1, seed=1, temperature=0.5)) is None
+    assert greedy_rules(_row([1], [3], frequency_penalty=0.5)) is None
+    assert greedy_rules(_row([1], [3], repetition_penalty=1.1, no_repeat_ngram_size=2)) is None
 
 
 @pytest.mark.integration
