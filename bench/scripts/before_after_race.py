@@ -1,8 +1,8 @@
 """The head-to-head against llama-server, for this checkout and an earlier one, in one run.
 
 A change that should not move the engine's speed (a layout pass, say) is checked by racing both
-checkouts' `/v1` and one `llama-server` on the bundled GGUF, rounds interleaved, so the machine's
-noise falls on all three alike:
+checkouts' `/v1` and one `llama-server` on the bundled GGUF (or `--model FILE`, another .gguf),
+rounds interleaved, so the machine's noise falls on all three alike:
 
     git worktree add /tmp/before <commit> && ln -s "$PWD/var" /tmp/before/var
     (cd /tmp/before && ../path/to/.venv/bin/python -m chat.engine.weights.convert)
@@ -44,6 +44,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--levels", default="1,8")
     parser.add_argument("--slots", type=int, default=8)
+    parser.add_argument(
+        "--model", type=Path, help="a .gguf file all three run (default: the bundled one)"
+    )
     args = parser.parse_args()
     binary = llama_server()
     if binary is None:
@@ -56,10 +59,13 @@ def main() -> None:
         "CHAT_RATE_LIMITS": "prompt=0",
         "CHAT_LIMITS": f"new_tokens_cap={args.tokens}",
     }
+    model = args.model.resolve() if args.model else bundled_gguf_path()
+    if args.model:
+        env["CHAT_MODEL_PATH"] = str(model)
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="before-after-")))
         peer = LlamaServer(
-            bundled_gguf_path(),
+            model,
             binary=binary,
             slots=args.slots,
             log_path=tmp / "llama-server.log",
