@@ -41,12 +41,13 @@ def _drive(backend, fused: bool, replay: list[torch.Tensor] | None):
     batch = backend.new_batch()
     batch.fused_step = fused
     seen: list[torch.Tensor] = []
-    fused_steps = 0
+    fused_steps = fused_prefills = 0
 
     def recorded(ids, mask, cache, _forward=batch._forward):
-        nonlocal fused_steps
-        if ids.shape[1] == 1 and batch._llama_step is not None:
-            fused_steps += 1
+        nonlocal fused_steps, fused_prefills
+        if batch._llama_step is not None:
+            fused_steps += ids.shape[1] == 1
+            fused_prefills += ids.shape[1] > 1
         logits = _forward(ids, mask, cache)
         seen.append(logits.clone())  # before a row's processors edit it in place
         return replay[len(seen) - 1].clone() if replay is not None else logits
@@ -61,10 +62,13 @@ def _drive(backend, fused: bool, replay: list[torch.Tensor] | None):
         batch.step()
         steps += 1
         if steps == NEWCOMER_AT + 20:
-            kv = [(layer.keys.clone(), layer.values.clone()) for layer in batch.cache.layers]
+            # Only the columns the mask lets tokens attend to: a padding token's key and value
+            # are never read, and transformers' forward and the step make different ones.
+            used = batch.mask.bool()[:, None, :, None]
+            kv = [(layer.keys * used, layer.values * used) for layer in batch.cache.layers]
     for request in [*requests, newcomer]:
         request.cancel.clear()
-    return seen, kv, fused_steps
+    return seen, kv, fused_steps, fused_prefills
 
 
 @pytest.mark.integration
@@ -79,9 +83,10 @@ def test_the_fused_step_computes_what_transformers_computes(backend):
     (the next test)."""
     blocks = [m for m in backend.model.modules() if isinstance(m, BlockQuantLinear)]
     assert blocks and not any(m.int8_activations for m in blocks), "expected the gguf weights"
-    fused, fused_kv, fused_steps = _drive(backend, fused=True, replay=None)
-    eager, eager_kv, eager_fused = _drive(backend, fused=False, replay=fused)
-    assert eager_fused == 0
+    fused, fused_kv, fused_steps, fused_prefills = _drive(backend, fused=True, replay=None)
+    eager, eager_kv, eager_fused, eager_prefills = _drive(backend, fused=False, replay=fused)
+    assert eager_fused == eager_prefills == 0
+    assert fused_prefills >= 1  # the three rows' padded prefill (the newcomer's is in chunks)
     # Every decode step was fused: the longest answer's HEADROOM + 12 tokens, the first of
     # which came from its prefill.
     assert fused_steps >= HEADROOM + 11
@@ -154,7 +159,7 @@ def test_helpers_change_nothing_but_the_time(backend, monkeypatch):
         probe._use_weights()
         assert probe._llama_step is not None and probe._llama_step._step.helpers == threads - 1
         runs.append(_drive(backend, fused=True, replay=None))
-    (alone, alone_kv, _), (helped, helped_kv, _) = runs
+    (alone, alone_kv, *_), (helped, helped_kv, *_) = runs
     assert len(alone) == len(helped)
     for ours, theirs in zip(helped, alone, strict=True):
         assert torch.equal(ours, theirs)

@@ -34,6 +34,7 @@ from .choosing import next_tokens
 from .chunked_prefill import ChunkedPrefill, row_indices
 from .heap import HeapTrimmer
 from .kv_cache import GrowingCache
+from .llama_step import MAX_TOKENS as MAX_FUSED_TOKENS
 from .llama_step import LlamaStep
 from .llama_step import prepare as prepare_llama_step
 from .pausable_forward import PausableForward, Paused
@@ -52,7 +53,7 @@ class RunningBatch:
         prefill_chunk: while rows decode, a newcomer's prompt is prefilled this many tokens a step.
         prefix_store: KV of recent rows to reuse and to add to; None prefills every prompt whole.
         threads: torch threads per forward pass by its size (threads.py).
-        fused_step: decode steps in one C++ call where the model allows it (llama_step.py);
+        fused_step: decode steps and short prefills in one C++ call where the model allows it (llama_step.py);
             False keeps transformers' forward for every pass.
     """
 
@@ -357,7 +358,7 @@ class RunningBatch:
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
         self.forward_calls += 1
         self._use_threads(ids)
-        if ids.shape[1] == 1 and self._llama_step is not None:
+        if self._llama_step is not None and ids.numel() <= MAX_FUSED_TOKENS:
             logits = self._llama_step(ids, mask, cache)
             if logits is not None:
                 return logits

@@ -1,4 +1,4 @@
-"""A decode step in one C++ call, for a Llama or Qwen2 model on GGUF blocks.
+"""A decode step (or a short prefill) in one C++ call, for a Llama or Qwen2 model on GGUF blocks.
 
 Through transformers' modules a decode step of SmolLM2 is about 1,500 dispatched torch operators
 around the 211 block matmuls, each paying Python and the dispatcher: a third of a one-row step
@@ -6,7 +6,9 @@ and a quarter of an 8-row one (docs/engine.md, "Where a decode step's time goes"
 runs the same graph as plain loops; `kernels/llama_step.cpp` does too, for a step that feeds one
 new token a row, on the tensors the eager path uses: the linears' blocks, the norms, the rotary
 frequencies and the KV cache's buffers, into which it writes the new column as the eager step
-would. Prefills, and every model it does not recognise, keep transformers' forward.
+would. A short prefill (several new tokens a row, each attending to the columns up to its own)
+takes the same call; longer ones, a document's pausable chunks, and every model it does not
+recognise keep transformers' forward.
 
 `prepare(model)` says whether the model is one it computes exactly (a Llama or Qwen2 decoder, fp32
 on the CPU, every projection and the LM head a BlockQuantLinear of any block type, biases on q, k
@@ -23,9 +25,12 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache
 
-from ..weights.blockquant import BlockQuantLinear, kernels
-from .kv_cache import GrowingLayer
+from ..weights.blockquant import MAX_KERNEL_ROWS, BlockQuantLinear, kernels
+from .kv_cache import GrowingCache, GrowingLayer
 
+# New tokens a call computes at most, over all rows: past the block kernels' rows, transformers'
+# forward dequantizes the blocks for torch's matrix multiply, which is faster there.
+MAX_TOKENS = MAX_KERNEL_ROWS
 # Rotary types whose frequencies do not change with the sequence's length (the dynamic ones
 # recompute them as a sequence grows, which the C++ step does not).
 STATIC_ROPE = ("default", "linear", "llama3")
@@ -46,21 +51,28 @@ PROJECTIONS = (
 
 
 class LlamaStep:
-    """Calls the C++ step on a running batch's last tokens, mask and GrowingCache."""
+    """Calls the C++ step on a running batch's new tokens, mask and GrowingCache."""
 
-    def __init__(self, step: Any, layers: int):
+    def __init__(self, step: Any, layers: int, kv_heads: int = 0, head_dim: int = 0):
         self._step = step
         self.layers = layers
+        self.kv_heads, self.head_dim = kv_heads, head_dim
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor, cache: Cache) -> torch.Tensor | None:
-        """Logits [rows, vocab] for `ids` [rows, 1], with the new column written into `cache`;
-        None when the cache is not one it can write (the caller runs the eager step)."""
+        """Logits [rows, vocab] of each row's last token of `ids` [rows, new tokens], with the new
+        columns written into `cache` (an empty one gets its first); None when the cache is not
+        one it can write (the caller runs transformers' forward)."""
+        rows, added = ids.shape
+        if not cache.layers and isinstance(cache, GrowingCache) and self.kv_heads:
+            empty = torch.empty((rows, self.kv_heads, 0, self.head_dim))
+            for index in range(self.layers):
+                cache.update(empty, empty, index)
         layers = cache.layers
         if len(layers) != self.layers or not all(
             type(layer) is GrowingLayer and layer.is_initialized for layer in layers
         ):
             return None
-        buffers = [layer.buffers_with_room(1) for layer in layers]
+        buffers = [layer.buffers_with_room(added) for layer in layers]
         logits = self._step.forward(
             ids.reshape(-1).contiguous(),
             mask.contiguous(),
@@ -68,7 +80,7 @@ class LlamaStep:
             [values for _, values in buffers],
         )
         for layer in layers:
-            layer.filled(1)
+            layer.filled(added)
         return logits
 
 
@@ -103,7 +115,10 @@ def prepare(model: nn.Module, helpers: int = 0) -> tuple[LlamaStep | None, str]:
         attention_scale=float(attention.scaling),
         helpers=helpers,
     )
-    return LlamaStep(step, len(inner.layers)), describe(helpers)
+    return (
+        LlamaStep(step, len(inner.layers), config.num_key_value_heads, attention.head_dim),
+        describe(helpers),
+    )
 
 
 def describe(helpers: int) -> str:

@@ -1,5 +1,5 @@
 // One decode step of a Llama-architecture model (Llama, or Qwen2: biases on q, k and v) whose
-// linears are GGUF blocks, in one call.
+// linears are GGUF blocks, in one call; or a short prefill (several new tokens a row).
 //
 // Through transformers' modules a decode step is a few hundred dispatched torch operators around
 // the block matmuls (norms, rotary, the KV cache's write, attention, SiLU, residual adds), each
@@ -332,36 +332,41 @@ class LlamaStep {
     head_ = block_linear(head, hidden_);
   }
 
-  // ids int64 [R]: each row's last token; mask int64 [R, W]: the attention mask with the new
-  // column (0 on padding); keys/values: each layer's cache buffers [R, kv_heads, capacity,
-  // head_dim], holding W - 1 columns, with room for one more, into which the step writes the
-  // new token's key and value. Returns the logits [R, vocab].
+  // ids int64 [R * T]: each row's T new tokens (T = 1 in a decode step; more in a prefill);
+  // mask int64 [R, W]: the attention mask, its last T columns the new tokens' (0 on padding:
+  // a prefill's shorter rows are padded on the left); keys/values: each layer's cache buffers
+  // [R, kv_heads, capacity, head_dim], holding W - T columns, with room for T more, into which
+  // the step writes the new tokens' keys and values. Each new token attends to the columns up
+  // to its own. Returns the logits of each row's last token [R, vocab].
   torch::Tensor forward(torch::Tensor ids, torch::Tensor mask, std::vector<torch::Tensor> keys,
                         std::vector<torch::Tensor> values) {
     TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == torch::kInt64 && ids.is_contiguous(),
                 "ids must be a contiguous int64 vector");
-    const int64_t R = ids.size(0);
-    TORCH_CHECK(mask.dim() == 2 && mask.size(0) == R && mask.scalar_type() == torch::kInt64 &&
-                    mask.is_contiguous(),
+    TORCH_CHECK(mask.dim() == 2 && mask.scalar_type() == torch::kInt64 && mask.is_contiguous(),
                 "the mask must be a contiguous int64 [rows, width] matrix");
-    const int64_t W = mask.size(1), column = W - 1;
+    const int64_t R = mask.size(0);
+    TORCH_CHECK(R > 0 && ids.size(0) > 0 && ids.size(0) % R == 0,
+                "expected the same number of new tokens for every row of the mask");
+    const int64_t T = ids.size(0) / R, N = R * T;  // new tokens a row, and in all
+    const int64_t W = mask.size(1), first = W - T;   // the first new token's column
+    TORCH_CHECK(first >= 0, "the mask is narrower than the new tokens");
     TORCH_CHECK(static_cast<int64_t>(keys.size()) == layers_ && keys.size() == values.size(),
                 "expected one key and one value buffer a layer");
     for (int64_t l = 0; l < layers_; ++l)
       for (const auto* t : {&keys[l], &values[l]})
         TORCH_CHECK(t->dim() == 4 && t->scalar_type() == torch::kFloat32 && t->is_contiguous() &&
                         t->size(0) == R && t->size(1) == kv_heads_ && t->size(3) == head_dim_ &&
-                        t->size(2) > column && t->size(2) == keys[0].size(2),
-                    "a cache buffer has the wrong shape or no room for the new column");
+                        t->size(2) >= W && t->size(2) == keys[0].size(2),
+                    "a cache buffer has the wrong shape or no room for the new columns");
     const int64_t capacity = keys[0].size(2);
     const int64_t* token = ids.data_ptr<int64_t>();
-    for (int64_t r = 0; r < R; ++r)
-      TORCH_CHECK(token[r] >= 0 && token[r] < vocab_, "a token id is outside the vocabulary");
+    for (int64_t n = 0; n < N; ++n)
+      TORCH_CHECK(token[n] >= 0 && token[n] < vocab_, "a token id is outside the vocabulary");
 
-    // Each row's position (its own tokens before the new one: padding does not count), the
-    // rotary table at it, and its mask as 0/1 floats.
+    // Each new token's position (the row's own tokens before it: padding does not count), the
+    // rotary table at it, and the mask as 0/1 floats.
     const int64_t half = head_dim_ / 2;
-    std::vector<float> cos(R * half), sin(R * half), keep(R * W);
+    std::vector<float> cos(N * half), sin(N * half), keep(R * W);
     const int64_t* M = mask.data_ptr<int64_t>();
     const float* freq = inv_freq_.data_ptr<float>();
     for (int64_t r = 0; r < R; ++r) {
@@ -369,12 +374,14 @@ class LlamaStep {
       for (int64_t j = 0; j < W; ++j) {
         keep[r * W + j] = M[r * W + j] != 0 ? 1.0f : 0.0f;
         seen += M[r * W + j] != 0;
-      }
-      const float position = static_cast<float>(std::max<int64_t>(seen - 1, 0));
-      for (int64_t i = 0; i < half; ++i) {
-        const float angle = position * freq[i];
-        cos[r * half + i] = std::cos(angle) * rope_scaling_;
-        sin[r * half + i] = std::sin(angle) * rope_scaling_;
+        if (j < first) continue;
+        const int64_t n = r * T + (j - first);
+        const float position = static_cast<float>(std::max<int64_t>(seen - 1, 0));
+        for (int64_t i = 0; i < half; ++i) {
+          const float angle = position * freq[i];
+          cos[n * half + i] = std::cos(angle) * rope_scaling_;
+          sin[n * half + i] = std::sin(angle) * rope_scaling_;
+        }
       }
     }
 
@@ -382,15 +389,16 @@ class LlamaStep {
     matmul_ns_ = 0;
     const int64_t H = hidden_, Q = heads_ * head_dim_, KV = kv_heads_ * head_dim_;
     const int64_t I = layers[0].gate.out;
-    std::vector<float> x(R * H), h(R * H), q(R * Q), k(R * KV), v(R * KV), attn(R * Q),
-        o(R * H), gate(R * I), up(R * I);
+    std::vector<float> x(N * H), h(N * H), q(N * Q), k(N * KV), v(N * KV), attn(N * Q),
+        o(N * H), gate(N * I), up(N * I);
     const float* table = embed_.data_ptr<float>();
-    for (int64_t r = 0; r < R; ++r)
-      std::copy(table + token[r] * H, table + (token[r] + 1) * H, x.data() + r * H);
+    for (int64_t n = 0; n < N; ++n)
+      std::copy(table + token[n] * H, table + (token[n] + 1) * H, x.data() + n * H);
 
-    // Phases a layer: q, k and v; then rotary, the cache's new column and attention, a
-    // (row, KV head) pair a chunk; o; gate and up with SiLU; down. The norms and residual adds
-    // between them are a few thousand floats, left to this thread.
+    // Phases a layer: q, k and v; then rotary, the cache's new columns and attention, a
+    // (row, KV head) pair a chunk (its new tokens' keys written before any of them attends);
+    // o; gate and up with SiLU; down. The norms and residual adds between them are a few
+    // thousand floats a token, left to this thread.
     // The helpers go back to sleep however the step ends (an allocation may throw between
     // phases; the phases themselves never throw, as a helper may hold a chunk of one).
     struct Stepping {
@@ -401,38 +409,48 @@ class LlamaStep {
     const int64_t q_chunks = chunks_of(Q), kv_chunks = chunks_of(KV);
     for (int64_t l = 0; l < layers_; ++l) {
       const Layer& layer = layers[l];
-      rms_norm(x.data(), input_norms_[l].data_ptr<float>(), eps_, R, H, h.data());
+      rms_norm(x.data(), input_norms_[l].data_ptr<float>(), eps_, N, H, h.data());
       matmuls(q_chunks + 2 * kv_chunks, [&](int64_t c) {
-        if (c < q_chunks) return layer.q.apply_chunk(h.data(), R, q.data(), c);
+        if (c < q_chunks) return layer.q.apply_chunk(h.data(), N, q.data(), c);
         c -= q_chunks;
-        if (c < kv_chunks) return layer.k.apply_chunk(h.data(), R, k.data(), c);
-        layer.v.apply_chunk(h.data(), R, v.data(), c - kv_chunks);
+        if (c < kv_chunks) return layer.k.apply_chunk(h.data(), N, k.data(), c);
+        layer.v.apply_chunk(h.data(), N, v.data(), c - kv_chunks);
       });
       float* key_cache = keys[l].data_ptr<float>();
       float* value_cache = values[l].data_ptr<float>();
       crew_.run(R * kv_heads_, [&](int64_t pair) {
         const int64_t r = pair / kv_heads_, g = pair % kv_heads_, group = heads_ / kv_heads_;
-        rotate(q.data() + (r * heads_ + g * group) * head_dim_, group, cos.data() + r * half,
-               sin.data() + r * half);
-        rotate(k.data() + r * KV + g * head_dim_, 1, cos.data() + r * half, sin.data() + r * half);
-        const int64_t at = ((r * kv_heads_ + g) * capacity + column) * head_dim_;
-        std::copy_n(k.data() + r * KV + g * head_dim_, head_dim_, key_cache + at);
-        std::copy_n(v.data() + r * KV + g * head_dim_, head_dim_, value_cache + at);
-        attend(q.data(), key_cache, value_cache, keep.data(), r, g, W, capacity, attn.data());
+        for (int64_t n = r * T; n < (r + 1) * T; ++n) {
+          rotate(q.data() + (n * heads_ + g * group) * head_dim_, group, cos.data() + n * half,
+                 sin.data() + n * half);
+          rotate(k.data() + n * KV + g * head_dim_, 1, cos.data() + n * half,
+                 sin.data() + n * half);
+          const int64_t at = ((r * kv_heads_ + g) * capacity + first + n - r * T) * head_dim_;
+          std::copy_n(k.data() + n * KV + g * head_dim_, head_dim_, key_cache + at);
+          std::copy_n(v.data() + n * KV + g * head_dim_, head_dim_, value_cache + at);
+        }
+        for (int64_t n = r * T; n < (r + 1) * T; ++n)
+          attend(q.data(), key_cache, value_cache, keep.data(), r, n, g, W,
+                 first + n - r * T + 1, capacity, attn.data());
       });
-      matmuls(chunks_of(H), [&](int64_t c) { layer.o.apply_chunk(attn.data(), R, o.data(), c); });
-      for (int64_t i = 0; i < R * H; ++i) x[i] += o[i];
+      matmuls(chunks_of(H), [&](int64_t c) { layer.o.apply_chunk(attn.data(), N, o.data(), c); });
+      for (int64_t i = 0; i < N * H; ++i) x[i] += o[i];
 
-      rms_norm(x.data(), post_norms_[l].data_ptr<float>(), eps_, R, H, h.data());
+      rms_norm(x.data(), post_norms_[l].data_ptr<float>(), eps_, N, H, h.data());
       matmuls(chunks_of(I), [&](int64_t c) {
-        layer.gate.apply_chunk(h.data(), R, gate.data(), c);
-        layer.up.apply_chunk(h.data(), R, up.data(), c);
+        layer.gate.apply_chunk(h.data(), N, gate.data(), c);
+        layer.up.apply_chunk(h.data(), N, up.data(), c);
         const int64_t n0 = c * kChunk, n1 = std::min(I, n0 + kChunk);
-        for (int64_t r = 0; r < R; ++r) silu_times(gate.data() + r * I + n0, up.data() + r * I + n0, n1 - n0);
+        for (int64_t n = 0; n < N; ++n)
+          silu_times(gate.data() + n * I + n0, up.data() + n * I + n0, n1 - n0);
       });
-      matmuls(chunks_of(H), [&](int64_t c) { layer.down.apply_chunk(gate.data(), R, o.data(), c); });
-      for (int64_t i = 0; i < R * H; ++i) x[i] += o[i];
+      matmuls(chunks_of(H), [&](int64_t c) { layer.down.apply_chunk(gate.data(), N, o.data(), c); });
+      for (int64_t i = 0; i < N * H; ++i) x[i] += o[i];
     }
+    // Only each row's last token is read out.
+    if (T > 1)
+      for (int64_t r = 0; r < R; ++r)
+        std::copy_n(x.data() + (r * T + T - 1) * H, H, x.data() + r * H);
     rms_norm(x.data(), final_norm_.data_ptr<float>(), eps_, R, H, h.data());
     auto logits = torch::empty({R, head_.out}, torch::dtype(torch::kFloat32));
     float* out = logits.data_ptr<float>();
@@ -486,19 +504,27 @@ class LlamaStep {
     }
   }
 
-  // Row r's query heads of KV head g over its cached keys (attention.py's grouping): scores, a
-  // softmax over the row's unmasked columns, and the weighted sum of the values.
+  // Token n's query heads of KV head g over row r's cached keys (attention.py's grouping), the
+  // columns before `visible` (its own and those before it): scores, a softmax over the unmasked
+  // ones, and the weighted sum of the values. A padding token (masked itself) attends to
+  // nothing: its output is zeros, which no other token reads.
   void attend(const float* q, const float* keys, const float* values, const float* keep, int64_t r,
-              int64_t g, int64_t W, int64_t capacity, float* out) const {
+              int64_t n, int64_t g, int64_t W, int64_t visible, int64_t capacity,
+              float* out) const {
     const int64_t group = heads_ / kv_heads_, D = head_dim_;
+    const float* mask = keep + r * W;
+    if (mask[visible - 1] == 0.0f) {
+      std::fill_n(out + (n * heads_ + g * group) * D, group * D, 0.0f);
+      return;
+    }
+    W = visible;
     thread_local std::vector<float> scores;
     scores.resize(W + 8);
     const float* K = keys + (r * kv_heads_ + g) * capacity * D;
     const float* V = values + (r * kv_heads_ + g) * capacity * D;
-    const float* mask = keep + r * W;
     for (int64_t i = 0; i < group; ++i) {
       const int64_t head = g * group + i;
-      const float* qh = q + (r * heads_ + head) * D;
+      const float* qh = q + (n * heads_ + head) * D;
       float best = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < W; ++j) {
         if (mask[j] == 0.0f) {
@@ -531,7 +557,7 @@ class LlamaStep {
         total += scores[j];
       }
       const float norm = 1.0f / total;
-      float* o = out + (r * heads_ + head) * D;
+      float* o = out + (n * heads_ + head) * D;
       for (int64_t d = 0; d < D; d += 16) {
         __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
         for (int64_t jj = 0; jj < W; ++jj) {
