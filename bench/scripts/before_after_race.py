@@ -74,7 +74,7 @@ def main() -> None:
         runs = {}
         for name, root in (("after", ROOT), ("before", args.baseline.resolve())):
             (tmp / name).mkdir()
-            live = LiveServer(tmp / name, root=root, **env)
+            live = LiveServer(tmp / name, root=root, serve=True, DEBUG="0", **env)
             stack.callback(live.stop)
             live.manage("migrate", "-v0")
             started = time.perf_counter()
