@@ -138,6 +138,27 @@ def test_a_steps_text_is_handed_on_after_the_step_not_during_it(backend):
         assert client.text == client.result.text
 
 
+def test_each_tokens_text_comes_with_the_step_that_made_it(backend):
+    """A token's text is handed on in the batch call that chose it, not a word later: the
+    first text with the prefill's call, then a piece nearly every step (a token that ends
+    inside a character waits for the rest)."""
+    recorder = Recorder(backend)
+    scheduler = ContinuousScheduler(recorder, max_batch=4)
+    clients = [Client(recorder) for _ in range(2)]
+    for client, messages in zip(clients, (STORY, COUNT), strict=True):
+        scheduler.submit(backend.request(messages, max_new_tokens=16, min_new_tokens=16), client)
+    assert all(client.done.wait(120) for client in clients)
+    scheduler.close()
+    for client in clients:
+        started = client.step_of(Started)
+        steps = [
+            s for e, s in zip(client.events, client.steps, strict=True) if isinstance(e, TextChunk)
+        ]
+        assert steps[0] == started + 1  # the prefill's forward pass made the first token
+        assert len(steps) >= 14  # a piece of text for (nearly) every one of the 16 tokens
+        assert client.text == client.result.text
+
+
 def test_rows_end_their_own_ways_while_others_join(backend):
     """Five endings in one running batch (greedy, sampled and constrained rows together), the rows
     joining after it started: each ends by its own rule."""

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
-from transformers import LogitsProcessorList, TextStreamer
+from tokenizers.decoders import DecodeStream
+from transformers import LogitsProcessorList
 
 from ..sampling_params import SamplingType
 from ..text.holdback import StopStringHoldback
@@ -42,8 +44,8 @@ class Row:
     first_token_at: float | None = None
     reason: str | None = None  # why it ended: a FINISH_REASONS value once set
     stop: StopStrings | None = None
-    decoder: TextStreamer | None = None
-    tokenizer: object = None
+    decoder: DecodeStream | None = None
+    tokenizer: Any = None
     # A seeded request samples from its own generator, so its answer does not depend on what
     # else the process sampled before or beside it.
     generator: torch.Generator | None = None
@@ -55,8 +57,9 @@ class Row:
         stops = tuple(self.request.params.stop_strings)
         self.holdback = StopStringHoldback(stops)
         self.stop = stop_criteria(stops) if stops else None
-        self.decoder = TextStreamer(self.tokenizer, skip_prompt=False, skip_special_tokens=True)
-        self.decoder.on_finalized_text = lambda text, stream_end=False: text and self.emit(text)
+        # Each token's text as soon as its bytes make whole characters (transformers'
+        # TextStreamer held a word back until the next began: the first text came a step late).
+        self.decoder = DecodeStream(skip_special_tokens=True)
         params = self.request.params
         if params.sampling_type is SamplingType.RANDOM_SEED:
             self.generator = torch.Generator().manual_seed(params.generator_seed)
@@ -80,7 +83,9 @@ class Row:
         """Take the chosen token: stream its text, then end the row if a rule says so."""
         self.new_ids.append(token)
         self.first_token_at = self.first_token_at or now
-        self.decoder.put(torch.tensor([token]))
+        piece = self.decoder.step(self.tokenizer.backend_tokenizer, token)
+        if piece:
+            self.emit(piece)
         if token in self.eos_ids:
             self.end("eos")
         elif self.holdback.stopped or (self.stop is not None and self.stop.hit(self._last_ids())):
@@ -97,8 +102,8 @@ class Row:
         return (self.request.input_ids + self.new_ids)[-wanted:]
 
     def end(self, reason: str) -> None:
-        """Mark the row done and release the text the decoder and the holdback still hold."""
-        self.decoder.end()
+        """Mark the row done and release the text the holdback still holds (the decoder holds
+        only the bytes of a character the answer never finished)."""
         if self.holdback.stopped and reason != "eos":
             reason = "stop_string"
         self.reason = reason
