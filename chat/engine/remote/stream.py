@@ -5,7 +5,7 @@ hands what it reads to sse.py's `AnswerReader` (SSE events, stop strings held ba
 ended); a refused optional field is dropped and the request sent once more (capabilities.py
 learns it). Cancellation closes the upstream socket at once (a watcher shuts it down, so a read
 waiting for the next token returns). Errors become EngineError, a context-length refusal
-PromptTooLong.
+PromptTooLong. loop_stream.py reads the same stream on an event loop instead, without a thread.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import socket
 import ssl
 import threading
 import time
-from typing import Any, cast
+from typing import Any
 from urllib.parse import urlsplit
 
 from ..types import GenerationRequest, GenerationResult, OnText
@@ -44,7 +44,7 @@ class Endpoint:
         self._url = url
         self.path = url.path.rstrip("/")
         self.target = f"{base_url.rstrip('/')}/chat/completions"
-        self.host = cast(str, url.hostname)  # refused above without one
+        self.host = url.hostname
         self.tls = url.scheme == "https"
         self.port = url.port or (443 if self.tls else 80)
 
