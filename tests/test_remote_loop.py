@@ -1,6 +1,6 @@
-"""The remote backend read on the event loop (`agenerate`, loop_stream.py): against loopback
-OpenAI-compatible servers, over real sockets, each answer compared with what the blocking path
-does."""
+"""The remote backend read on the event loop (`agenerate`, loop_stream.py), and the remote
+scheduler running it as a task there: against loopback OpenAI-compatible servers, over real
+sockets, each answer compared with what the blocking path does."""
 
 from __future__ import annotations
 
@@ -12,12 +12,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from chat.engine.remote.concurrent import ConcurrentScheduler
 from chat.engine.remote.openai_backend import OpenAIBackend, RemoteConfig
 from chat.engine.types import (
     EngineError,
     EngineUnavailable,
+    Failed,
+    Finished,
     PromptTooLong,
+    Started,
+    TextChunk,
 )
+from chat.turns.inbox import ChunkQueue, EventInbox
 from harness.liveserver import free_port
 from harness.openai_server import FakeOpenAIServer
 
@@ -235,3 +241,89 @@ async def test_a_stop_string_split_across_events_and_reads_is_held_back_on_the_l
     assert "".join(pieces) == result.text == "Hello world. "
     assert not any("S" in piece for piece in pieces)
     assert result.finish_reason == "stop_string"
+
+
+@pytest.mark.unit
+async def test_events_made_on_the_loops_thread_are_in_the_queue_at_once_and_chunks_join():
+    """On the loop's thread the inbox puts at once (nothing waits for a turn of the loop), and a
+    chunk behind a chunk not yet taken joins it; another thread's events still arrive in order,
+    on the next wake-up, joined the same way."""
+    queue = ChunkQueue()
+    inbox = EventInbox(asyncio.get_running_loop(), queue)
+    inbox.sink(Started(at=1.0))
+    inbox.sink(TextChunk("Hel"))
+    inbox.sink(TextChunk("lo"))
+    assert queue.qsize() == 2
+    assert queue.get_nowait() == Started(at=1.0) and queue.get_nowait() == TextChunk("Hello")
+
+    def elsewhere() -> None:
+        for text in (", ", "world"):
+            inbox.sink(TextChunk(text))
+        inbox.sink(Failed("gone", at=2.0))
+
+    worker = threading.Thread(target=elsewhere)
+    worker.start()
+    worker.join()
+    assert queue.qsize() == 0  # handed to the loop, not yet delivered
+    assert await queue.get() == TextChunk(", world")
+    assert queue.get_nowait() == Failed("gone", at=2.0)
+
+
+@pytest.mark.integration
+async def test_the_scheduler_streams_on_the_loop_without_threads_and_keeps_its_queue(remote, fake):
+    """Submitted from a running loop: each stream is a task there, its events come on the
+    loop's thread, one slot still means one at a time in order, and a cancel of the running one
+    closes its upstream."""
+    scheduler = ConcurrentScheduler(remote, max_running=1)
+    loop_thread = threading.get_ident()
+    seen: dict[str, list] = {"a": [], "b": [], "c": []}
+
+    def sink_for(name: str):
+        return lambda event: seen[name].append((event, threading.get_ident()))
+
+    def ended(name: str) -> bool:
+        return any(isinstance(e, (Finished, Failed)) for e, _ in seen[name])
+
+    threads_before = set(threading.enumerate())
+    try:
+        a, at_a = scheduler.submit(remote.request(COUNT, max_new_tokens=20), sink_for("a"))
+        b, at_b = scheduler.submit(remote.request(COUNT, max_new_tokens=10), sink_for("b"))
+        assert (at_a, at_b) == (0, 1) and a.task is not None and b.task is None
+        await until(lambda: ended("a") and ended("b"))
+        assert b.task is not None
+        assert {thread for name in "ab" for _, thread in seen[name]} == {loop_thread}
+        started = set(threading.enumerate()) - threads_before
+        assert not [t.name for t in started if t.name.startswith("remote-")]
+        finish_a = next(e for e, _ in seen["a"] if isinstance(e, Finished))
+        start_b = next(e for e, _ in seen["b"] if isinstance(e, Started))
+        assert start_b.at > finish_a.result.finished_at
+
+        c, _ = scheduler.submit(remote.request(STORY, max_new_tokens=300), sink_for("c"))
+        await until(lambda: any(isinstance(e, TextChunk) for e, _ in seen["c"]))
+        served = fake.served[-1]
+        scheduler.cancel(c)
+        await until(lambda: ended("c"))
+        await until(lambda: served.client_gone_at is not None)
+    finally:
+        scheduler.close()
+    finished = next(e for e, _ in seen["c"] if isinstance(e, Finished))
+    assert finished.result.finish_reason == "cancelled" and scheduler.running == 0
+
+
+@pytest.mark.integration
+async def test_a_stream_cancelled_before_its_task_began_still_ends_and_gives_its_slot_back(remote):
+    """Cancelled in the same turn of the loop it was submitted in: it ends as cancelled and its
+    slot goes to the next request, which streams."""
+    scheduler = ConcurrentScheduler(remote, max_running=1)
+    first: list = []
+    second: list = []
+    try:
+        ticket, _ = scheduler.submit(remote.request(COUNT, max_new_tokens=8), first.append)
+        _, position = scheduler.submit(remote.request(COUNT, max_new_tokens=8), second.append)
+        scheduler.cancel(ticket)
+        await until(lambda: any(isinstance(e, (Finished, Failed)) for e in second), timeout=60)
+    finally:
+        scheduler.close()
+    assert position == 1 and [type(e) for e in first] == [Finished]
+    assert first[0].result.finish_reason == "cancelled"
+    assert next(e for e in second if isinstance(e, Finished)).result.text
