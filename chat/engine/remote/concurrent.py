@@ -1,8 +1,8 @@
 """Many streams at once to an inference server that batches by itself: N slots, FIFO beyond them.
 
 `scheduler.ContinuousScheduler` steps a model in this process itself. An inference server
-(vLLM, TGI) batches continuously on its own, so here every request streams on its own thread
-as soon as one of `max_running` slots is free. Both implement the Scheduler Protocol in
+(vLLM, TGI) batches continuously on its own, so here every request streams by itself (a task
+on the event loop, or a thread: below) as soon as one of `max_running` slots is free. Both implement the Scheduler Protocol in
 types.py and send the same events to each sink: Queued* -> Started -> TextChunk* -> Finished | Failed.
 
 Queue positions: 0 means the request starts now; a waiter's position is 1 (one of the
