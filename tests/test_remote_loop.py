@@ -327,3 +327,45 @@ async def test_a_stream_cancelled_before_its_task_began_still_ends_and_gives_its
     assert position == 1 and [type(e) for e in first] == [Finished]
     assert first[0].result.finish_reason == "cancelled"
     assert next(e for e in second if isinstance(e, Finished)).result.text
+
+
+@pytest.mark.unit
+async def test_events_read_together_are_one_piece_on_the_loop_and_a_body_to_the_close_ends_it():
+    """An HTTP/1.0 answer whose body lasts until the server closes (no length, not chunked):
+    the events of one read go on as one piece, a line split across reads still parses, and the
+    close after [DONE] ends the answer."""
+
+    def plain(text: str | None, finish: str | None = None) -> bytes:
+        return event(text, finish).replace(b"\n\n", b"\r\n\r\n")
+
+    together = plain("Hello") + plain(", ") + plain("world")
+    split = plain("!") + plain(None, "stop") + b"data: [DONE]\n\n"
+
+    class Upstream(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for part in (together, split[:9], split[9:]):
+                self.wfile.write(part)
+                self.wfile.flush()
+                time.sleep(0.2)  # apart, so each part is a read of its own
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), Upstream)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        remote = OpenAIBackend(
+            RemoteConfig(base_url=f"http://127.0.0.1:{server.server_port}/v1", model="m")
+        )
+        pieces: list[str] = []
+        result = await remote.agenerate(remote.request(COUNT, max_new_tokens=8), pieces.append)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert pieces == ["Hello, world", "!"]
+    assert result.text == "Hello, world!" and result.finish_reason == "eos"
+    assert result.new_tokens == 4
