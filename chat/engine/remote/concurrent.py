@@ -29,6 +29,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -146,7 +147,7 @@ class ConcurrentScheduler(Scheduler):
             except ValueError:
                 return
             moved = [] if self._global else list(self._waiting)
-        self._release(ticket)  # other processes' waiters move up
+        self._off_loop(self._release, ticket)  # other processes' waiters move up
         finish_cancelled(ticket)
         _announce(moved)
 
@@ -335,14 +336,18 @@ class ConcurrentScheduler(Scheduler):
         try:
             await self._astream(ticket)
         finally:
-            if ticket.admission_id is not None:
-                # Giving a global slot back is a Redis call: off the loop.
-                try:
-                    self._pool.submit(self._ended, ticket)
-                except RuntimeError:  # closed: the pool takes no more work
-                    self._ended(ticket)
-            else:
-                self._ended(ticket)
+            self._off_loop(self._ended, ticket)
+
+    def _off_loop(self, call: Callable[[RemoteTicket], None], ticket: RemoteTicket) -> None:
+        """`call(ticket)`, on a pool thread when it would give a global slot back (a Redis call
+        must not hold up the event loop), else here."""
+        if ticket.admission_id is not None and _loop_here() is not None:
+            try:
+                self._pool.submit(call, ticket)
+                return
+            except RuntimeError:  # closed: the pool takes no more work
+                pass
+        call(ticket)
 
     def _ended(self, ticket: RemoteTicket) -> None:
         with self._lock:
