@@ -19,14 +19,14 @@ def test_the_map_and_the_tree_agree():
 
 def test_a_module_left_out_of_the_map_fails():
     doc = real_doc()
-    line = "    inbox.py         the engine thread's events handed to a turn's event loop, a batch per wake-up\n"
+    line = "    refusals.py      TurnError: a turn refused before it started\n"
     assert line in doc
-    assert problems(doc.replace(line, ""), ROOT) == ["chat/turns/inbox.py is not in the map"]
+    assert problems(doc.replace(line, ""), ROOT) == ["chat/turns/refusals.py is not in the map"]
 
 
 def test_a_module_the_map_names_that_is_not_there_fails():
     doc = real_doc()
-    line = "    inbox.py         the engine thread's events"
+    line = "    refusals.py      TurnError"
     doctored = doc.replace(line, "    outbox.py        the engine thread's events\n" + line)
     assert problems(doctored, ROOT) == ["the map names chat/turns/outbox.py, which does not exist"]
 

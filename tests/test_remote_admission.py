@@ -149,3 +149,36 @@ def test_an_unreachable_redis_falls_back_to_the_per_process_limit(
     assert "unreachable" in caplog.text
     assert first.wait(Finished).result.new_tokens == 3
     assert second.wait(Finished).result.new_tokens == 3
+
+
+async def test_on_an_event_loop_a_global_slot_given_back_starts_the_next_stream_on_that_loop(
+    fake, backend, queue_name, schedulers
+):
+    """Streams on the loop under the global queue: the one waiting is started by the
+    coordinator's thread when the first's slot comes back (given back off the loop), and still
+    streams as a task on the loop it was submitted from, its events on that loop's thread."""
+    import asyncio
+    import threading
+
+    remote = remote_for(fake, backend)
+    scheduler = schedulers(remote, queue_name, capacity=1)
+    loop_thread = threading.get_ident()
+    first: list = []
+    second: list = []
+
+    def sink(into: list):
+        return lambda event: into.append((event, threading.get_ident()))
+
+    one, at_one = scheduler.submit(remote.request(COUNT, max_new_tokens=12), sink(first))
+    two, at_two = scheduler.submit(remote.request(COUNT, max_new_tokens=12), sink(second))
+    assert (at_one, at_two) == (0, 1) and one.task is not None and two.task is None
+    deadline = asyncio.get_running_loop().time() + 120
+    while not any(isinstance(e, Finished) for e, _ in second):
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+    assert two.task is not None
+    # A new queue position would come from the coordinator's thread; the stream's own events
+    # come from the loop.
+    streamed = [thread for e, thread in first + second if not isinstance(e, Queued)]
+    assert set(streamed) == {loop_thread}
+    assert next(e for e, _ in second if isinstance(e, Finished)).result.text

@@ -1,4 +1,5 @@
-"""The engine thread's events handed to a turn's event loop, a batch per wake-up."""
+"""The engine's events handed to a turn's event loop: put at once when they are produced on the
+loop's own thread (a stream read on the loop), else a batch per wake-up."""
 
 from __future__ import annotations
 
@@ -8,17 +9,37 @@ import threading
 from ..engine.types import Event, TextChunk
 
 
+class ChunkQueue(asyncio.Queue):
+    """A turn's events in order; a text chunk put behind a text chunk not yet taken joins it,
+    so a busy process runs the gate, the journal and the send once for them."""
+
+    def _put(self, item: Event) -> None:
+        waiting = self._queue  # type: ignore[attr-defined]  # asyncio.Queue's own deque
+        if isinstance(item, TextChunk) and waiting and isinstance(waiting[-1], TextChunk):
+            waiting[-1] = TextChunk(waiting[-1].text + item.text)
+        else:
+            waiting.append(item)
+
+
 class EventInbox:
-    """Hands the engine thread's events to the event loop: one wake-up for whatever arrived
-    since the last (not one per token), with text chunks that arrived together joined, so a
-    busy process runs the gate, the journal and the send once for them."""
+    """Hands a scheduler's events to the turn's queue on `loop`.
+
+    Called on the loop's thread (a stream read on the loop: chat/engine/remote/loop_stream.py)
+    it puts the event straight in: no lock and no wake-up of the loop through its self-pipe.
+    Called on another thread (the local engine's, a blocking stream's) it wakes the loop once
+    for whatever arrived since the last wake-up, not once per token."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue):
         self._loop, self._queue = loop, queue
+        self._loop_thread = threading.get_ident()  # made on the loop, by the turn
         self._lock = threading.Lock()
         self._arrived: list[Event] = []
 
-    def sink(self, event: Event) -> None:  # called on the generation thread; must not block
+    def sink(self, event: Event) -> None:  # must not block
+        # Behind events from another thread still on their way, it waits its turn with them.
+        if threading.get_ident() == self._loop_thread and not self._arrived:
+            self._queue.put_nowait(event)
+            return
         with self._lock:
             self._arrived.append(event)
             if len(self._arrived) > 1:
@@ -28,17 +49,5 @@ class EventInbox:
     def _deliver(self) -> None:
         with self._lock:
             arrived, self._arrived = self._arrived, []
-        for event in joined_chunks(arrived):
+        for event in arrived:
             self._queue.put_nowait(event)
-
-
-def joined_chunks(events: list[Event]) -> list[Event]:
-    """`events` in order, each run of TextChunks joined into one."""
-    out: list[Event] = []
-    for event in events:
-        last = out[-1] if out else None
-        if isinstance(event, TextChunk) and isinstance(last, TextChunk):
-            out[-1] = TextChunk(last.text + event.text)
-        else:
-            out.append(event)
-    return out

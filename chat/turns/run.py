@@ -39,7 +39,7 @@ from ..stores.selectors import Owner
 from .budget import answer_charge
 from .finish import TurnFinish, Verdict, to_ms
 from .handle import Send, Turn
-from .inbox import EventInbox
+from .inbox import ChunkQueue, EventInbox
 from .journal import Journal
 from .prepare import Prepared
 from .running import running_turns
@@ -104,7 +104,7 @@ class TurnRun(TurnFinish):
         # a policy that caches nothing shares nothing.
         self._scheduler = stack.for_answer(prepared.cache_key)
         self._ticket: Ticket | None = None
-        self._events: asyncio.Queue = asyncio.Queue()
+        self._events: asyncio.Queue = ChunkQueue()
         self.started_at: float | None = None
         self.first_token_at: float | None = None
         self.first_visible_at: float | None = None

@@ -1,12 +1,18 @@
 """Many streams at once to an inference server that batches by itself: N slots, FIFO beyond them.
 
 `scheduler.ContinuousScheduler` steps a model in this process itself. An inference server
-(vLLM, TGI) batches continuously on its own, so here every request streams on its own thread
-as soon as one of `max_running` slots is free. Both implement the Scheduler Protocol in
+(vLLM, TGI) batches continuously on its own, so here every request streams by itself (a task
+on the event loop, or a thread: below) as soon as one of `max_running` slots is free. Both implement the Scheduler Protocol in
 types.py and send the same events to each sink: Queued* -> Started -> TextChunk* -> Finished | Failed.
 
 Queue positions: 0 means the request starts now; a waiter's position is 1 (one of the
 running streams must end) plus the waiters ahead of it, as the local scheduler counts them.
+
+A request submitted from a running event loop, to a backend with `agenerate` (the remote
+one), streams as a task on that loop: no thread per stream and no hand-off per token, its
+sink called on the loop's thread. Any other (the local engine's tests, commands without a
+loop) streams on one of the pool's threads through the blocking `generate`. Either way the
+slots, the queue and the events are the same.
 
 With an `admission` (chat/engine/remote/global_queue.py) the slots and the queue are global, shared
 through Redis by every process using the same server; positions are then ranks in the
@@ -16,14 +22,17 @@ to its own `max_running`, and goes back to the global queue once Redis answers a
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ..types import (
     Backend,
@@ -53,6 +62,11 @@ class RemoteTicket(Ticket):
 
     admission_id: str | None = None
     position: int = 0
+    loop: asyncio.AbstractEventLoop | None = None  # streams there, as a task, when set
+    task: asyncio.Task[None] | None = None
+    # Its task has begun: a task cancelled before its first step would skip its own `finally`
+    # (the slot never given back, no Finished); one not yet begun reads the cancel flag instead.
+    begun: bool = False
 
 
 class ConcurrentScheduler(Scheduler):
@@ -62,7 +76,8 @@ class ConcurrentScheduler(Scheduler):
     cancelled runner's stream is closed by the backend and its slot goes to the next waiter.
 
     Args:
-        backend: anything with `generate(request, on_text)`.
+        backend: anything with `generate(request, on_text)`; with `agenerate` too, requests
+            submitted on an event loop stream there.
         max_running: streams open at once from this process.
         max_waiting: further submissions are refused with QueueFull.
         admission: a shared queue (RedisAdmission) whose slots every process must hold; None for per-process only.
@@ -87,6 +102,8 @@ class ConcurrentScheduler(Scheduler):
         self._pool = ThreadPoolExecutor(
             max_workers=self.max_running, thread_name_prefix="remote-stream"
         )
+        # The asyncio twin of `generate`, when the backend has one (the remote backend does).
+        self._agenerate = getattr(backend, "agenerate", None)
         self._admission = admission
         self._global = admission is not None  # False while Redis is unreachable
         self._down = admission.errors if admission is not None else ()
@@ -108,7 +125,7 @@ class ConcurrentScheduler(Scheduler):
         with self._lock:
             if self._closed:
                 raise EngineError("the server is shutting down")
-            ticket = RemoteTicket(request, sink, number=next(self._numbers))
+            ticket = RemoteTicket(request, sink, number=next(self._numbers), loop=_loop_here())
             position = self._place_global(ticket) if self._global else self._place_local(ticket)
             if position == 0:
                 self._running.add(ticket)
@@ -116,20 +133,21 @@ class ConcurrentScheduler(Scheduler):
                 self._waiting.append(ticket)
                 ticket.position = position
         if position == 0:
-            self._pool.submit(self._run, ticket)
+            self._start(ticket)
         return ticket, position
 
     def cancel(self, ticket: Ticket) -> None:
         """Stop `ticket` wherever it is; a no-op once it has finished."""
         assert isinstance(ticket, RemoteTicket)  # this scheduler made it
         ticket.request.cancel.set()  # a running stream's backend closes the connection on this
+        self._cancel_task(ticket)  # a stream on a loop closes it when its task is cancelled
         with self._lock:
             try:
                 self._waiting.remove(ticket)
             except ValueError:
                 return
             moved = [] if self._global else list(self._waiting)
-        self._release(ticket)  # other processes' waiters move up
+        self._off_loop(self._release, ticket)  # other processes' waiters move up
         finish_cancelled(ticket)
         _announce(moved)
 
@@ -153,6 +171,7 @@ class ConcurrentScheduler(Scheduler):
             finish_cancelled(ticket)
         for ticket in running:
             ticket.request.cancel.set()
+            self._cancel_task(ticket)
         self._pool.shutdown(wait=False)
 
     # -- admission ------------------------------------------------------------
@@ -249,7 +268,7 @@ class ConcurrentScheduler(Scheduler):
                     ticket.position = position
                     moved.append(ticket)
         for ticket in promoted:
-            self._pool.submit(self._run, ticket)
+            self._start(ticket)
         for ticket in moved:
             ticket.sink(Queued(position=ticket.position))
 
@@ -275,20 +294,67 @@ class ConcurrentScheduler(Scheduler):
                 promoted.append(ticket)
             moved = list(self._waiting) if promoted else []
         for ticket in promoted:
-            self._pool.submit(self._run, ticket)
+            self._start(ticket)
         _announce(moved)
 
     # -- worker ---------------------------------------------------------------
+
+    def _start(self, ticket: RemoteTicket) -> None:
+        """Stream `ticket` on its loop when it has one (and the backend an `agenerate`), else
+        on a pool thread; any thread may call this."""
+        loop = ticket.loop if self._agenerate is not None else None
+        if loop is not None and _loop_here() is loop:
+            ticket.task = loop.create_task(self._arun(ticket))
+            return
+        if loop is not None:
+            try:
+                loop.call_soon_threadsafe(self._start, ticket)
+                return
+            except RuntimeError:  # that loop is closed: nobody there listens any more
+                pass
+        self._pool.submit(self._run, ticket)
+
+    def _cancel_task(self, ticket: RemoteTicket) -> None:
+        """Cancel the task streaming `ticket` (its upstream closes at once), from any thread."""
+        loop = ticket.loop
+        if loop is None or self._agenerate is None:
+            return
+        if _loop_here() is loop:
+            _cancel_begun(ticket)
+        else:
+            with contextlib.suppress(RuntimeError):  # that loop is closed
+                loop.call_soon_threadsafe(_cancel_begun, ticket)
 
     def _run(self, ticket: RemoteTicket) -> None:
         try:
             self._stream(ticket)
         finally:
-            with self._lock:
-                self._running.discard(ticket)
-            self._release(ticket)  # the coordinator hears of it and admits the next
-            if not self._global:
-                self._promote_local()
+            self._ended(ticket)
+
+    async def _arun(self, ticket: RemoteTicket) -> None:
+        ticket.begun = True
+        try:
+            await self._astream(ticket)
+        finally:
+            self._off_loop(self._ended, ticket)
+
+    def _off_loop(self, call: Callable[[RemoteTicket], None], ticket: RemoteTicket) -> None:
+        """`call(ticket)`, on a pool thread when it would give a global slot back (a Redis call
+        must not hold up the event loop), else here."""
+        if ticket.admission_id is not None and _loop_here() is not None:
+            try:
+                self._pool.submit(call, ticket)
+                return
+            except RuntimeError:  # closed: the pool takes no more work
+                pass
+        call(ticket)
+
+    def _ended(self, ticket: RemoteTicket) -> None:
+        with self._lock:
+            self._running.discard(ticket)
+        self._release(ticket)  # the coordinator hears of it and admits the next
+        if not self._global:
+            self._promote_local()
 
     def _stream(self, ticket: Ticket) -> None:
         request = ticket.request
@@ -299,19 +365,54 @@ class ConcurrentScheduler(Scheduler):
         try:
             result = self.backend.generate(request, lambda text: ticket.sink(TextChunk(text)))
         except Exception as exc:  # the queue must go on whatever one request does
-            if isinstance(exc, EngineError):
-                log.warning("generation failed for %s: %s", request.label or ticket.number, exc)
-            else:
-                log.exception("generation failed for %s", request.label or ticket.number)
-            ticket.sink(
-                Failed(
-                    error=f"{type(exc).__name__}: {exc}",
-                    at=time.perf_counter(),
-                    code=getattr(exc, "code", "model_error"),
-                )
-            )
+            _failed(ticket, exc)
             return
         ticket.sink(Finished(result))
+
+    async def _astream(self, ticket: RemoteTicket) -> None:
+        """`_stream` on the loop: the same events, the sink called on the loop's thread."""
+        request = ticket.request
+        if request.cancel.is_set():
+            finish_cancelled(ticket)
+            return
+        ticket.sink(Started(at=time.perf_counter()))
+        agenerate: Any = self._agenerate
+        try:
+            result = await agenerate(request, lambda text: ticket.sink(TextChunk(text)))
+        except Exception as exc:
+            _failed(ticket, exc)
+            return
+        ticket.sink(Finished(result))
+
+
+def _failed(ticket: Ticket, exc: Exception) -> None:
+    request = ticket.request
+    if isinstance(exc, EngineError):
+        log.warning("generation failed for %s: %s", request.label or ticket.number, exc)
+    else:
+        log.exception("generation failed for %s", request.label or ticket.number)
+    ticket.sink(
+        Failed(
+            error=f"{type(exc).__name__}: {exc}",
+            at=time.perf_counter(),
+            code=getattr(exc, "code", "model_error"),
+        )
+    )
+
+
+def _loop_here() -> asyncio.AbstractEventLoop | None:
+    """The event loop running on this thread, if any."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _cancel_begun(ticket: RemoteTicket) -> None:
+    """On the ticket's loop: cancel its task once begun (before, its cancel flag stops it)."""
+    task = ticket.task
+    if ticket.begun and task is not None and not task.done():
+        task.cancel()
 
 
 def _announce(tickets: list[RemoteTicket]) -> None:

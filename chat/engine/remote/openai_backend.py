@@ -15,8 +15,9 @@ with `stream: true`. What has no remote meaning is decided here:
   sent once more.
 - Batching is the server's business: each request streams on its own (concurrent.py).
 
-Each answer is one streamed request (stream.py), whose cancel closes the upstream socket at once:
-that is how vLLM and TGI learn to stop generating.
+Each answer is one streamed request, whose cancel closes the upstream socket at once: that is
+how vLLM and TGI learn to stop generating. `generate` reads it on the calling thread (stream.py),
+`agenerate` on the running event loop (loop_stream.py); both read its events alike (sse.py).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from ..types import (
     PromptTooLong,
 )
 from .capabilities import Capabilities, discover
+from .loop_stream import LoopStream
 from .stream import Endpoint, Stream
 
 log = logging.getLogger(__name__)
@@ -246,6 +248,22 @@ class OpenAIBackend(Backend):
 
         The text handed out, concatenated, is exactly `result.text`.
         """
+        body = self._checked_body(request)
+        return Stream(
+            self.endpoint, self.capabilities, self.config.timeout, request, on_text, body
+        ).run()
+
+    async def agenerate(
+        self, request: GenerationRequest, on_text: OnText = lambda _text: None
+    ) -> GenerationResult:
+        """`generate` on the running event loop: no thread, and `on_text` is called on the
+        loop's thread (loop_stream.py). Cancelling the task closes the upstream at once."""
+        body = self._checked_body(request)
+        return await LoopStream(
+            self.endpoint, self.capabilities, self.config.timeout, request, on_text, body
+        ).run()
+
+    def _checked_body(self, request: GenerationRequest) -> dict[str, Any]:
         if request.messages is None:
             raise EngineError(
                 "a remote request needs its chat messages (GenerationRequest.messages)"
@@ -253,10 +271,7 @@ class OpenAIBackend(Backend):
         max_new = max(1, min(request.params.max_new_tokens, self.config.max_new_tokens_cap))
         if request.input_ids:
             self.check_fits(len(request.input_ids), max_new)
-        body = self._body(request, max_new)
-        return Stream(
-            self.endpoint, self.capabilities, self.config.timeout, request, on_text, body
-        ).run()
+        return self._body(request, max_new)
 
     def _body(self, request: GenerationRequest, max_new: int) -> dict[str, Any]:
         params = request.params
