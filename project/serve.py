@@ -1,7 +1,8 @@
 """`python -m project.serve`: everything a fresh clone needs, then daphne.
 
-Starts (or joins) the checkout's embedded Redis when REDIS_URL is unset, migrates, converts
-the bundled model once, runs the system checks (the eos check warns here) and serves.
+Starts (or joins) the checkout's embedded Redis when REDIS_URL is unset; migrates, collects the
+static files, converts the bundled model once and runs the system checks (the eos check warns
+here), all in a child process that exits before this one serves.
 DEBUG is off unless DEBUG=1 is set: a stranger gets the product's error pages, never a
 traceback (docs/security.md).
 """
@@ -13,6 +14,10 @@ import sys
 from pathlib import Path
 
 from project.embedded_redis import EmbeddedRedis
+
+# The argument on which `python -m project.serve` prepares (migrate, static files, model,
+# checks) and exits: `serve` runs it in a child process.
+PREPARE = "--prepare-and-exit"
 
 
 def main(argv: list[str]) -> None:
@@ -63,7 +68,8 @@ def kept_secret_key(path: Path) -> str:
 
 
 def prepare_bundled_model(settings) -> None:
-    """Convert the bundled model once, in this process unless it must stay torch-free."""
+    """Convert the bundled model once: in the preparing process, or in a child of it when the
+    model's folder is only the tokenizer of a torch-free web tier."""
     if settings.CHAT_BACKEND != "openai":
         from chat.engine.weights.loading import ensure_default_model
 
@@ -86,6 +92,26 @@ def prepare_bundled_model(settings) -> None:
 
 
 def serve(argv: list[str]) -> None:
+    # The migrations, the static files and the checks run in a child process: their imports
+    # (every migration module, the checks' registries) would stay in the serving process for
+    # its life, about 47 MB of a torch-free web process's 187.
+    prepared = subprocess.run([sys.executable, "-m", "project.serve", PREPARE])
+    if prepared.returncode != 0:
+        sys.exit(prepared.returncode)
+    import django
+    from django.conf import settings
+
+    django.setup()
+    from daphne.cli import CommandLineInterface
+
+    host, port = settings.SERVE_HOST, str(settings.SERVE_PORT)
+    print(f"Serving on http://{host}:{port}/", flush=True)
+    CommandLineInterface().run(["-b", host, "-p", port, *argv, "project.asgi:application"])
+
+
+def prepare() -> None:
+    """What the server needs before it serves: the database migrated, the static files
+    collected (without DEBUG), the bundled model converted, the system checks run."""
     import django
     from django.conf import settings
     from django.core.management import call_command
@@ -98,12 +124,9 @@ def serve(argv: list[str]) -> None:
         prepare_bundled_model(settings)
     call_command("check")
 
-    from daphne.cli import CommandLineInterface
-
-    host, port = settings.SERVE_HOST, str(settings.SERVE_PORT)
-    print(f"Serving on http://{host}:{port}/", flush=True)
-    CommandLineInterface().run(["-b", host, "-p", port, *argv, "project.asgi:application"])
-
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if sys.argv[1:] == [PREPARE]:  # the child `serve` starts, its environment already set
+        prepare()
+    else:
+        main(sys.argv[1:])

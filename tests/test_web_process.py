@@ -92,3 +92,37 @@ def test_make_run_in_front_of_a_server_prepares_the_tokenizer_folder_in_a_child_
     assert child.returncode == 0, child.stderr[-3000:]
     assert "Model ready at" in child.stdout  # the child ran chat.engine.weights.convert
     assert child.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.unit
+def test_the_serving_process_leaves_migrations_static_files_and_checks_to_a_child(monkeypatch):
+    """`project.serve` prepares in a child process that exits before it serves, so the serving
+    process keeps none of their imports (about 47 MB of a torch-free web process); a child
+    that fails stops the start with its exit status."""
+    from types import SimpleNamespace
+
+    from daphne.cli import CommandLineInterface
+
+    import project.serve as serve_module
+
+    children: list[list[str]] = []
+    status = {"code": 0}
+
+    def child(args, **kwargs):
+        children.append(args)
+        return SimpleNamespace(returncode=status["code"])
+
+    def in_process(*args, **kwargs):
+        raise AssertionError(f"a management command ran in the serving process: {args}")
+
+    served: list[list[str]] = []
+    monkeypatch.setattr(serve_module.subprocess, "run", child)
+    monkeypatch.setattr("django.core.management.call_command", in_process)
+    monkeypatch.setattr(CommandLineInterface, "run", lambda self, args: served.append(args))
+    serve_module.serve(["--verbosity", "1"])
+    assert children == [[sys.executable, "-m", "project.serve", serve_module.PREPARE]]
+    assert served and served[0][-3:] == ["--verbosity", "1", "project.asgi:application"]
+    status["code"] = 3
+    with pytest.raises(SystemExit) as stopped:
+        serve_module.serve([])
+    assert stopped.value.code == 3 and len(served) == 1
