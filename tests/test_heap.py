@@ -103,3 +103,34 @@ def test_a_document_cancelled_mid_prefill_is_counted(backend, monkeypatch):
 @pytest.mark.integration
 def test_the_backend_gives_its_batches_its_trimmer(backend):
     assert backend.new_batch().heap is backend.heap
+
+
+@pytest.mark.integration
+def test_a_torch_free_web_tier_gives_its_start_ups_freed_heap_back_once(
+    settings, monkeypatch, backend
+):
+    """With CHAT_BACKEND=openai the runtime trims once the backend is ready (a local model's
+    backend trims its own once loaded): 142 -> 126 MB resident after a relay's start."""
+    from chat.infra import runtime as runtime_module
+    from harness.openai_server import FakeOpenAIServer
+    from tests.test_remote import remote_for
+
+    trims: list[str] = []
+
+    class Recorded(HeapTrimmer):
+        def trim(self) -> None:
+            trims.append(settings.CHAT_BACKEND)
+
+    monkeypatch.setattr(runtime_module, "HeapTrimmer", Recorded)
+    server = FakeOpenAIServer(backend).start()
+    try:
+        for kind in ("openai", "local"):
+            settings.CHAT_BACKEND = kind
+            fresh = runtime_module.Runtime()
+            monkeypatch.setattr(fresh, "_make_backend", lambda: remote_for(server, backend))
+            monkeypatch.setattr(fresh, "_load_engine_rows", lambda: None)
+            fresh._load()
+            assert fresh.state == "ready", fresh.detail
+    finally:
+        server.stop()
+    assert trims == ["openai"]
