@@ -330,3 +330,34 @@ async def test_a_running_answers_saves_share_one_connection_closed_once_it_ends(
     assert not (open_after and closable)
     await message.arefresh_from_db()
     assert message.text == "xxxxx"
+
+
+@pytest.mark.unit
+@pytest.mark.django_db(transaction=True)
+async def test_an_answer_ending_as_its_text_falls_due_for_a_save_still_ends():
+    """The chunk that makes a save due and the answer's end in one loop turn: the saver's
+    wait ends as it is cancelled. Python 3.11's wait_for returned the wait's result then and
+    swallowed the cancel, so the saver went on and the turn waited on it for ever (an answer of
+    64 tokens, one chunk a token, hung at its end)."""
+    from chat.stores import partial
+
+    conversation = await Conversation.objects.acreate(session_key="s", title="t")
+    message = await Message.objects.acreate(
+        conversation=conversation, role="assistant", status="streaming", text=""
+    )
+    saver = partial.PartialSaver(message.pk, every_s=30, every_chunks=3)
+    saver.note("a")
+    for _ in range(3):
+        await asyncio.sleep(0)  # the saver is now waiting for its next save to fall due
+    saver.note("ab")
+    saver.note("abc")  # due: its wait ends in the next loop turn ...
+    running = saver._task
+    closing = asyncio.ensure_future(saver.close())  # ... as close() cancels it
+    try:
+        done, _ = await asyncio.wait({closing}, timeout=10)
+        assert closing in done, "close() still waits for a saver that never stopped"
+    finally:
+        for task in (closing, running):
+            task.cancel()
+    await message.arefresh_from_db()
+    assert message.text in {"", "abc"}

@@ -140,8 +140,9 @@ class StreamWriter:
     async def _flush(self) -> None:
         while self._pending:
             if not self._fresh:  # the first batch (accepted) goes at once
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._urgent.wait(), FLUSH_SECONDS)
+                with contextlib.suppress(TimeoutError):  # not wait_for: see partial.py
+                    async with asyncio.timeout(FLUSH_SECONDS):
+                        await self._urgent.wait()
             batch, self._pending = self._pending, []
             fresh, self._fresh = self._fresh, False
             try:

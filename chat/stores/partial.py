@@ -121,8 +121,13 @@ class PartialSaver:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the wait's result
+            # when the wait ends as the task is cancelled (the 64th chunk and the answer's end
+            # in one loop turn), swallowing the cancel: this loop went on and `close` waited
+            # for it for ever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._due.wait(), self.every_s)
+                async with asyncio.timeout(self.every_s):
+                    await self._due.wait()
             self._due.clear()
             text = self.text
             if text == self.saved:

@@ -165,7 +165,8 @@ class CancelBus:
         if layer is None:
             raise RuntimeError("no channel layer is configured")
         message = {"type": notice.kind, **notice.fields()}
-        await asyncio.wait_for(layer.group_send(GROUP, message), self.publish_timeout)
+        async with asyncio.timeout(self.publish_timeout):  # not wait_for: see stores/partial.py
+            await layer.group_send(GROUP, message)
 
     def ensure_listening(self) -> None:
         """Start this process's listener on the running loop, unless it already runs there."""

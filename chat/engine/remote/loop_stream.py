@@ -92,15 +92,15 @@ class LoopStream:
                 watch = loop.call_at(wake, check)
 
         try:
-            await asyncio.wait_for(
-                loop.create_connection(
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for drops a cancel that comes
+            # as the connection is made, and the stream would go on.
+            async with asyncio.timeout(self.timeout):
+                await loop.create_connection(
                     lambda: response,
                     endpoint.host,
                     endpoint.port,
                     ssl=endpoint.ssl_context(),
-                ),
-                self.timeout,
-            )
+                )
             payload = request_body(body)
             response.send(endpoint.post_head(len(payload)) + payload)
             watch = loop.call_at(loop.time() + min(_WATCH_SECONDS, self.timeout), check)
