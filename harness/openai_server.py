@@ -9,11 +9,13 @@ or a write fails), sets the generation's cancel flag, and records it all.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import select
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -334,3 +336,32 @@ class _Handler(BaseHTTPRequestHandler):
             return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
         except OSError:
             return True
+
+
+@contextlib.contextmanager
+def closing_upstream(parts: list[bytes], pause_s: float = 0.2) -> Iterator[str]:
+    """An HTTP/1.0 server (a body that lasts until it closes: no length, not chunked) answering
+    every POST with `parts`, written `pause_s` apart so each is a read of its own; yields its
+    base URL."""
+
+    class Upstream(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for part in parts:
+                self.wfile.write(part)
+                self.wfile.flush()
+                time.sleep(pause_s)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()

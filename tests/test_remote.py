@@ -18,7 +18,7 @@ from chat.engine.types import (
     TextChunk,
 )
 from harness.liveserver import free_port
-from harness.openai_server import FakeOpenAIServer
+from harness.openai_server import FakeOpenAIServer, closing_upstream
 
 COUNT = [{"role": "user", "content": "Count from 1 to 10, separated by commas."}]
 STORY = [{"role": "user", "content": "Write a very long story about a dragon."}]
@@ -340,8 +340,6 @@ def test_events_that_arrive_together_are_handed_on_as_one_piece_and_split_lines_
     """The relay parses what one read brought together and hands its text on once (one event
     per token costs the web process a hand-off each); a line split across reads still parses."""
     import json
-    import time
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     def event(text: str | None, finish: str | None = None) -> bytes:
         delta = {"content": text} if text is not None else {}
@@ -351,31 +349,10 @@ def test_events_that_arrive_together_are_handed_on_as_one_piece_and_split_lines_
     together = event("Hello") + event(", ") + event("world")
     split = event("!") + event(None, "stop") + b"data: [DONE]\n\n"
 
-    class Upstream(BaseHTTPRequestHandler):
-        def do_POST(self):
-            self.rfile.read(int(self.headers["Content-Length"]))
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.end_headers()
-            for part in (together, split[:9], split[9:]):
-                self.wfile.write(part)
-                self.wfile.flush()
-                time.sleep(0.2)  # apart, so each part is a read of its own
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", free_port()), Upstream)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        remote = OpenAIBackend(
-            RemoteConfig(base_url=f"http://127.0.0.1:{server.server_port}/v1", model="m")
-        )
+    with closing_upstream([together, split[:9], split[9:]]) as base_url:
+        remote = OpenAIBackend(RemoteConfig(base_url=base_url, model="m"))
         pieces: list[str] = []
         result = remote.generate(remote.request(COUNT, max_new_tokens=8), pieces.append)
-    finally:
-        server.shutdown()
-        server.server_close()
     assert pieces == ["Hello, world", "!"]
     assert result.text == "Hello, world!" and result.finish_reason == "eos"
     assert result.new_tokens == 4  # one per event that carried text, without a usage

@@ -25,10 +25,8 @@ from chat.engine.types import (
 )
 from chat.turns.inbox import ChunkQueue, EventInbox
 from harness.liveserver import free_port
-from harness.openai_server import FakeOpenAIServer
-
-COUNT = [{"role": "user", "content": "Count from 1 to 10, separated by commas."}]
-STORY = [{"role": "user", "content": "Write a very long story about a dragon."}]
+from harness.openai_server import FakeOpenAIServer, closing_upstream
+from tests.test_remote import COUNT, STORY, remote_for
 
 
 @pytest.fixture(scope="module")
@@ -36,15 +34,6 @@ def fake(backend):
     server = FakeOpenAIServer(backend).start()
     yield server
     server.stop()
-
-
-def remote_for(server, backend, **config) -> OpenAIBackend:
-    config.setdefault("context_length", backend.context_length)
-    config.setdefault("timeout", 120)
-    return OpenAIBackend(
-        RemoteConfig(base_url=server.url, model=server.model, **config),
-        tokenizer=backend.tokenizer,
-    )
 
 
 @pytest.fixture
@@ -341,31 +330,10 @@ async def test_events_read_together_are_one_piece_on_the_loop_and_a_body_to_the_
     together = plain("Hello") + plain(", ") + plain("world")
     split = plain("!") + plain(None, "stop") + b"data: [DONE]\n\n"
 
-    class Upstream(BaseHTTPRequestHandler):
-        def do_POST(self):
-            self.rfile.read(int(self.headers["Content-Length"]))
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.end_headers()
-            for part in (together, split[:9], split[9:]):
-                self.wfile.write(part)
-                self.wfile.flush()
-                time.sleep(0.2)  # apart, so each part is a read of its own
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", free_port()), Upstream)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        remote = OpenAIBackend(
-            RemoteConfig(base_url=f"http://127.0.0.1:{server.server_port}/v1", model="m")
-        )
+    with closing_upstream([together, split[:9], split[9:]]) as base_url:
+        remote = OpenAIBackend(RemoteConfig(base_url=base_url, model="m"))
         pieces: list[str] = []
         result = await remote.agenerate(remote.request(COUNT, max_new_tokens=8), pieces.append)
-    finally:
-        server.shutdown()
-        server.server_close()
     assert pieces == ["Hello, world", "!"]
     assert result.text == "Hello, world!" and result.finish_reason == "eos"
     assert result.new_tokens == 4

@@ -22,10 +22,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..types import GenerationRequest, GenerationResult, OnText
-from .capabilities import Capabilities
+from ..types import GenerationRequest, GenerationResult
 from .sse import ERROR_BODY_BYTES, AnswerReader, raise_unreachable, refusal, request_body
-from .stream import Endpoint
+from .stream import StreamedAnswer
 
 # How often a stream looks at its cancel flag when nobody cancelled its task.
 _WATCH_SECONDS = 1.0
@@ -34,24 +33,8 @@ _MAX_HEAD_BYTES = 1 << 16
 _READ_BYTES = 1 << 16
 
 
-class LoopStream:
+class LoopStream(StreamedAnswer):
     """One streamed completion as a coroutine on the running loop (see the module doc)."""
-
-    def __init__(
-        self,
-        endpoint: Endpoint,
-        capabilities: Capabilities,
-        timeout: float,
-        request: GenerationRequest,
-        on_text: OnText,
-        body: dict[str, Any],
-    ):
-        self.endpoint = endpoint
-        self.capabilities = capabilities
-        self.timeout = timeout
-        self.request = request
-        self.body = body
-        self.reader = AnswerReader(request, on_text, capabilities)
 
     async def run(self) -> GenerationResult:
         started = time.perf_counter()

@@ -78,8 +78,9 @@ class Endpoint:
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
-class Stream:
-    """One streamed completion on the calling thread: send, read, hand on, map the end."""
+class StreamedAnswer:
+    """One streamed completion's request, server and reader, whichever way it is read: on the
+    calling thread (`Stream`) or on the event loop (loop_stream.py's `LoopStream`)."""
 
     def __init__(
         self,
@@ -96,6 +97,10 @@ class Stream:
         self.request = request
         self.body = body
         self.reader = AnswerReader(request, on_text, capabilities)
+
+
+class Stream(StreamedAnswer):
+    """One streamed completion on the calling thread: send, read, hand on, map the end."""
 
     def run(self) -> GenerationResult:
         started = time.perf_counter()
