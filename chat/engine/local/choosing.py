@@ -1,14 +1,14 @@
 """Each row's next token from a step's logits, the rows that can be chosen together at once.
 
-Most rows decode greedily, with at most a repetition penalty over their answer (the shipped prose
-policy sets 1.1) and a minimum length. Through transformers' processors each such row costs a tensor of its whole
-prompt and answer, a signature inspection per processor and a padded copy of its vocabulary-wide
-scores, one row after another: about a quarter of a millisecond a row, on the worker thread that
-must hold the GIL for it. Here the rows sharing a penalty are penalised in one gather and one
-scatter, the processor's own arithmetic (`torch.where(s < 0, s * p, s / p)` on the answer's
-ids), and chosen with one argmax, so each gets the token its processors would give
-(tests/test_choosing.py). Any other rule (sampling, a grammar, other penalties) keeps the
-row's own processors.
+Most rows decode greedily, with at most a repetition penalty over their answer (the shipped
+prose policy sets 1.1) and a minimum length. Through transformers' processors each such row
+cost a tensor of its whole prompt and answer, a signature inspection per processor and a padded
+copy of its vocabulary-wide scores, one row after another: about a quarter of a millisecond a
+row, on the worker thread that must hold the GIL for it. Here the rows sharing a penalty are
+penalised in one gather and one scatter, the processor's own arithmetic (`torch.where(s < 0,
+s * p, s / p)` on the answer's ids), and chosen with one argmax, so each gets the token its
+processors would give (tests/test_choosing.py). Any other rule (sampling, a grammar, other
+penalties) keeps the row's own processors.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def next_tokens(rows: list[Row], logits: torch.Tensor) -> list[int]:
             continue
         minimum, penalty = rules
         if minimum is not None:
-            minimum(row.request.input_ids, logits[index : index + 1])  # in place, as in its list
+            minimum(None, logits[index : index + 1])  # in place; it reads the row, not the ids
         if penalty is not None and row.new_ids:  # no answer yet: nothing to penalise
             penalised.setdefault(penalty, []).append(index)
     for penalty, indices in penalised.items():
