@@ -70,16 +70,23 @@ async def test_the_loop_reads_the_real_models_answer_on_the_loops_own_thread(rem
     assert served.body["stream"] is True and result.first_token_at is not None
 
 
+async def _stalled_after_first_token(remote):
+    """A long answer streaming as a task on this loop, its first token in (the fake server then
+    goes quiet when told to): its request and task."""
+    request = remote.request(STORY, max_new_tokens=300)
+    first = asyncio.Event()
+    task = asyncio.create_task(remote.agenerate(request, lambda _text: first.set()))
+    await asyncio.wait_for(first.wait(), 120)
+    return request, task
+
+
 @pytest.mark.integration
 async def test_cancelling_the_task_closes_the_upstream_at_once(remote, fake):
     """The server has gone quiet after one token: cancelling the task (as the scheduler's cancel
     does) closes the socket under the wait, well before the once-a-second look at the flag."""
     fake.stall_after_first_chunk = True
     try:
-        request = remote.request(STORY, max_new_tokens=300)
-        first = asyncio.Event()
-        task = asyncio.create_task(remote.agenerate(request, lambda _text: first.set()))
-        await asyncio.wait_for(first.wait(), 120)
+        request, task = await _stalled_after_first_token(remote)
         served = fake.served[-1]
         request.cancel.set()
         cancelled_at = time.perf_counter()
@@ -100,10 +107,7 @@ async def test_a_cancel_flag_alone_closes_a_silent_upstream(remote, fake):
     cancelled (its look at the flag, once a second)."""
     fake.stall_after_first_chunk = True
     try:
-        request = remote.request(STORY, max_new_tokens=300)
-        first = asyncio.Event()
-        task = asyncio.create_task(remote.agenerate(request, lambda _text: first.set()))
-        await asyncio.wait_for(first.wait(), 120)
+        request, task = await _stalled_after_first_token(remote)
         request.cancel.set()
         result = await asyncio.wait_for(task, 30)
     finally:
