@@ -16,7 +16,7 @@ from chat.infra.runtime import runtime  # noqa: E402
 from chat.transports.origin import SameOriginValidator  # noqa: E402
 from chat.transports.routing import websocket_urlpatterns  # noqa: E402
 from chat.transports.sse import ServerSend  # noqa: E402
-from project import websocket_limits  # noqa: E402
+from project import socket_writes, websocket_limits  # noqa: E402
 from project.shutdown import RequestsInFlight, Stopper  # noqa: E402
 
 # Counted, so a SIGTERM lets the open responses (server-sent streams) end before the stop.
@@ -36,3 +36,4 @@ if settings.CHAT_LOAD_MODEL:
 
 Stopper(http_requests).install()
 websocket_limits.install()  # an oversized message gets frame_too_large and 1009, not a drop
+socket_writes.install()  # a write goes out at once, not on the loop's next turn
