@@ -29,6 +29,8 @@ class RelaySide:
 
     target: Target
     tps: list[float | None] = field(default_factory=list)
+    # Each round's slowest first chunk: a relay's request path delays every answer's start.
+    worst_first_ms: list[float] = field(default_factory=list)
     tokens: int = 0
     errors: set[str] = field(default_factory=set)
 
@@ -36,6 +38,10 @@ class RelaySide:
     def median_tps(self) -> float | None:
         known = [t for t in self.tps if t is not None]
         return statistics.median(known) if known and len(known) == len(self.tps) else None
+
+    @property
+    def median_worst_first_ms(self) -> float | None:
+        return statistics.median(self.worst_first_ms) if self.worst_first_ms else None
 
 
 @dataclass
@@ -87,6 +93,9 @@ def race(
             received = sum(s.tokens for s in streams)
             side.tokens += received
             side.errors |= {s.error for s in streams if s.error}
+            firsts = [s.first_chunk_ms for s in streams if s.first_chunk_ms is not None]
+            if firsts:
+                side.worst_first_ms.append(max(firsts))
             complete = all(s.ok for s in streams) and wall > 0
             side.tps.append(received / wall if complete else None)
     return result
@@ -103,6 +112,9 @@ def report(result: RelayRace) -> list[str]:
         f"{direct.target.label[:width]:>{width}}  relay/direct",
         f"  {'aggregate tok/s':42} {fmt(relay.median_tps, '.1f'):>{width}} "
         f"{fmt(direct.median_tps, '.1f'):>{width}}  {fmt(result.speed_ratio, '.2f', 'x'):>12}",
+        f"  {'slowest first chunk ms (median of rounds)':42} "
+        f"{fmt(relay.median_worst_first_ms, '.0f'):>{width}} "
+        f"{fmt(direct.median_worst_first_ms, '.0f'):>{width}}",
         f"  {'tokens received':42} {relay.tokens:>{width}} {direct.tokens:>{width}}",
         f"  {'web process CPU ms per relayed token':42} "
         f"{fmt(result.cpu_ms_per_token, '.3f'):>{width}}",

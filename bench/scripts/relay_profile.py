@@ -21,6 +21,7 @@ import json
 import multiprocessing
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -88,18 +89,19 @@ def status_mb(pid: int, key: str) -> float:
     return 0.0
 
 
-async def clients(url: str, key: str, users: int, tokens: int, round_: str) -> int:
-    """`users` streams at once, each a distinct prompt (no cache hit); the tokens received."""
+async def clients(url: str, key: str, users: int, tokens: int, round_: str) -> tuple[int, float]:
+    """`users` streams at once, each a distinct prompt (no cache hit); the tokens received and
+    the slowest first chunk (ms after its request was sent)."""
     import httpx
 
-    async def one(i: int) -> int:
+    async def one(i: int) -> tuple[int, float]:
         body = {
             "model": "smollm2",
             "stream": True,
             "max_tokens": tokens,
             "messages": [{"role": "user", "content": f"round {round_} user {i}: tell me more"}],
         }
-        received = 0
+        received, sent, first = 0, time.perf_counter(), 0.0
         async with httpx.AsyncClient(timeout=300) as client:
             headers = {"Authorization": f"Bearer {key}"}
             async with client.stream(
@@ -113,9 +115,11 @@ async def clients(url: str, key: str, users: int, tokens: int, round_: str) -> i
                             # Counted in the upstream's tokens ("w12 "): a relay may send several
                             # in one chunk.
                             received += len(chunk["choices"][0]["delta"]["content"].split())
-        return received
+                            first = first or (time.perf_counter() - sent) * 1000
+        return received, first
 
-    return sum(await asyncio.gather(*(one(i) for i in range(users))))
+    results = await asyncio.gather(*(one(i) for i in range(users)))
+    return sum(r for r, _ in results), max(f for _, f in results)
 
 
 class Side:
@@ -137,6 +141,7 @@ class Side:
         self.key = bm.api_key(self.server)
         self.cpu = self.user = self.elapsed = 0.0
         self.received = 0
+        self.worst_first_ms: list[float] = []
 
     @property
     def pid(self) -> int:
@@ -147,7 +152,11 @@ class Side:
         (user, system), started = cpu_split(self.pid), time.perf_counter()
         # Each side its own prompts: the other's answers are in the same Redis cache.
         round_name = f"{round_} of {self.label}"
-        self.received += asyncio.run(clients(self.server.url, self.key, users, tokens, round_name))
+        received, worst_first = asyncio.run(
+            clients(self.server.url, self.key, users, tokens, round_name)
+        )
+        self.received += received
+        self.worst_first_ms.append(worst_first)
         self.elapsed += time.perf_counter() - started
         user_after, system_after = cpu_split(self.pid)
         self.user += user_after - user
@@ -158,6 +167,7 @@ class Side:
         return [
             f"{self.label}:",
             f"  tokens relayed        {self.received}",
+            f"  slowest first chunk   {statistics.median(self.worst_first_ms):.0f} ms (median of rounds)",
             f"  relayed tok/s         {self.received / max(self.elapsed, 1e-9):.0f}",
             f"  web CPU ms per token  {1000 * self.cpu / max(self.received, 1):.3f} "
             f"(user {1000 * self.user / max(self.received, 1):.3f})",
