@@ -136,8 +136,10 @@ class Side:
             "REDIS_URL": bm.CACHE_REDIS_URL,
             "DJANGO_SETTINGS_MODULE": "project.settings_bench",
             "CHAT_RATE_LIMITS": "prompt=0",  # both sides' `bench` users are one user to Redis
+            "DEBUG": "0",  # as `make run` serves (the bench settings' DEBUG logs every query)
         }
-        self.server = LiveServer(workdir, root=root, **env).start(wait_for_model=True)
+        # `python -m project.serve`, as `make run` and the benchmark's relay race start it.
+        self.server = LiveServer(workdir, root=root, serve=True, **env).start(wait_for_model=True)
         self.key = bm.api_key(self.server)
         self.cpu = self.user = self.elapsed = 0.0
         self.received = 0
