@@ -32,8 +32,8 @@ class WriteThroughServer(tcp.Server):
         self.write(b"".join(iovec))
 
     def _send_now(self, data: bytes) -> bytes:
-        """Sends what the socket takes now, when that keeps the order and Twisted's own states
-        (TLS, closing, a paused producer) do not apply; returns what is left to buffer."""
+        """Sends what the socket takes now, when nothing waits in Twisted's buffer (so the order
+        is kept) and the connection is plain, open TCP; returns what is left to buffer."""
         if (
             not data
             or self.TLS
@@ -46,11 +46,9 @@ class WriteThroughServer(tcp.Server):
             return data
         try:
             sent = self.socket.send(data)
-        except (BlockingIOError, InterruptedError):
-            return data
         except OSError:
-            # A reset or closed peer: buffered, Twisted's next `doWrite` meets the same error
-            # and closes the connection the way it always does.
+            # A full socket (EAGAIN) is Twisted's to wait for; a reset or closed peer is met
+            # again by Twisted's next `doWrite`, which closes the connection as it always does.
             return data
         return data[sent:]
 
