@@ -74,17 +74,19 @@ INSTALLED_APPS = [
     "chat",
 ]
 
+# Django's own middleware, each made to run on the event loop under ASGI where it only reads and
+# writes memory (project/async_middleware.py): the same classes, without a thread hop per hook.
 MIDDLEWARE = [
-    "django.middleware.security.SecurityMiddleware",
-    "chat.pages.csp.ContentSecurityPolicyMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.common.CommonMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "project.async_middleware.SecurityMiddleware",
+    "project.async_middleware.ContentSecurityPolicyMiddleware",
+    "project.async_middleware.WhiteNoiseMiddleware",
+    "project.async_middleware.SessionMiddleware",
+    "project.async_middleware.CommonMiddleware",
+    "project.async_middleware.CsrfViewMiddleware",
+    "project.async_middleware.AuthenticationMiddleware",
     "chat.infra.audit.AuditRequestMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
-    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "project.async_middleware.MessageMiddleware",
+    "project.async_middleware.XFrameOptionsMiddleware",
 ]
 
 ROOT_URLCONF = "project.urls"
