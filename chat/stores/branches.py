@@ -74,10 +74,14 @@ class Tree:
         return line[::-1]
 
 
-def message_add(conversation: Conversation, parent: Message | None, **fields) -> Message:
+def message_add(
+    conversation: Conversation, parent: Message | None, *, only_child: bool = False, **fields
+) -> Message:
     """Store a message under `parent` as the selected version of its siblings (call inside a
-    transaction): a new message is what its branch shows from now on."""
-    Message.objects.filter(conversation=conversation, parent=parent).update(selected=False)
+    transaction): a new message is what its branch shows from now on. `only_child`: the caller
+    stored `parent` (or the conversation) in this transaction, so there is no sibling to hide."""
+    if not only_child:
+        Message.objects.filter(conversation=conversation, parent=parent).update(selected=False)
     message = Message(conversation=conversation, parent=parent, selected=True, **fields)
     message.save(force_insert=True, first=parent is None)
     return message

@@ -26,6 +26,9 @@ class Route:
     engine: EngineSpec | None = None
     fallback: EngineSpec | None = None
     fallback_default: bool = False  # the default engine is the fallback (it has no row)
+    # The policy row read to route it, for the turn to run under without reading it again
+    # (None: no such policy; the turn's own lookup says why, or falls back to the built-in).
+    policy: OutputPolicy | None = None
 
 
 def usable_engines(user_id: int | None) -> QuerySet[Engine]:
@@ -67,7 +70,7 @@ def route_for(user_id: int | None, prompt: Prompt) -> Route:
             .first()
         )
     if policy is None or (policy.engine_id is None and policy.fallback_engine_id is None):
-        return Route()
+        return Route(policy=policy)
     usable = set(
         usable_engines(user_id)
         .filter(pk__in=[policy.engine_id, policy.fallback_engine_id])
@@ -84,4 +87,5 @@ def route_for(user_id: int | None, prompt: Prompt) -> Route:
         fallback=EngineSpec.of(fallback)
         if fallback is not None and fallback.pk in usable and fallback.pk != policy.engine_id
         else None,
+        policy=policy,
     )

@@ -21,7 +21,7 @@ from django.db import DatabaseError
 from ..engine.types import EngineError
 from ..infra import metrics as prometheus
 from ..infra.runtime import NotReady, Serving, runtime
-from ..models import Message
+from ..models import Message, OutputPolicy
 from ..protocol import API_KEY_REVOKED, Prompt, events
 from ..stores import engine_routes, storage, user_settings
 from ..stores.cache import completion_cache
@@ -65,11 +65,11 @@ async def admit(
     await sync_to_async(budget_check)(
         owner.user_id, given.api_key_id, visitor=owner.rate_key, address=address
     )
-    prompt, serving = await _serving(owner, prompt, given)
+    prompt, route, serving = await _serving(owner, prompt, given)
     token = object()  # request ids are the client's: two sockets may use the same one
     starting.add(token)
     try:
-        return await _start(owner, prompt, send, given, serving, address)
+        return await _start(owner, prompt, send, given, serving, address, route.policy)
     finally:
         starting.discard(token)
 
@@ -84,7 +84,9 @@ def _routed(owner: Owner, prompt: Prompt, given: Given) -> tuple[Prompt, engine_
     return prompt, engine_routes.route_for(owner.user_id, prompt)
 
 
-async def _serving(owner: Owner, prompt: Prompt, given: Given) -> tuple[Prompt, Serving]:
+async def _serving(
+    owner: Owner, prompt: Prompt, given: Given
+) -> tuple[Prompt, engine_routes.Route, Serving]:
     """The engine that answers `prompt`'s policy (engine_routes.py), its fallback while it is
     down, or a TurnError: the policy is not the user's (unknown_policy) or nothing can answer."""
     try:
@@ -99,19 +101,24 @@ async def _serving(owner: Owner, prompt: Prompt, given: Given) -> tuple[Prompt, 
         ) from None
     try:
         if route.engine is None and route.fallback is None:
-            return prompt, runtime.serving(None)
-        # A remote engine's first prompt builds it: a few questions to its server.
-        return prompt, await sync_to_async(runtime.serving, thread_sensitive=False)(
-            route.engine, route.fallback, fallback_default=route.fallback_default
-        )
+            serving = runtime.serving(None)
+        else:  # A remote engine's first prompt builds it: a few questions to its server.
+            serving = await sync_to_async(runtime.serving, thread_sensitive=False)(
+                route.engine, route.fallback, fallback_default=route.fallback_default
+            )
     except NotReady as exc:
         raise TurnError(exc.code, str(exc)) from None
+    return prompt, route, serving
 
 
-def _prepare(owner: Owner, prompt: Prompt, serving: Serving, given: Given) -> Prepared:
+def _prepare(
+    owner: Owner, prompt: Prompt, serving: Serving, given: Given, routed: OutputPolicy | None
+) -> Prepared:
     if prompt.continues is not None:
         return prepare_continue(owner, prompt, serving.backend, engine=serving.engine)
-    return prepare_prompt(owner, prompt, serving.backend, given, engine=serving.engine)
+    return prepare_prompt(
+        owner, prompt, serving.backend, given, engine=serving.engine, routed=routed
+    )
 
 
 async def _start(
@@ -121,6 +128,7 @@ async def _start(
     given: Given,
     serving: Serving,
     address: str | None,
+    routed: OutputPolicy | None,
 ) -> Turn:
     stack = serving.stack
     accepted_at = time.perf_counter()
@@ -129,7 +137,7 @@ async def _start(
     try:
         try:
             prepared = await sync_to_async(storage.closing_on_error)(
-                _prepare, owner, prompt, serving, given
+                _prepare, owner, prompt, serving, given, routed
             )
         except DatabaseError as exc:
             log.warning("could not start %s: %s", prompt.request_id, exc)

@@ -14,7 +14,7 @@ from django.db import transaction
 from ..engine.sampling_params import SamplingChanges
 from ..engine.types import Backend, EngineError, GenerationRequest
 from ..infra.engines import EngineSpec
-from ..models import Conversation, Feedback, Message
+from ..models import Conversation, Feedback, Message, OutputPolicy
 from ..protocol import Prompt
 from ..stores import feedback, policy_store, user_settings
 from ..stores.branches import Tree, branch_show, message_add
@@ -152,18 +152,25 @@ def settings_of(text: str) -> tuple[policy_store.PolicyOverride, SamplingChanges
 
 
 def prepare_prompt(
-    owner: Owner, prompt: Prompt, backend: Backend, given: Given, engine: EngineSpec | None = None
+    owner: Owner,
+    prompt: Prompt,
+    backend: Backend,
+    given: Given,
+    engine: EngineSpec | None = None,
+    routed: OutputPolicy | None = None,
 ) -> Prepared:
     """Resolve the policy, store the prompt and its streaming answer, fit the prompt to the model
-    (`backend`, of `engine`: None is the default engine)."""
+    (`backend`, of `engine`: None is the default engine). `routed` is the policy's row as the
+    route read it (engine_routes.py), so it is not read twice."""
     check_prompt_tokens(backend, prompt.text)
     own = own_settings(given)
     try:
-        policy = (
-            user_settings.policy_for(owner, prompt.policy)
-            if own
-            else policy_store.policy_for(prompt.policy)
-        )
+        if routed is not None:
+            policy = policy_store.resolve(routed)
+        elif own:
+            policy = user_settings.policy_for(owner, prompt.policy)
+        else:
+            policy = policy_store.policy_for(prompt.policy)
     except policy_store.UnknownPolicy as exc:
         raise TurnError(exc.code, str(exc)) from None
     policy = overridden(policy, given.override, given.sampling)
@@ -220,6 +227,7 @@ def prepare_prompt(
         identity = answer_identity(
             backend, policy, request, client_context=given.client_context, engine=engine
         )
+        new_conversation = conversation is None
         if conversation is None:
             conversation = Conversation.objects.create(
                 user_id=owner.user_id,
@@ -230,10 +238,17 @@ def prepare_prompt(
         if regenerate:
             asked = fork  # a new version of the answer, to the same prompt
         else:
-            asked = message_add(conversation, after, role=Message.Role.USER, text=prompt.text)
+            asked = message_add(
+                conversation,
+                after,
+                only_child=new_conversation,
+                role=Message.Role.USER,
+                text=prompt.text,
+            )
         assistant = message_add(
             conversation,
             asked,
+            only_child=not regenerate,  # `asked` was stored just now
             role=Message.Role.ASSISTANT,
             status=Message.Status.STREAMING,
             request_id=prompt.request_id,
