@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from asgiref.sync import sync_to_async
+from django.db import close_old_connections
+
 from ..protocol.events import Event
 from ..turns import Following, Turn
 
@@ -13,6 +16,14 @@ log = logging.getLogger(__name__)
 # A comment line now and then keeps proxies from closing a stream that waits in the queue.
 KEEPALIVE_SECONDS = 15.0
 KEEPALIVE = ": keepalive\n\n"  # an SSE comment line
+
+
+async def release_database() -> None:
+    """Give back the request's database connection before waiting on its turn, as Django does
+    when a request ends: a response that streams an answer, or waits for the whole of it, is
+    done with the database once the turn is admitted (what the turn stores, it stores through
+    its own threads). Held, each answer running would keep a connection of PostgreSQL's pool."""
+    await sync_to_async(close_old_connections)()
 
 
 class TurnFeed:
@@ -43,6 +54,7 @@ class TurnFeed:
         writes each list at once: one write through the server's layers, not one per event),
         and KEEPALIVE after a quiet KEEPALIVE_SECONDS (a comment line now and then keeps
         proxies from closing a stream waiting in the queue)."""
+        await release_database()
         loop = asyncio.get_running_loop()
         # One timer for the whole stream, not one per wait: a wait per token is what a relay
         # does most, and asyncio.wait_for costs a task and a timer each time.
@@ -74,6 +86,7 @@ class TurnFeed:
 
     async def all_events(self) -> list[Event]:
         """Every event of the turn, once it has ended (a response that is not streamed)."""
+        await release_database()
         collected = []
         while (event := await self.events.get()) is not self.END:
             collected.append(event)
