@@ -25,27 +25,9 @@ from django.db.backends.signals import connection_created
 from chat.stores import apikeys
 from harness.scripted import Answer
 from project.settings_parsers import POSTGRES_POOL_SIZE, database_settings
-from tests.test_openai_views import _user_with_key, request
+from tests.test_openai_views import _user_with_key, http_scope, request
 
 pytestmark = [pytest.mark.unit, pytest.mark.django_db(transaction=True)]
-
-
-def scope(path: str, key: str, method: str = "POST") -> dict:
-    return {
-        "type": "http",
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "query_string": b"",
-        "headers": [
-            (b"host", b"localhost"),
-            (b"content-type", b"application/json"),
-            (b"authorization", f"Bearer {key}".encode()),
-        ],
-        "client": ("127.0.0.1", 50000),
-        "server": ("localhost", 80),
-    }
 
 
 @pytest.fixture
@@ -88,7 +70,10 @@ async def test_a_streamed_answer_holds_no_connection_of_its_request_while_it_str
     scripted(Answer(("Hel", "lo"), wait_for_cancel=True))
     from project.asgi import application
 
-    communicator = ApplicationCommunicator(application, scope("/v1/chat/completions", key))
+    communicator = ApplicationCommunicator(
+        application,
+        http_scope("POST", "/v1/chat/completions", {"Authorization": f"Bearer {key}"}),
+    )
     body = {"model": "smollm2", "stream": True, "messages": [{"role": "user", "content": "Hi"}]}
     await communicator.send_input(
         {"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}

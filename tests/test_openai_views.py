@@ -63,11 +63,9 @@ class Response:
         return json.loads(self.body)
 
 
-async def request(method: str, path: str, body: bytes = b"", headers: dict | None = None):
-    """One request through the whole ASGI application (middleware included), as daphne makes it."""
-    from project.asgi import application
-
-    scope = {
+def http_scope(method: str, path: str, headers: dict | None = None) -> dict:
+    """An HTTP request's ASGI scope as daphne makes it, JSON content and `headers` given."""
+    return {
         "type": "http",
         "http_version": "1.1",
         "method": method,
@@ -79,7 +77,13 @@ async def request(method: str, path: str, body: bytes = b"", headers: dict | Non
         "client": ("127.0.0.1", 50000),
         "server": ("localhost", 80),
     }
-    communicator = ApplicationCommunicator(application, scope)
+
+
+async def request(method: str, path: str, body: bytes = b"", headers: dict | None = None):
+    """One request through the whole ASGI application (middleware included), as daphne makes it."""
+    from project.asgi import application
+
+    communicator = ApplicationCommunicator(application, http_scope(method, path, headers))
     await communicator.send_input({"type": "http.request", "body": body, "more_body": False})
     start = await communicator.receive_output(timeout=30)
     parts = []
