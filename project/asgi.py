@@ -4,6 +4,15 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 
+import django  # noqa: E402
+
+django.setup(set_prefix=False)
+
+from project import async_middleware  # noqa: E402
+
+# Before Django loads the middleware: their hooks on the event loop, not a thread hop each.
+async_middleware.install()
+
 from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_asgi_app = get_asgi_application()

@@ -8,106 +8,97 @@ more. For an API request that is most of its hops: each one a thread hand-off an
 passed back and forth, while 8 users' requests arrive together with the engine using the
 cores.
 
-Each class here is Django's (or WhiteNoise's) own, unchanged in sync mode. In async mode it runs
-its hooks on the event loop when they only read and write the request and response in memory,
-which is the rule each class's docstring states with the case that still needs the thread
-(a session to save, messages to store, a static file to open): that case takes the thread hop
-as before.
+`install()` (called from project/asgi.py, before Django loads the middleware) gives each
+`MiddlewareMixin` class of the stack an async path that runs its hooks on the event loop when
+they only read and write the request and response in memory; the case that still needs the
+thread (a session to save, messages to store, the CSRF token kept in the session) takes the
+hop as before. The classes keep their own paths in settings.MIDDLEWARE, which Django's deploy
+checks look for by name, and their sync path is untouched. WhiteNoise, sync only, is a subclass
+here: a request for anything but a static file passes on the loop.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.conf import settings
-from django.contrib.auth.middleware import AuthenticationMiddleware as _Authentication
-from django.contrib.messages.middleware import MessageMiddleware as _Messages
-from django.contrib.sessions.middleware import SessionMiddleware as _Sessions
-from django.middleware.clickjacking import XFrameOptionsMiddleware as _XFrameOptions
-from django.middleware.common import CommonMiddleware as _Common
-from django.middleware.csrf import CsrfViewMiddleware as _Csrf
-from django.middleware.security import SecurityMiddleware as _Security
+from django.contrib.auth.middleware import AuthenticationMiddleware
+from django.contrib.messages.middleware import MessageMiddleware
+from django.contrib.sessions.middleware import SessionMiddleware
+from django.middleware.clickjacking import XFrameOptionsMiddleware
+from django.middleware.common import CommonMiddleware
+from django.middleware.csrf import CsrfViewMiddleware
+from django.middleware.security import SecurityMiddleware
 from whitenoise.middleware import WhiteNoiseMiddleware as _WhiteNoise
 
-from chat.pages.csp import ContentSecurityPolicyMiddleware as _ContentSecurityPolicy
+from chat.pages.csp import ContentSecurityPolicyMiddleware
+
+Rule = Callable[..., bool]
 
 
-class OnTheLoop:
-    """Mixed in before a `MiddlewareMixin`: in async mode its hooks run on the event loop,
-    except where `request_needs_thread` / `response_needs_thread` say otherwise."""
+def _never(*_args) -> bool:
+    return False
 
-    def request_needs_thread(self, request) -> bool:  # noqa: ARG002 (overridden)
-        return False
 
-    def response_needs_thread(self, request, response) -> bool:  # noqa: ARG002 (overridden)
-        return False
+def _session_to_save(request, _response) -> bool:
+    """The session is loaded where it is used; saving it (changed, or saved on every request)
+    is the database's work."""
+    session = getattr(request, "session", None)
+    return session is None or session.modified or settings.SESSION_SAVE_EVERY_REQUEST
+
+
+def _csrf_in_session(*_args) -> bool:
+    """The token lives in a cookie, read and set in memory, unless CSRF_USE_SESSIONS."""
+    return settings.CSRF_USE_SESSIONS
+
+
+def _messages_to_store(request, _response) -> bool:
+    """The storage is made lazily; storing what was read or added may load the session."""
+    storage = getattr(request, "_messages", None)
+    return storage is not None and (storage.used or storage.added_new)
+
+
+# Each class: when its process_request, and when its process_response, needs the thread. The
+# CSRF check before the view is `process_view`, which Django's handler runs in the thread.
+ON_THE_LOOP: dict[type, tuple[Rule, Rule]] = {
+    SecurityMiddleware: (_never, _never),  # headers and the HTTPS redirect
+    ContentSecurityPolicyMiddleware: (_never, _never),  # one header
+    SessionMiddleware: (_never, _session_to_save),
+    CommonMiddleware: (_never, _never),  # the slash redirect (URL resolving), Content-Length
+    CsrfViewMiddleware: (_csrf_in_session, _csrf_in_session),
+    AuthenticationMiddleware: (_never, _never),  # `request.user` is read where it is used
+    MessageMiddleware: (_never, _messages_to_store),
+    XFrameOptionsMiddleware: (_never, _never),  # one header
+}
+
+
+def _on_the_loop(request_needs_thread: Rule, response_needs_thread: Rule):
+    """A MiddlewareMixin's `__acall__` that hops to a thread only where the rules say."""
 
     async def __acall__(self, request):
         response = None
         process_request = getattr(self, "process_request", None)
         if process_request is not None:
-            if self.request_needs_thread(request):
+            if request_needs_thread(request):
                 response = await sync_to_async(process_request, thread_sensitive=True)(request)
             else:
                 response = process_request(request)
         response = response or await self.get_response(request)
         process_response = getattr(self, "process_response", None)
-        if process_response is not None:
-            if self.response_needs_thread(request, response):
-                return await sync_to_async(process_response, thread_sensitive=True)(
-                    request, response
-                )
-            return process_response(request, response)
-        return response
+        if process_response is None:
+            return response
+        if response_needs_thread(request, response):
+            return await sync_to_async(process_response, thread_sensitive=True)(request, response)
+        return process_response(request, response)
+
+    return __acall__
 
 
-class SecurityMiddleware(OnTheLoop, _Security):
-    """Headers and the HTTPS redirect: on the loop always."""
-
-
-class ContentSecurityPolicyMiddleware(OnTheLoop, _ContentSecurityPolicy):
-    """One header: on the loop always."""
-
-
-class CommonMiddleware(OnTheLoop, _Common):
-    """The slash redirect (URL resolving) and Content-Length: on the loop always."""
-
-
-class AuthenticationMiddleware(OnTheLoop, _Authentication):
-    """`request.user` is lazy (the database is read where it is used): on the loop always."""
-
-
-class XFrameOptionsMiddleware(OnTheLoop, _XFrameOptions):
-    """One header: on the loop always."""
-
-
-class SessionMiddleware(OnTheLoop, _Sessions):
-    """The session is loaded where it is used; the response needs the thread only when the
-    session is to be saved (changed, or SESSION_SAVE_EVERY_REQUEST)."""
-
-    def response_needs_thread(self, request, response) -> bool:  # noqa: ARG002
-        session = getattr(request, "session", None)
-        return session is None or session.modified or settings.SESSION_SAVE_EVERY_REQUEST
-
-
-class CsrfViewMiddleware(OnTheLoop, _Csrf):
-    """The token lives in a cookie, read and set in memory; kept in the session
-    (CSRF_USE_SESSIONS), it takes the thread as before. Its check before the view is Django's
-    `process_view`, which the handler still runs in the thread."""
-
-    def request_needs_thread(self, request) -> bool:  # noqa: ARG002
-        return settings.CSRF_USE_SESSIONS
-
-    def response_needs_thread(self, request, response) -> bool:  # noqa: ARG002
-        return settings.CSRF_USE_SESSIONS
-
-
-class MessageMiddleware(OnTheLoop, _Messages):
-    """The storage is made lazily; storing needs the thread only when messages were read or
-    added (the session's storage writes to the session, which may load it)."""
-
-    def response_needs_thread(self, request, response) -> bool:  # noqa: ARG002
-        storage = getattr(request, "_messages", None)
-        return storage is not None and (storage.used or storage.added_new)
+def install() -> None:
+    """Every class in ON_THE_LOOP runs its hooks on the loop in an async stack from now on."""
+    for middleware, (request_rule, response_rule) in ON_THE_LOOP.items():
+        middleware.__acall__ = _on_the_loop(request_rule, response_rule)  # type: ignore[attr-defined]
 
 
 class WhiteNoiseMiddleware(_WhiteNoise):

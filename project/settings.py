@@ -74,19 +74,20 @@ INSTALLED_APPS = [
     "chat",
 ]
 
-# Django's own middleware, each made to run on the event loop under ASGI where it only reads and
-# writes memory (project/async_middleware.py): the same classes, without a thread hop per hook.
+# Each hook runs on the event loop under ASGI where it only touches memory
+# (project/async_middleware.py, installed from project/asgi.py); the classes keep their own
+# paths, which Django's deploy checks look for.
 MIDDLEWARE = [
-    "project.async_middleware.SecurityMiddleware",
-    "project.async_middleware.ContentSecurityPolicyMiddleware",
-    "project.async_middleware.WhiteNoiseMiddleware",
-    "project.async_middleware.SessionMiddleware",
-    "project.async_middleware.CommonMiddleware",
-    "project.async_middleware.CsrfViewMiddleware",
-    "project.async_middleware.AuthenticationMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "chat.pages.csp.ContentSecurityPolicyMiddleware",
+    "project.async_middleware.WhiteNoiseMiddleware",  # WhiteNoise's, with an async path
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
     "chat.infra.audit.AuditRequestMiddleware",
-    "project.async_middleware.MessageMiddleware",
-    "project.async_middleware.XFrameOptionsMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
 ROOT_URLCONF = "project.urls"

@@ -18,11 +18,17 @@ from django.contrib.auth.models import User
 from django.db import connections
 from django.test import AsyncClient
 
+from project import async_middleware
 from tests.test_audit import policy_post
 
 pytestmark = [pytest.mark.unit, pytest.mark.django_db(transaction=True)]
 
 PASSWORD = "a-long-pass-phrase-42"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def installed():
+    import project.asgi  # noqa: F401 (installs it, as every daphne command line does)
 
 
 @pytest.fixture(autouse=True)
@@ -113,3 +119,12 @@ async def test_a_static_file_is_served_and_any_other_path_reaches_its_view():
     assert body == (Path(settings.BASE_DIR) / "static" / name).read_bytes()
     missing = await AsyncClient().get("/static/chat/no-such-file.css")
     assert missing.status_code == 404  # passed on to Django, which has no such page
+
+
+def test_the_classes_keep_their_own_paths_and_their_sync_path():
+    """Django's deploy checks look for Security, CSRF and X-Frame-Options by path; a sync
+    request (the test client, WSGI) goes through Django's own code."""
+    for middleware in async_middleware.ON_THE_LOOP:
+        path = f"{middleware.__module__}.{middleware.__qualname__}"
+        assert path in settings.MIDDLEWARE
+        assert "__call__" not in vars(middleware)  # MiddlewareMixin's, which picks the path
