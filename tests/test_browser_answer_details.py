@@ -83,12 +83,17 @@ def test_on_a_phone_the_title_bar_keeps_the_model_name_and_covers_no_message(
         first, messages = box(page, ".message"), box(page, "#messages")
         assert top["y"] + top["height"] <= tools["y"]
         assert tools["y"] + tools["height"] <= messages["y"] <= first["y"]
-        # What lies at the first message's top left corner is the message itself.
-        at = page.evaluate(
-            "([x, y]) => document.elementFromPoint(x, y).closest('.message') !== null",
-            [first["x"] + 4, first["y"] + 4],
+        # What lies at the first message's top left corner is the message itself: measured and
+        # hit in one turn of the page's script, so a late layout change cannot fall between.
+        covering = page.evaluate(
+            """() => {
+                const first = document.querySelector('.message');
+                const corner = first.getBoundingClientRect();
+                const at = document.elementFromPoint(corner.x + 4, corner.y + 4);
+                return at && at.closest('.message') === first ? '' : (at ? at.outerHTML : 'nothing');
+            }"""
         )
-        assert at
+        assert not covering, covering[:300]
         for link in page.locator(".account a:visible, .account button:visible").all():
             b = link.bounding_box()
             assert b and b["x"] >= 0 and b["x"] + b["width"] <= 390, link.inner_text()
