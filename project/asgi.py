@@ -6,7 +6,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 
 import django  # noqa: E402
 
-django.setup(set_prefix=False)
+django.setup(set_prefix=False)  # async_middleware imports Django's middleware, which need the apps
 
 from project import async_middleware  # noqa: E402
 

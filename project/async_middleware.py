@@ -118,22 +118,19 @@ class WhiteNoiseMiddleware(_WhiteNoise):
             return self._acall(request)
         return super().__call__(request)
 
-    def _may_be_static(self, path: str) -> bool:
-        if self.autorefresh:  # files are found on disk, under these prefixes only
-            return any(path.startswith(prefix) for _root, prefix in self.directories)
-        return path in self.files
-
-    def _static_response(self, request):
-        static_file = (
-            self.find_file(request.path_info)
-            if self.autorefresh
-            else self.files.get(request.path_info)
-        )
+    def _found_on_disk(self, request):
+        """DEBUG's lookup (autorefresh): the file's response, or None."""
+        static_file = self.find_file(request.path_info)
         return self.serve(static_file, request) if static_file is not None else None
 
     async def _acall(self, request):
-        if self._may_be_static(request.path_info):
-            response = await sync_to_async(self._static_response, thread_sensitive=True)(request)
-            if response is not None:
-                return response
-        return await self.get_response(request)
+        path, response = request.path_info, None
+        if not self.autorefresh:  # every file was listed at start: a lookup in memory
+            static_file = self.files.get(path)
+            if static_file is not None:
+                response = await sync_to_async(self.serve, thread_sensitive=True)(
+                    static_file, request
+                )
+        elif any(path.startswith(prefix) for _root, prefix in self.directories):
+            response = await sync_to_async(self._found_on_disk, thread_sensitive=True)(request)
+        return response or await self.get_response(request)

@@ -228,7 +228,7 @@ def prepare_prompt(
             backend, policy, request, client_context=given.client_context, engine=engine
         )
         new_conversation = conversation is None
-        if conversation is None:
+        if new_conversation:
             conversation = Conversation.objects.create(
                 user_id=owner.user_id,
                 session_key="" if owner.user_id is not None else owner.session_key,
