@@ -13,9 +13,10 @@ from project import async_middleware  # noqa: E402
 # Before Django loads the middleware: their hooks on the event loop, not a thread hop each.
 async_middleware.install()
 
-from django.core.asgi import get_asgi_application  # noqa: E402
+from project.request_threads import KeptThreadsASGIHandler  # noqa: E402
 
-django_asgi_app = get_asgi_application()
+# Django's handler, each request's sync code in a thread kept for the next request.
+django_asgi_app = KeptThreadsASGIHandler()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

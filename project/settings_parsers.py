@@ -17,6 +17,10 @@ def database_settings(url: str) -> dict[str, Any]:
     """DATABASE_URL as Django's database settings; SQLite tuned for a chat's small writes."""
     database: dict[str, Any] = dict(dj_database_url.parse(url, conn_max_age=0))
     if database["ENGINE"] == "django.db.backends.sqlite3":
+        # Kept open between requests (project/request_threads.py keeps the threads that hold
+        # them): opening one registers Django's SQL functions and runs the pragmas below, and
+        # closing the last one checkpoints the log, together the largest cost of a request.
+        database["CONN_MAX_AGE"] = None
         # WAL lets readers and the writer go on together, and NORMAL syncs at checkpoints rather than
         # every commit: each turn's few small writes stop costing a disk flush each.
         database["OPTIONS"] = {

@@ -13,6 +13,7 @@ writes late. A name never says sync or async; `async def` does.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Callable
 from functools import partial
@@ -90,7 +91,13 @@ def write_late(write: Callable[[], object], what: str, *, given_up: str = "") ->
     """Retry `write` in the background over LATE_STORE_DELAYS (about five minutes), so what a
     briefly unavailable database refused is not lost; `what` names it in the log, `given_up`
     says there what follows when every attempt failed."""
-    task = asyncio.create_task(_late_write_attempts(write, what, given_up), name=f"late: {what}")
+    # A fresh context: the attempts outlive the request that failed to store (its
+    # thread-sensitive executor is not there for them).
+    task = asyncio.create_task(
+        _late_write_attempts(write, what, given_up),
+        name=f"late: {what}",
+        context=contextvars.Context(),
+    )
     _late_stores.add(task)
     task.add_done_callback(_late_stores.discard)
 

@@ -14,6 +14,7 @@ The same notice checks the account's API-key answers running here: a key that no
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hmac
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
@@ -87,7 +88,8 @@ def signed_in_close(held: SignedIn | None) -> None:
 
 
 def _soon(work: Coroutine[Any, Any, object]) -> None:
-    task = asyncio.get_running_loop().create_task(work)
+    # A fresh context: the check may outlive the request whose save started it.
+    task = asyncio.get_running_loop().create_task(work, context=contextvars.Context())
     _checks.add(task)
     task.add_done_callback(_checks.discard)
 

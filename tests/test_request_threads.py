@@ -1,0 +1,108 @@
+"""The threads Django runs each request's sync code in are kept for the next request
+(project/request_threads.py): a request that follows another runs in the same thread and, on
+SQLite, on the same connection; requests at once each have a thread of their own; threads
+beyond the kept stock end with their connections closed.
+
+Real database (SQLite, or PostgreSQL in the suite's second pass), the whole ASGI application.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.db import connection
+from django.db.backends.signals import connection_created
+
+from chat.stores import apikeys
+from project.request_threads import RequestThreads
+from tests.test_database_connections import open_connections  # noqa: F401 (a fixture)
+from tests.test_openai_views import _user_with_key, request
+
+pytestmark = [pytest.mark.unit, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def key_checks(monkeypatch) -> list[int]:
+    """The thread of each API key check, the first thing a `/v1` request does in its thread."""
+    threads: list[int] = []
+    check = apikeys.apikey_check
+
+    def checking(raw_key):
+        threads.append(threading.get_ident())
+        return check(raw_key)
+
+    monkeypatch.setattr(apikeys, "apikey_check", checking)
+    return threads
+
+
+async def test_a_request_after_another_runs_in_its_thread_on_its_connection(key_checks):
+    _user, key = await sync_to_async(_user_with_key)("ada")
+    auth = {"Authorization": f"Bearer {key}"}
+    assert (await request("GET", "/v1/models", headers=auth)).status_code == 200
+    opened: list[int] = []
+
+    def counting(sender, connection, **kwargs):  # noqa: ARG001 (Django's signature)
+        opened.append(threading.get_ident())
+
+    connection_created.connect(counting)
+    try:
+        for _ in range(5):
+            assert (await request("GET", "/v1/models", headers=auth)).status_code == 200
+    finally:
+        connection_created.disconnect(counting)
+    assert len(key_checks) == 6 and len(set(key_checks)) == 1
+    if connection.settings_dict["CONN_MAX_AGE"] is None:  # SQLite: the connection stays open
+        assert opened == []
+
+
+async def test_requests_at_once_each_have_a_thread_of_their_own(monkeypatch, key_checks):
+    """Three requests whose sync code waits for the other two: with a thread shared between
+    them it would never go on."""
+    _user, key = await sync_to_async(_user_with_key)("ada")
+    auth = {"Authorization": f"Bearer {key}"}
+    # Its use noted first, so the three only read it (the suite's SQLite is an in-memory
+    # database in shared-cache mode, where writers at once fail at once rather than wait).
+    assert (await request("GET", "/v1/models", headers=auth)).status_code == 200
+    together = threading.Barrier(3, timeout=10)
+    check = apikeys.apikey_check
+
+    def meeting(raw_key):
+        together.wait()
+        return check(raw_key)
+
+    monkeypatch.setattr(apikeys, "apikey_check", meeting)
+    answers = await asyncio.gather(*(request("GET", "/v1/models", headers=auth) for _ in range(3)))
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert len(key_checks) == 4 and len(set(key_checks[1:])) == 3
+
+
+def test_threads_beyond_the_kept_stock_end_with_their_connections_closed(
+    open_connections,  # noqa: F811 (the fixture imported above)
+):
+    threads = RequestThreads(keep_idle=1)
+    first, second = threads.take(), threads.take()
+    ran_in = {}
+    for executor in (first, second):
+        ran_in[executor] = executor.submit(_query_here).result(timeout=10)
+    assert set(ran_in.values()) <= set(open_connections)
+    threads.give_back(first)
+    threads.give_back(second)  # one more than the stock keeps: it ends
+    second.shutdown(wait=True)
+    assert ran_in[second] not in open_connections  # closed in its own thread before it ended
+    assert ran_in[first] in open_connections  # kept, with its connection, for the next request
+    assert threads.take() is first and threads.made == 2
+    first.submit(_close_here).result(timeout=10)
+    first.shutdown(wait=True)
+
+
+def _query_here() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    return threading.get_ident()
+
+
+def _close_here() -> None:
+    connection.close()
