@@ -53,20 +53,26 @@ def open_connections(monkeypatch) -> dict:
     connection_created.disconnect(opened)
 
 
+@pytest.fixture
+def key_checks(monkeypatch) -> list[int]:
+    """The thread of each API key check, the first thing a `/v1` request does in its thread."""
+    threads: list[int] = []
+    check = apikeys.apikey_check
+
+    def checking(raw_key):
+        threads.append(threading.get_ident())
+        return check(raw_key)
+
+    monkeypatch.setattr(apikeys, "apikey_check", checking)
+    return threads
+
+
 async def test_a_streamed_answer_holds_no_connection_of_its_request_while_it_streams(
-    scripted, monkeypatch, open_connections
+    scripted, key_checks, open_connections
 ):
     """The request's thread checked the key, stored the turn; while the answer streams, that
     thread holds no connection (on PostgreSQL it is back in the pool for the next request)."""
     _user, key = await sync_to_async(_user_with_key)("ada")
-    checked_in: list[int] = []
-    check = apikeys.apikey_check
-
-    def checking(raw_key):
-        checked_in.append(threading.get_ident())
-        return check(raw_key)
-
-    monkeypatch.setattr(apikeys, "apikey_check", checking)
     scripted(Answer(("Hel", "lo"), wait_for_cancel=True))
     from project.asgi import application
 
@@ -84,7 +90,7 @@ async def test_a_streamed_answer_holds_no_connection_of_its_request_while_it_str
     # Its text (the two chunks may arrive as one delta); the answer then goes on generating.
     while b'"content": "Hel' not in received:
         received += (await communicator.receive_output(timeout=30))["body"]
-    (request_thread,) = checked_in
+    (request_thread,) = key_checks
     if connection.settings_dict["CONN_MAX_AGE"] == 0:  # SQLite keeps it (request_threads.py)
         assert request_thread not in open_connections
     await communicator.send_input({"type": "http.disconnect"})  # Stop: the answer ends

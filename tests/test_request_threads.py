@@ -18,27 +18,15 @@ from django.db.backends.signals import connection_created
 
 from chat.stores import apikeys
 from project.request_threads import RequestThreads
-from tests.test_database_connections import open_connections  # noqa: F401 (a fixture)
+from tests.test_database_connections import key_checks, open_connections  # noqa: F401 (fixtures)
 from tests.test_openai_views import _user_with_key, request
 
 pytestmark = [pytest.mark.unit, pytest.mark.django_db(transaction=True)]
 
 
-@pytest.fixture
-def key_checks(monkeypatch) -> list[int]:
-    """The thread of each API key check, the first thing a `/v1` request does in its thread."""
-    threads: list[int] = []
-    check = apikeys.apikey_check
-
-    def checking(raw_key):
-        threads.append(threading.get_ident())
-        return check(raw_key)
-
-    monkeypatch.setattr(apikeys, "apikey_check", checking)
-    return threads
-
-
-async def test_a_request_after_another_runs_in_its_thread_on_its_connection(key_checks):
+async def test_a_request_after_another_runs_in_its_thread_on_its_connection(
+    key_checks,  # noqa: F811 (the fixture imported above)
+):
     _user, key = await sync_to_async(_user_with_key)("ada")
     auth = {"Authorization": f"Bearer {key}"}
     assert (await request("GET", "/v1/models", headers=auth)).status_code == 200
@@ -58,7 +46,10 @@ async def test_a_request_after_another_runs_in_its_thread_on_its_connection(key_
         assert opened == []
 
 
-async def test_requests_at_once_each_have_a_thread_of_their_own(monkeypatch, key_checks):
+async def test_requests_at_once_each_have_a_thread_of_their_own(
+    monkeypatch,
+    key_checks,  # noqa: F811 (the fixture imported above)
+):
     """Three requests whose sync code waits for the other two: with a thread shared between
     them it would never go on."""
     _user, key = await sync_to_async(_user_with_key)("ada")
