@@ -3,12 +3,13 @@
 Django runs a request's sync code (the ORM, sessions) in a thread of its own, made for the
 request and joined after it, so every request also opened the database anew in that thread.
 On SQLite that was the largest single cost of a request: the connection, Django's SQL functions
-registered on it, the WAL pragmas, and on close a checkpoint of the log (about 3 ms of a relayed
-`/v1` answer's 28). Here a request borrows a one-thread executor from a small stock and gives it
-back when it ends; the thread's connection stays open between requests where the database
-settings keep connections (SQLite: project/settings_parsers.py; PostgreSQL hands its connection
-back to the pool instead). Each request still has its thread to itself for as long as it runs,
-which is what Django's thread-sensitive sync code needs; only the thread outlives it.
+registered on it, the WAL pragmas, and on close a checkpoint of the log (about 3 ms of the 33
+of a relayed `/v1` answer). Here a request borrows a one-thread executor from a small stock and
+gives it back when it ends; the thread's connection stays open between requests where the
+database settings keep connections (SQLite: project/settings_parsers.py; PostgreSQL hands its
+connection back to the pool instead). Each request still has its thread to itself for as long
+as it runs, which is what Django's thread-sensitive sync code needs; only the thread outlives
+it.
 """
 
 from __future__ import annotations
