@@ -183,10 +183,13 @@ class LiveServer:
             [sys.executable, "manage.py", *args],
             cwd=self.root,
             env=self.env,
-            check=True,
             capture_output=True,
             text=True,
         )
+        if done.returncode:  # what the command said, not only that it failed
+            raise RuntimeError(
+                f"manage.py {args[0]} failed ({done.returncode}): {done.stderr[-3000:]}"
+            )
         return done.stdout
 
     def policy(self, slug: str, **fields) -> None:

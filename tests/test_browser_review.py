@@ -18,7 +18,7 @@ from chat.models import CachedAnswer
 User.objects.create_superuser({name!r}, password={password!r})
 for n, status in enumerate(["pending", "pending", "approved"]):
     CachedAnswer.objects.create(
-        key="{tag}%02d" % n + "0" * 54, prompt="{tag} prompt %d" % n, rendered_prompt="...",
+        key="{tag}%02d" % n + "0" * 52, prompt="{tag} prompt %d" % n, rendered_prompt="...",
         answer="# Heading %d\\n\\n```python\\nprint(%d)\\n```" % (n, n), finish_reason="eos",
         policy_slug="chat", policy_version=1, model_id="m", status=status)
 """
