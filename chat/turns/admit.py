@@ -13,7 +13,7 @@ import asyncio
 import contextvars
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError
@@ -62,35 +62,63 @@ async def admit(
             "busy", f"request {running.request_id} is still running; wait for it or cancel it"
         )
     given = given or Given()
-    await sync_to_async(budget_check)(
-        owner.user_id, given.api_key_id, visitor=owner.rate_key, address=address
-    )
-    prompt, route, serving = await _serving(owner, prompt, given)
     token = object()  # request ids are the client's: two sockets may use the same one
     starting.add(token)
     try:
-        return await _start(owner, prompt, send, given, serving, address, route.policy)
+        accepted_at = time.perf_counter()
+        admission = await _admission_async(owner, prompt, given, address)
+        return await _start(owner, admission, send, given, address, accepted_at)
     finally:
         starting.discard(token)
 
 
+@dataclass(frozen=True)
+class Admission:
+    """A prompt checked, routed and prepared, with the engine that answers it, which expects
+    it (`expect`), and its servable cache entry if it has one."""
+
+    prompt: Prompt
+    route: engine_routes.Route
+    serving: Serving
+    prepared: Prepared
+    cached: dict | None
+
+
+def _admission(owner: Owner, prompt: Prompt, given: Given, address: str | None) -> Admission:
+    """Everything before the turn starts that reads the database or Redis, in one call on the
+    request's thread (each trip between the event loop and a thread is a hand-off of the GIL and
+    a wake-up, several a request while 8 users arrive together). A refusal is a TurnError."""
+    budget_check(owner.user_id, given.api_key_id, visitor=owner.rate_key, address=address)
+    prompt, route = _routed(owner, prompt, given)
+    try:  # a remote engine's first prompt builds it: a few questions to its server
+        serving = runtime.serving(
+            route.engine, route.fallback, fallback_default=route.fallback_default
+        )
+    except NotReady as exc:
+        raise TurnError(exc.code, str(exc)) from None
+    serving.stack.expect()  # users arriving together are batched together
+    try:
+        prepared = _prepared(owner, prompt, serving, given, route.policy)
+        cached = _servable_entry(prepared.cache_key)
+    except BaseException:
+        serving.stack.unexpect()
+        raise
+    return Admission(prompt, route, serving, prepared, cached)
+
+
+_admission_async = sync_to_async(_admission)
+
+
 def _routed(owner: Owner, prompt: Prompt, given: Given) -> tuple[Prompt, engine_routes.Route]:
     """`prompt` naming the policy it runs under (a page or /api prompt that names none: the
-    one its user chose for new chats, if any), and that policy's engines."""
-    if prompt.policy is None and prompt.continues is None and own_settings(given):
-        chosen = user_settings.default_policy_slug(owner)
-        if chosen is not None:
-            prompt = replace(prompt, policy=chosen)
-    return prompt, engine_routes.route_for(owner.user_id, prompt)
-
-
-async def _serving(
-    owner: Owner, prompt: Prompt, given: Given
-) -> tuple[Prompt, engine_routes.Route, Serving]:
-    """The engine that answers `prompt`'s policy (engine_routes.py), its fallback while it is
-    down, or a TurnError: the policy is not the user's (unknown_policy) or nothing can answer."""
+    one its user chose for new chats, if any), and that policy's engines; a TurnError when the
+    policy is not the user's (unknown_policy) or the database is unavailable."""
     try:
-        prompt, route = await sync_to_async(_routed)(owner, prompt, given)
+        if prompt.policy is None and prompt.continues is None and own_settings(given):
+            chosen = storage.closing_on_error(user_settings.default_policy_slug, owner)
+            if chosen is not None:
+                prompt = replace(prompt, policy=chosen)
+        return prompt, storage.closing_on_error(engine_routes.route_for, owner.user_id, prompt)
     except UnknownPolicy as exc:
         raise TurnError(exc.code, str(exc)) from None
     except DatabaseError as exc:
@@ -99,79 +127,75 @@ async def _serving(
             "storage_failed",
             "the database is unavailable, so the prompt was not started; try again in a moment",
         ) from None
-    try:
-        if route.engine is None and route.fallback is None:
-            serving = runtime.serving(None)
-        else:  # A remote engine's first prompt builds it: a few questions to its server.
-            serving = await sync_to_async(runtime.serving, thread_sensitive=False)(
-                route.engine, route.fallback, fallback_default=route.fallback_default
-            )
-    except NotReady as exc:
-        raise TurnError(exc.code, str(exc)) from None
-    return prompt, route, serving
 
 
-def _prepare(
+def _prepared(
     owner: Owner, prompt: Prompt, serving: Serving, given: Given, routed: OutputPolicy | None
 ) -> Prepared:
-    if prompt.continues is not None:
-        return prepare_continue(owner, prompt, serving.backend, engine=serving.engine)
-    return prepare_prompt(
-        owner, prompt, serving.backend, given, engine=serving.engine, routed=routed
-    )
+    """The prompt's messages stored and its request built (prepare.py, continuation.py)."""
+    try:
+        if prompt.continues is not None:
+            return storage.closing_on_error(
+                prepare_continue, owner, prompt, serving.backend, engine=serving.engine
+            )
+        return storage.closing_on_error(
+            prepare_prompt,
+            owner,
+            prompt,
+            serving.backend,
+            given,
+            engine=serving.engine,
+            routed=routed,
+        )
+    except DatabaseError as exc:
+        log.warning("could not start %s: %s", prompt.request_id, exc)
+        raise TurnError(
+            "storage_failed",
+            "the database is unavailable, so the prompt was not started; try again in a moment",
+        ) from None
+
+
+def _servable_entry(cache_key: str | None) -> dict | None:
+    """The cached answer under `cache_key` if one may be served. An entry whose record was
+    erased, rejected or evicted is never served, even before Redis lets it go."""
+    if cache_key is None:
+        return None
+    entry = completion_cache.get(cache_key)
+    if entry is not None and entry_servable(key=cache_key, entry=entry):
+        return entry
+    prometheus.CACHE_MISSES.inc()
+    return None
 
 
 async def _start(
     owner: Owner,
-    prompt: Prompt,
+    admission: Admission,
     send: Send,
     given: Given,
-    serving: Serving,
     address: str | None,
-    routed: OutputPolicy | None,
+    accepted_at: float,
 ) -> Turn:
-    stack = serving.stack
-    accepted_at = time.perf_counter()
-    stack.expect()  # users arriving together are batched together
+    prompt, prepared, stack = admission.prompt, admission.prepared, admission.serving.stack
     submitted = False
     try:
-        try:
-            prepared = await sync_to_async(storage.closing_on_error)(
-                _prepare, owner, prompt, serving, given, routed
-            )
-        except DatabaseError as exc:
-            log.warning("could not start %s: %s", prompt.request_id, exc)
-            raise TurnError(
-                "storage_failed",
-                "the database is unavailable, so the prompt was not started; try again in a moment",
-            ) from None
         run = TurnRun(
             owner,
             prompt,
             prepared,
             send=send,
-            backend=serving.backend,
+            backend=admission.serving.backend,
             stack=stack,
             accepted_at=accepted_at,
-            serving=serving,
+            serving=admission.serving,
         )
         turn = run.turn
         turn.api_key_id = given.api_key_id
         turn.address = address if owner.user_id is None else None
         # What the engine keeps of it is filed under its conversation, for when that is deleted.
         run.request.tag = conversation_tag(prepared.conversation.pk)
-        if prepared.cache_key is not None:
-            entry = await sync_to_async(completion_cache.get, thread_sensitive=False)(
-                prepared.cache_key
-            )
-            # An entry whose record was erased, rejected or evicted is never served, even before
-            # Redis lets it go.
-            if entry is not None and await sync_to_async(entry_servable)(
-                key=prepared.cache_key, entry=entry
-            ):
-                await run.serve_cached(entry)
-                return turn
-            prometheus.CACHE_MISSES.inc()
+        if admission.cached is not None:
+            await run.serve_cached(admission.cached)
+            return turn
         try:
             position = run.submit(prepared.request, expected=True)
             submitted = True
