@@ -6,7 +6,7 @@ import asyncio
 import logging
 
 from asgiref.sync import sync_to_async
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 
 from ..protocol.events import Event
 from ..turns import Following, Turn
@@ -22,7 +22,13 @@ async def release_database() -> None:
     """Give back the request's database connection before waiting on its turn, as Django does
     when a request ends: a response that streams an answer, or waits for the whole of it, is
     done with the database once the turn is admitted (what the turn stores, it stores through
-    its own threads). Held, each answer running would keep a connection of PostgreSQL's pool."""
+    its own threads). Held, each answer running would keep a connection of PostgreSQL's pool.
+
+    Where every database keeps its connections (SQLite's settings) there is nothing to give
+    back, and the trip to the request's thread is skipped: the request's end still closes a
+    connection an error left unusable."""
+    if all(connections.settings[alias]["CONN_MAX_AGE"] is None for alias in connections):
+        return
     await sync_to_async(close_old_connections)()
 
 
