@@ -15,8 +15,13 @@ async_middleware.install()
 
 from project.request_threads import KeptThreadsASGIHandler  # noqa: E402
 
-# Django's handler, each request's sync code in a thread kept for the next request.
-django_asgi_app = KeptThreadsASGIHandler()
+
+class DjangoHandler(async_middleware.ViewHooksOnTheLoop, KeptThreadsASGIHandler):
+    """Django's handler: each request's sync code in a thread kept for the next request, the
+    CSRF check before a view on the loop where it reads only the request."""
+
+
+django_asgi_app = DjangoHandler()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

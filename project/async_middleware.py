@@ -14,7 +14,9 @@ they only read and write the request and response in memory; the case that still
 thread (a session to save, messages to store, the CSRF token kept in the session) takes the
 hop as before. The classes keep their own paths in settings.MIDDLEWARE, which Django's deploy
 checks look for by name, and their sync path is untouched. WhiteNoise, sync only, is a subclass
-here: a request for anything but a static file passes on the loop.
+here: a request for anything but a static file passes on the loop. The CSRF check before the
+view (`process_view`, which Django's handler itself sends to the thread) passes on the loop where
+it reads nothing but the request: `ViewHooksOnTheLoop`, mixed into the ASGI handler.
 """
 
 from __future__ import annotations
@@ -99,6 +101,39 @@ def install() -> None:
     """Every class in ON_THE_LOOP runs its hooks on the loop in an async stack from now on."""
     for middleware, (request_rule, response_rule) in ON_THE_LOOP.items():
         middleware.__acall__ = _on_the_loop(request_rule, response_rule)  # type: ignore[attr-defined]
+
+
+# Methods RFC 9110 calls safe: the CSRF check accepts them without reading a token.
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+
+
+def csrf_view_on_the_loop(process_view):
+    """CsrfViewMiddleware's bound `process_view` for an async stack: run on the loop when the
+    check is done already, the view is exempt (the API's) or the method safe, where Django's
+    own code only reads the request and marks it checked; in the thread, as Django sends it,
+    where it reads the form's token or the session."""
+    in_thread = sync_to_async(process_view, thread_sensitive=True)
+
+    async def process_view_async(request, callback, callback_args, callback_kwargs):
+        if (
+            getattr(request, "csrf_processing_done", False)
+            or getattr(callback, "csrf_exempt", False)
+            or request.method in SAFE_METHODS
+        ):
+            return process_view(request, callback, callback_args, callback_kwargs)
+        return await in_thread(request, callback, callback_args, callback_kwargs)
+
+    return process_view_async
+
+
+class ViewHooksOnTheLoop:
+    """Mixed into an ASGI handler: the CSRF check before the view as `csrf_view_on_the_loop`
+    says, every other hook adapted as Django does."""
+
+    def adapt_method_mode(self, is_async, method, *args, **kwargs):
+        if is_async and getattr(method, "__func__", None) is CsrfViewMiddleware.process_view:
+            return csrf_view_on_the_loop(method)
+        return super().adapt_method_mode(is_async, method, *args, **kwargs)  # type: ignore[misc]
 
 
 class WhiteNoiseMiddleware(_WhiteNoise):

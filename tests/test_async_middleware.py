@@ -3,6 +3,8 @@ serves it (Django's AsyncClient: the whole middleware stack in async mode, real 
 Redis): a request that keeps nothing passes every hook without a thread hop, and what each hook
 must still do in a thread happens: a changed session is saved, admin messages are stored and
 shown, a static file is served, the CSRF check refuses a forged post, the security headers are set.
+Through the whole ASGI application as daphne runs it, the CSRF check before an exempt view or a
+safe method passes on the loop too, and still refuses a forged post.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from django.test import AsyncClient
 
 from project import async_middleware
 from tests.test_audit import policy_post
+from tests.test_openai_views import request
 
 pytestmark = [pytest.mark.unit, pytest.mark.django_db(transaction=True)]
 
@@ -119,6 +122,25 @@ async def test_a_static_file_is_served_and_any_other_path_reaches_its_view():
     assert body == (Path(settings.BASE_DIR) / "static" / name).read_bytes()
     missing = await AsyncClient().get("/static/chat/no-such-file.css")
     assert missing.status_code == 404  # passed on to Django, which has no such page
+
+
+async def test_over_asgi_the_check_before_an_exempt_view_or_a_safe_method_stays_on_the_loop(hops):
+    """The API's views are exempt, a page is read with GET: no thread for the check. A post to a
+    page, its token read from the form, takes the thread and is refused without one."""
+    assert (await request("POST", "/v1/chat/completions", b"{}")).status_code == 401
+    page = await request("GET", "/accounts/login/")
+    assert page.status_code == 200
+    assert "CsrfViewMiddleware.process_view" not in hops
+    await sync_to_async(User.objects.create_user)("ada", password=PASSWORD)
+    form = b"username=ada&password=" + PASSWORD.encode()
+    forged = await request(
+        "POST",
+        "/accounts/login/",
+        form,
+        {"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert forged.status_code == 403
+    assert hops["CsrfViewMiddleware.process_view"] == 1
 
 
 def test_the_classes_keep_their_own_paths_and_their_sync_path():

@@ -1,7 +1,8 @@
 """The threads Django runs each request's sync code in are kept for the next request
 (project/request_threads.py): a request that follows another runs in the same thread and, on
 SQLite, on the same connection; requests at once each have a thread of their own; threads
-beyond the kept stock end with their connections closed.
+beyond the kept stock end with their connections closed. An answer's admission is one trip to
+its thread, and where connections are kept a streamed answer has none to give back.
 
 Real database (SQLite, or PostgreSQL in the suite's second pass), the whole ASGI application.
 """
@@ -17,9 +18,12 @@ from django.db import connection
 from django.db.backends.signals import connection_created
 
 from chat.stores import apikeys
+from harness.scripted import Answer
 from project.request_threads import RequestThreads
+from tests.test_async_middleware import hops  # noqa: F401 (the fixture)
 from tests.test_database_connections import key_checks, open_connections  # noqa: F401 (fixtures)
-from tests.test_openai_views import _user_with_key, request
+from tests.test_openai_views import _user_with_key, ask, post, request
+from tests.test_revocation import streamed
 
 pytestmark = [pytest.mark.unit, pytest.mark.django_db(transaction=True)]
 
@@ -68,6 +72,26 @@ async def test_requests_at_once_each_have_a_thread_of_their_own(
     answers = await asyncio.gather(*(request("GET", "/v1/models", headers=auth) for _ in range(3)))
     assert [a.status_code for a in answers] == [200, 200, 200]
     assert len(key_checks) == 4 and len(set(key_checks[1:])) == 3
+
+
+async def test_an_answers_admission_is_one_trip_to_its_thread(
+    scripted,
+    hops,  # noqa: F811 (the fixture imported above)
+):
+    """The budget check, the route, the stored prompt and the cache lookup of one answer run in
+    one call on the request's thread, not a hand-off each; on kept connections (SQLite) the
+    stream gives none back before it waits."""
+    _user, key = await sync_to_async(_user_with_key)("ada")
+    scripted(Answer(("Hello", " there")))
+    hops.clear()
+    response, events = await post(key, ask("one", stream=True))
+    assert response.status_code == 200
+    assert streamed(events)[0] == "Hello there"
+    assert hops["_admission"] == 1
+    for separate in ("budget_check", "_routed", "closing_on_error", "get", "entry_servable"):
+        assert separate not in hops
+    if connection.settings_dict["CONN_MAX_AGE"] is None:
+        assert "close_old_connections" not in hops
 
 
 def test_threads_beyond_the_kept_stock_end_with_their_connections_closed(
