@@ -50,6 +50,7 @@ from ..types import (
     Ticket,
 )
 from .generation_registry import GenerationRegistry, generation_id
+from .kept_threads import KeptThreads
 from .stream_events import decode, encode
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,9 @@ PUBLISH_SECONDS = 0.1
 # per answer every tenth of a second. A follower that joins reads what was written, gets the
 # rest within this wait, and a tenth of a second behind from the next write on.
 PUBLISH_UNFOLLOWED_SECONDS = 0.5
+
+# Each owned generation's publisher and each followed one's reader, for its whole answer.
+sharing_threads = KeptThreads("chat-sharing")
 
 
 def cancelled_result(
@@ -112,13 +116,10 @@ class _Owned:
         self._stopping = False
         self._outbox: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._urgent = threading.Event()  # an event other than text is in the outbox: publish now
-        self._thread = threading.Thread(
-            target=self._publish_loop, name=f"chat-publish-{generation[-8:]}", daemon=True
-        )
 
     def start(self, ticket: Ticket) -> None:
         self.ticket = ticket
-        self._thread.start()
+        sharing_threads.run(self._publish_loop)
 
     def sink(self, event: Event) -> None:
         """The scheduler's sink (engine thread): never blocks on Redis; the publisher thread does."""
@@ -240,9 +241,6 @@ class _Followed:
         self._text: list[str] = []
         self._ended = False
         self._next = 0  # the sequence number the next event must carry
-        self._thread = threading.Thread(
-            target=self._follow, name=f"chat-follow-{generation[-8:]}", daemon=True
-        )
 
     def start(self) -> int:
         """Start following; the queue position to report now (0 once it started)."""
@@ -252,7 +250,7 @@ class _Followed:
                 position = int(data["position"]) if data["t"] == "queued" else 0
         except self.registry.errors:
             pass  # the follower finds out for itself
-        self._thread.start()
+        sharing_threads.run(self._follow)
         return position
 
     def cancel(self) -> None:
