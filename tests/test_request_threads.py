@@ -10,6 +10,7 @@ Real database (SQLite, or PostgreSQL in the suite's second pass), the whole ASGI
 from __future__ import annotations
 
 import asyncio
+import importlib
 import threading
 
 import pytest
@@ -76,18 +77,30 @@ async def test_requests_at_once_each_have_a_thread_of_their_own(
 
 async def test_an_answers_admission_is_one_trip_to_its_thread(
     scripted,
+    monkeypatch,
     hops,  # noqa: F811 (the fixture imported above)
 ):
-    """The budget check, the route, the stored prompt and the cache lookup of one answer run in
-    one call on the request's thread, not a hand-off each; on kept connections (SQLite) the
-    stream gives none back before it waits."""
+    """The rate and budget checks, the route, the stored prompt and the cache lookup of one
+    answer run in one call on the request's thread, not a hand-off each (nor, for the rate
+    check's Redis, on the event loop); on kept connections (SQLite) the stream gives none back
+    before it waits."""
     _user, key = await sync_to_async(_user_with_key)("ada")
     scripted(Answer(("Hello", " there")))
+    admit_module = importlib.import_module("chat.turns.admit")  # the package exports admit()
+    rate_checked_in: list[int] = []
+    rate_check = admit_module.turn_rate_check
+
+    def noting(**kwargs):
+        rate_checked_in.append(threading.get_ident())
+        return rate_check(**kwargs)
+
+    monkeypatch.setattr(admit_module, "turn_rate_check", noting)
     hops.clear()
     response, events = await post(key, ask("one", stream=True))
     assert response.status_code == 200
     assert streamed(events)[0] == "Hello there"
     assert hops["_admission"] == 1
+    assert len(rate_checked_in) == 1 and rate_checked_in[0] != threading.get_ident()
     for separate in ("budget_check", "_routed", "closing_on_error", "get", "entry_servable"):
         assert separate not in hops
     if connection.settings_dict["CONN_MAX_AGE"] is None:

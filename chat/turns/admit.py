@@ -56,17 +56,12 @@ async def admit(
     connection's unfinished turn, if any: a second prompt meanwhile is `busy`. The OpenAI API
     gives `given` (its own history, policy override and API key). TurnError says why not.
     """
-    turn_rate_check(owner=owner, address=address)
-    if running is not None:
-        raise TurnError(
-            "busy", f"request {running.request_id} is still running; wait for it or cancel it"
-        )
     given = given or Given()
     token = object()  # request ids are the client's: two sockets may use the same one
     starting.add(token)
     try:
         accepted_at = time.perf_counter()
-        admission = await _admission_async(owner, prompt, given, address)
+        admission = await _admission_async(owner, prompt, given, address, running)
         return await _start(owner, admission, send, given, address, accepted_at)
     finally:
         starting.discard(token)
@@ -84,10 +79,18 @@ class Admission:
     cached: dict | None
 
 
-def _admission(owner: Owner, prompt: Prompt, given: Given, address: str | None) -> Admission:
+def _admission(
+    owner: Owner, prompt: Prompt, given: Given, address: str | None, running: Turn | None
+) -> Admission:
     """Everything before the turn starts that reads the database or Redis, in one call on the
     request's thread (each trip between the event loop and a thread is a hand-off of the GIL and
-    a wake-up, several a request while 8 users arrive together). A refusal is a TurnError."""
+    a wake-up, several a request while 8 users arrive together; a Redis round trip on the loop
+    holds up every stream). A refusal is a TurnError."""
+    turn_rate_check(owner=owner, address=address)
+    if running is not None:
+        raise TurnError(
+            "busy", f"request {running.request_id} is still running; wait for it or cancel it"
+        )
     budget_check(owner.user_id, given.api_key_id, visitor=owner.rate_key, address=address)
     prompt, route = _routed(owner, prompt, given)
     try:  # a remote engine's first prompt builds it: a few questions to its server
