@@ -17,6 +17,8 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
+Task = Callable[[], object]
+
 
 class KeptThreads:
     """Daemon threads, each running one task at a time; idle ones wait for the next task."""
@@ -26,19 +28,19 @@ class KeptThreads:
         self.keep_idle = keep_idle
         self.started = 0
         self._lock = threading.Lock()
-        self._idle: list[queue.SimpleQueue] = []  # the inboxes of threads waiting for work
+        self._idle: list[queue.SimpleQueue[Task]] = []  # the inboxes of threads waiting for work
 
-    def run(self, task: Callable[[], object]) -> None:
+    def run(self, task: Task) -> None:
         """Run `task` on an idle thread, or on a new one when none is idle."""
         with self._lock:
-            inbox = self._idle.pop() if self._idle else None
-            if inbox is None:
+            idle = self._idle.pop() if self._idle else None
+            if idle is None:
                 self.started += 1
                 number = self.started
-        if inbox is not None:
-            inbox.put(task)
+        if idle is not None:
+            idle.put(task)
             return
-        inbox = queue.SimpleQueue()
+        inbox: queue.SimpleQueue[Task] = queue.SimpleQueue()
         inbox.put(task)
         threading.Thread(
             target=self._serve, args=(inbox,), name=f"{self.name}-{number}", daemon=True
@@ -49,7 +51,7 @@ class KeptThreads:
         with self._lock:
             return len(self._idle)
 
-    def _serve(self, inbox: queue.SimpleQueue) -> None:
+    def _serve(self, inbox: queue.SimpleQueue[Task]) -> None:
         while True:
             task = inbox.get()
             try:
