@@ -125,11 +125,7 @@ def _routed(owner: Owner, prompt: Prompt, given: Given) -> tuple[Prompt, engine_
     except UnknownPolicy as exc:
         raise TurnError(exc.code, str(exc)) from None
     except DatabaseError as exc:
-        log.warning("could not route %s: %s", prompt.request_id, exc)
-        raise TurnError(
-            "storage_failed",
-            "the database is unavailable, so the prompt was not started; try again in a moment",
-        ) from None
+        raise _storage_failed("route", prompt, exc) from None
 
 
 def _prepared(
@@ -151,11 +147,15 @@ def _prepared(
             routed=routed,
         )
     except DatabaseError as exc:
-        log.warning("could not start %s: %s", prompt.request_id, exc)
-        raise TurnError(
-            "storage_failed",
-            "the database is unavailable, so the prompt was not started; try again in a moment",
-        ) from None
+        raise _storage_failed("start", prompt, exc) from None
+
+
+def _storage_failed(doing: str, prompt: Prompt, exc: DatabaseError) -> TurnError:
+    log.warning("could not %s %s: %s", doing, prompt.request_id, exc)
+    return TurnError(
+        "storage_failed",
+        "the database is unavailable, so the prompt was not started; try again in a moment",
+    )
 
 
 def _servable_entry(cache_key: str | None) -> dict | None:
