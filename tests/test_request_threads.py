@@ -18,7 +18,11 @@ from asgiref.sync import sync_to_async
 from django.db import connection
 from django.db.backends.signals import connection_created
 
+from chat import turns
+from chat.infra.runtime import runtime
+from chat.protocol import Prompt
 from chat.stores import apikeys
+from chat.stores.selectors import Owner
 from harness.scripted import Answer
 from project.request_threads import RequestThreads
 from tests.test_async_middleware import hops  # noqa: F401 (the fixture)
@@ -105,6 +109,51 @@ async def test_an_answers_admission_is_one_trip_to_its_thread(
         assert separate not in hops
     if connection.settings_dict["CONN_MAX_AGE"] is None:
         assert "close_old_connections" not in hops
+
+
+async def test_a_cancel_while_the_admission_runs_leaves_the_engine_expecting_nothing(
+    scripted, monkeypatch
+):
+    """The engine is told to expect the prompt during the admission's trip to the thread; a
+    prompt cancelled meanwhile (its client gone) withdraws that once the trip has returned, or
+    the engine would wait for it before every step it starts alone."""
+    user, _key = await sync_to_async(_user_with_key)("ada")
+    scripted(Answer(("Hello",)))
+    stack = runtime.stack
+    told: list[int] = []
+    monkeypatch.setattr(stack, "expect", lambda: told.append(1))
+    monkeypatch.setattr(stack, "unexpect", lambda: told.append(-1))
+    admit_module = importlib.import_module("chat.turns.admit")  # the package exports admit()
+    entered, release = threading.Event(), threading.Event()
+    prepare = admit_module.prepare_prompt
+
+    def held(*args, **kwargs):
+        entered.set()
+        release.wait(10)
+        return prepare(*args, **kwargs)
+
+    monkeypatch.setattr(admit_module, "prepare_prompt", held)
+
+    async def sent(_event) -> None:
+        pass
+
+    admitting = asyncio.create_task(
+        turns.admit(
+            owner=Owner(user.pk, ""),
+            prompt=Prompt(request_id="r1", text="one", conversation=None, policy=None),
+            send=sent,
+        )
+    )
+    assert await asyncio.to_thread(entered.wait, 10)
+    admitting.cancel()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await admitting
+    for _ in range(500):  # the thread goes on after the cancel, and withdraws as it ends
+        if len(told) == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert told == [1, -1]
 
 
 def test_threads_beyond_the_kept_stock_end_with_their_connections_closed(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import threading
 import time
 from dataclasses import dataclass, replace
 
@@ -59,9 +60,14 @@ async def admit(
     given = given or Given()
     token = object()  # request ids are the client's: two sockets may use the same one
     starting.add(token)
+    handoff = _Handoff()
     try:
         accepted_at = time.perf_counter()
-        admission = await _admission_async(owner, prompt, given, address, running)
+        try:
+            admission = await _admission_async(owner, prompt, given, address, running, handoff)
+        except asyncio.CancelledError:
+            handoff.abandon()
+            raise
         return await _start(owner, admission, send, given, address, accepted_at)
     finally:
         starting.discard(token)
@@ -79,8 +85,40 @@ class Admission:
     cached: dict | None
 
 
+class _Handoff:
+    """The admission from the thread to the loop. A cancel on the loop (the client gone) does
+    not wait for the thread, which goes on: whichever side comes second withdraws the engine's
+    `expect` of a prompt that will never be submitted."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._admission: Admission | None = None
+        self._abandoned = False
+
+    def deliver(self, admission: Admission) -> None:
+        """In the thread, as the admission is made."""
+        with self._lock:
+            self._admission = admission
+            abandoned = self._abandoned
+        if abandoned:
+            admission.serving.stack.unexpect()
+
+    def abandon(self) -> None:
+        """On the loop, when the wait for the thread was cancelled."""
+        with self._lock:
+            self._abandoned = True
+            admission = self._admission
+        if admission is not None:
+            admission.serving.stack.unexpect()
+
+
 def _admission(
-    owner: Owner, prompt: Prompt, given: Given, address: str | None, running: Turn | None
+    owner: Owner,
+    prompt: Prompt,
+    given: Given,
+    address: str | None,
+    running: Turn | None,
+    handoff: _Handoff,
 ) -> Admission:
     """Everything before the turn starts that reads the database or Redis, in one call on the
     request's thread (each trip between the event loop and a thread is a hand-off of the GIL and
@@ -106,7 +144,9 @@ def _admission(
     except BaseException:
         serving.stack.unexpect()
         raise
-    return Admission(prompt, route, serving, prepared, cached)
+    admission = Admission(prompt, route, serving, prepared, cached)
+    handoff.deliver(admission)
+    return admission
 
 
 _admission_async = sync_to_async(_admission)
