@@ -13,6 +13,7 @@ import pytest
 
 from chat.engine.sharing.coalescing_across import sharing_threads
 from chat.engine.sharing.kept_threads import KeptThreads
+from tests.test_embedded_redis import wait_for
 from tests.test_generation_registry import (
     Listener,
     ScriptedScheduler,
@@ -41,10 +42,7 @@ def ran_on(threads: KeptThreads, task=None) -> int:
 
 
 def idle_at_least(threads: KeptThreads, count: int) -> None:
-    deadline = time.monotonic() + 10
-    while threads.idle < count:
-        assert time.monotonic() < deadline, f"{threads.idle} idle threads, not {count}"
-        time.sleep(0.01)
+    wait_for(lambda: threads.idle >= count, f"{count} idle threads", timeout=10)
 
 
 def test_a_task_after_another_runs_on_the_same_thread():

@@ -79,7 +79,6 @@ class Admission:
     it (`expect`), and its servable cache entry if it has one."""
 
     prompt: Prompt
-    route: engine_routes.Route
     serving: Serving
     prepared: Prepared
     cached: dict | None
@@ -144,7 +143,7 @@ def _admission(
     except BaseException:
         serving.stack.unexpect()
         raise
-    admission = Admission(prompt, route, serving, prepared, cached)
+    admission = Admission(prompt, serving, prepared, cached)
     handoff.deliver(admission)
     return admission
 
