@@ -1,12 +1,18 @@
 """A running answer's text saved as it grows, so a crash keeps what the user already read.
 
 At least every `every_s` seconds or every `every_chunks` chunks, whichever comes first, the text
-so far is written to the answer's message, from the turn's asyncio side through one worker
-thread for the whole process. The decode step never waits on the database: a write still under
-way when the text grows again is not queued behind, the next write simply takes the newest
-text (writes coalesce). Only a message still `streaming` is written, so a late write can never
-undo the answer's final store (chat/stores/storage.py); after a crash, the start-up sweep
-(chat/stores/recovery.py) marks it interrupted and keeps that text.
+so far is written to the answer's message. Every running answer of the process is saved together:
+one task on the event loop gathers the texts that changed since the last save and hands them to
+one worker thread, which writes them in one transaction. The decode step never waits on the
+database, and a write still under way when a text grows again is not queued behind: the next
+write simply takes the newest text (writes coalesce). Only a message still `streaming` is
+written, so a late write can never undo the answer's final store (chat/stores/storage.py); after
+a crash, the start-up sweep (chat/stores/recovery.py) marks it interrupted and keeps that text.
+
+Why together: with eight answers relayed at a token rate people read at, a save of its own for
+each answer (a timer, a trip to the thread and back, a transaction) cost the web process about a
+quarter of its CPU per relayed token; one trip and one transaction for all of them costs a
+fraction of it (docs/engine.md, the relay).
 
 The thread keeps its database connection while any answer is saving and closes it when the last
 one ends: under CONN_MAX_AGE=0 a connection opened and closed for every save (two a second for
@@ -19,9 +25,10 @@ import asyncio
 import contextlib
 import functools
 import logging
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from ..models import Message
@@ -51,13 +58,16 @@ def _update_sql() -> str:
     )
 
 
-def partial_write(message_id: int, text: str) -> int:
-    """Write `text` to the answer if it is still streaming; how many rows (0 once it ended)."""
+def partial_writes(texts: list[tuple[int, str]]) -> None:
+    """Write each (message id, text) to its answer if that is still streaming, in one
+    transaction (an answer that has ended is left as its final store wrote it)."""
     try:
         now = connection.ops.adapt_datetimefield_value(timezone.now())
-        with connection.cursor() as cursor:
-            cursor.execute(_update_sql(), [text, now, message_id, str(Message.Status.STREAMING)])
-            return cursor.rowcount
+        streaming = str(Message.Status.STREAMING)
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.executemany(
+                _update_sql(), [[text, now, message_id, streaming] for message_id, text in texts]
+            )
     finally:
         # Kept for the next save, not aged out (CONN_MAX_AGE=0 would close it now); one that
         # failed is still closed. `_connection_release` closes it once no answer is saving.
@@ -74,8 +84,8 @@ def _connection_release() -> None:
 class PartialSaver:
     """Saves one running answer's text as it grows (see the module's docstring)."""
 
-    # How many answers have a save task (counted on the event loop): the writer's connection
-    # stays open while there are any.
+    # How many answers are saving (counted on the event loop): the writer's connection stays
+    # open while there are any.
     saving = 0
 
     def __init__(
@@ -92,57 +102,93 @@ class PartialSaver:
         self.text = self.saved = saved
         self.writes = 0
         self._chunks = 0
-        self._due = asyncio.Event()
-        self._task: asyncio.Task | None = None
+        self._saves: _Saves | None = None
+        self._closed = False
 
     def note(self, text: str) -> None:
         """The answer's text is now `text` (one more chunk); never blocks."""
+        if self._closed:  # the final store is under way or done: nothing after it
+            return
         self.text = text
         self._chunks += 1
-        if self._chunks >= self.every_chunks:
-            self._due.set()
-        if self._task is None:
+        if self._saves is None:
             PartialSaver.saving += 1
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(), name=f"partial-save-{self.message_id}"
-            )
+            self._saves = _Saves.of(asyncio.get_running_loop())
+            self._saves.join(self)
+        if self._chunks >= self.every_chunks:
+            self._saves.due.set()
 
     async def close(self) -> None:
         """Stop saving (the answer's final store follows); waits for a write under way."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        self._closed = True
+        saves, self._saves = self._saves, None
+        if saves is not None:
+            await saves.leave(self)
             PartialSaver.saving -= 1
             if not PartialSaver.saving:  # after the writes still queued: the executor keeps order
                 _writer.submit(_connection_release)
 
+
+class _Saves:
+    """The running answers of one event loop, saved together by one task while there are any."""
+
+    _of_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Saves] = (
+        weakref.WeakKeyDictionary()
+    )
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> _Saves:
+        saves = cls._of_loop.get(loop)
+        if saves is None:
+            saves = cls._of_loop[loop] = cls(loop)
+        return saves
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.savers: set[PartialSaver] = set()
+        self.due = asyncio.Event()  # a saver's chunks fell due: save now
+        self.writing: asyncio.Future | None = None
+        self._task: asyncio.Task | None = None
+
+    def join(self, saver: PartialSaver) -> None:
+        self.savers.add(saver)
+        if self._task is None or self._task.done():
+            self._task = self.loop.create_task(self._run(), name="partial-saves")
+
+    async def leave(self, saver: PartialSaver) -> None:
+        """No more saves of `saver`; returns once a write under way (maybe of its text) ended."""
+        self.savers.discard(saver)
+        if not self.savers:
+            self.due.set()  # the task sees there is nobody left and ends
+        writing = self.writing
+        if writing is not None and not writing.done():
+            with contextlib.suppress(DatabaseError):
+                await asyncio.shield(writing)
+
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
+        while self.savers:
             # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the wait's result
-            # when the wait ends as the task is cancelled (the 64th chunk and the answer's end
-            # in one loop turn), swallowing the cancel: this loop went on and `close` waited
-            # for it for ever.
+            # when the wait ends as the task is cancelled, swallowing the cancel.
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.every_s):
-                    await self._due.wait()
-            self._due.clear()
-            text = self.text
-            if text == self.saved:
+                async with asyncio.timeout(min(s.every_s for s in self.savers)):
+                    await self.due.wait()
+            self.due.clear()
+            changed = [(saver, saver.text) for saver in self.savers if saver.text != saver.saved]
+            if not changed:
                 continue
-            self._chunks = 0
-            write = loop.run_in_executor(_writer, partial_write, self.message_id, text)
+            for saver, _ in changed:
+                saver._chunks = 0
+            texts = [(saver.message_id, text) for saver, text in changed]
+            self.writing = self.loop.run_in_executor(_writer, partial_writes, texts)
             try:
-                # A cancel (the answer ends) lets the write under way finish first.
-                await asyncio.shield(write)
-            except asyncio.CancelledError:
-                with contextlib.suppress(DatabaseError):
-                    await write
-                raise
+                # Not cancelled by an answer's end: the write under way finishes first.
+                await asyncio.shield(self.writing)
             except DatabaseError as exc:
-                log.warning("could not save the text of answer %s so far: %s", self.message_id, exc)
+                log.warning("could not save the text of %d answers so far: %s", len(texts), exc)
                 continue
-            self.saved = text
-            self.writes += 1
+            except Exception:  # tried again at the next save, as a database error is
+                log.exception("could not save the text of %d answers so far", len(texts))
+                continue
+            for saver, text in changed:
+                saver.saved = text
+                saver.writes += 1
