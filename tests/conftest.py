@@ -179,6 +179,30 @@ def model_guard():
         setattr(owner, name, original)
 
 
+@pytest.fixture(scope="session")
+def shared_thread_connections_closed(django_db_setup):
+    """After the last test, before the test databases are dropped: the connections that async
+    tests opened through `sync_to_async` closed in the one thread asgiref runs them on outside a
+    request, which nothing else ever closes (PostgreSQL refuses to drop a database still in use,
+    and the run ended with a warning saying so)."""
+    yield
+    from asgiref.sync import SyncToAsync
+    from django.db import connections
+
+    SyncToAsync.single_thread_executor.submit(connections.close_all).result(timeout=30)
+
+
+@pytest.fixture(autouse=True)
+def close_shared_thread_connections_at_the_end(request):
+    """Asks for the session's closing only in a test that uses the database: a static dependency
+    on `django_db_setup` would set the databases up for every test (and count every test as one
+    that touches a database)."""
+    if request.node.get_closest_marker("django_db") or {"db", "transactional_db"} & set(
+        request.fixturenames
+    ):
+        request.getfixturevalue("shared_thread_connections_closed")
+
+
 # Tests keep their cached answers apart from anything else on the machine's Redis,
 # and start every test with an empty cache so an earlier answer is never served.
 # TEST_REDIS_DB moves them (to db N and N-1), and TEST_REDIS_ADDR to another server, so two
