@@ -339,7 +339,8 @@ async def test_running_answers_are_saved_together_in_one_write(monkeypatch):
     """Every running answer's new text goes to the database in one write (one trip to the
     writer thread, one transaction), not one each: with answers relayed at a reading pace, a
     save of its own per answer was about a quarter of the web process's CPU per token. An answer
-    whose text did not change is not written again, and one that ended is not written at all."""
+    whose text did not change is not written again, and one whose saver closed (its final store
+    follows) is not written after that."""
     from chat.stores import partial
 
     writes: list[list[tuple[int, str]]] = []

@@ -162,7 +162,8 @@ class _Saves:
             self.due.set()  # the task sees there is nobody left and ends
         writing = self.writing
         if writing is not None and not writing.done():
-            with contextlib.suppress(DatabaseError):
+            # Its failure is the saves' to log; the answer's final store goes ahead regardless.
+            with contextlib.suppress(Exception):
                 await asyncio.shield(writing)
 
     async def _run(self) -> None:
