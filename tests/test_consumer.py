@@ -5,6 +5,7 @@ import asyncio
 import pytest
 from asgiref.sync import sync_to_async
 from django.contrib.sessions.backends.db import SessionStore
+from django.db import OperationalError
 
 from chat.models import Message
 from tests.conftest import chunks_text
@@ -16,7 +17,18 @@ LONG = "Write a very long story about a dragon who learns to bake bread."
 
 
 async def stored(message_id: int) -> Message:
-    return await sync_to_async(Message.objects.get)(pk=message_id)
+    """The message as stored now. The suite's in-memory SQLite shares one cache between
+    connections, which locks a table for a reader while another connection writes it (a running
+    answer's save): "database table is locked" is retried here. A database file in WAL mode, as
+    served, never refuses a reader."""
+    for attempt in range(20):
+        try:
+            return await sync_to_async(Message.objects.get)(pk=message_id)
+        except OperationalError as exc:
+            if "locked" not in str(exc) or attempt == 19:
+                raise
+            await asyncio.sleep(0.05)
+    raise AssertionError("unreachable")
 
 
 async def wait_stored(message_id: int, timeout: float = 60) -> Message:

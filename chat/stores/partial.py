@@ -3,16 +3,16 @@
 At least every `every_s` seconds or every `every_chunks` chunks, whichever comes first, the text
 so far is written to the answer's message. Every running answer of the process is saved together:
 one task on the event loop gathers the texts that changed since the last save and hands them to
-one worker thread, which writes them in one transaction. The decode step never waits on the
+one worker thread, which writes them in one go. The decode step never waits on the
 database, and a write still under way when a text grows again is not queued behind: the next
 write simply takes the newest text (writes coalesce). Only a message still `streaming` is
 written, so a late write can never undo the answer's final store (chat/stores/storage.py); after
 a crash, the start-up sweep (chat/stores/recovery.py) marks it interrupted and keeps that text.
 
 Why together: with eight answers relayed at a token rate people read at, a save of its own for
-each answer (a timer, a trip to the thread and back, a transaction) cost the web process about a
-quarter of its CPU per relayed token; one trip and one transaction for all of them costs a
-fraction of it (docs/engine.md, the relay).
+each answer (a timer, a trip to the thread and back) cost the web process about a quarter of its
+CPU per relayed token; one trip for all of them costs a fraction of it (docs/engine.md, the
+relay).
 
 The thread keeps its database connection while any answer is saving and closes it when the last
 one ends: under CONN_MAX_AGE=0 a connection opened and closed for every save (two a second for
@@ -28,7 +28,7 @@ import logging
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from ..models import Message
@@ -59,12 +59,15 @@ def _update_sql() -> str:
 
 
 def partial_writes(texts: list[tuple[int, str]]) -> None:
-    """Write each (message id, text) to its answer if that is still streaming, in one
-    transaction (an answer that has ended is left as its final store wrote it)."""
+    """Write each (message id, text) to its answer if that is still streaming (an answer that
+    has ended is left as its final store wrote it). One statement each, each its own
+    transaction: the answers' saves are independent, and a transaction around them all would
+    hold the table's write lock longer for nothing (an in-memory SQLite with a shared cache, the
+    tests', refuses a reader meanwhile)."""
     try:
         now = connection.ops.adapt_datetimefield_value(timezone.now())
         streaming = str(Message.Status.STREAMING)
-        with transaction.atomic(), connection.cursor() as cursor:
+        with connection.cursor() as cursor:
             cursor.executemany(
                 _update_sql(), [[text, now, message_id, streaming] for message_id, text in texts]
             )
