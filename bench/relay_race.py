@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .benchmarking import fmt, ratio
-from .openai_client import Target, stream_chat, together
+from .openai_client import Target, together
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -74,18 +74,27 @@ def race(
     prompt: str,
     note=print,
 ) -> RelayRace:
-    """`rounds` interleaved rounds of `users` at once on each side; `web_pid` is the relay's."""
+    """`rounds` interleaved rounds of `users` at once on each side; `web_pid` is the relay's.
+
+    Both sides reach the same llama-server, which keeps each slot's last prompt and reuses its
+    longest common prefix: a prompt the other side sent a moment before would be prefilled for
+    one token instead of all of its own. So every prompt is new from its first word on (a tag in
+    front: neither the relay's completion cache nor llama-server's slots hold any of it), and a
+    warm-up of `users` at once fills every slot with the chat template's opening, so the first
+    round's first side does not meet empty slots that the second side then finds filled."""
     result = RelayRace(RelaySide(relay), RelaySide(direct), users, rounds)
-    for side in (result.relay, result.direct):  # warm-up: connections, first allocations
-        warm = stream_chat(side.target, "Hi", 4)
-        if not warm.ok:
-            raise RuntimeError(f"{side.target.label}: warm-up failed: {warm.error}")
+    for side in (result.relay, result.direct):  # warm-up: connections, slots, first allocations
+        tag = "r" if side is result.relay else "d"  # one letter each: the same prompt length
+        warm, _ = together(side.target, [f"[{tag} warm-up {k}] Hi" for k in range(users)], 4)
+        failed = [s.error for s in warm if not s.ok]
+        if failed:
+            raise RuntimeError(f"{side.target.label}: warm-up failed: {failed[0]}")
     for round_no in range(rounds):
         sides = [result.relay, result.direct]
         for side in sides if round_no % 2 == 0 else sides[::-1]:
             note(f"  round {round_no + 1}/{rounds}: {side.target.label}, {users} users")
-            # Distinct prompts: the relay's completion cache must not answer any of them.
-            prompts = [f"{prompt} (relay round {round_no}, user {k})" for k in range(users)]
+            tag = "r" if side is result.relay else "d"
+            prompts = [f"[{tag} {round_no}.{k}] {prompt}" for k in range(users)]
             before = process_cpu_s(web_pid) if side is result.relay else 0.0
             streams, wall = together(side.target, prompts, tokens)
             if side is result.relay:
