@@ -28,6 +28,8 @@ class RelaySide:
     """One side's rounds: aggregate tok/s each, and the tokens its clients received."""
 
     target: Target
+    # In front of each prompt: one letter a side, so both sides' prompts are as long.
+    tag: str
     tps: list[float | None] = field(default_factory=list)
     # Each round's slowest first chunk: a relay's request path delays every answer's start.
     worst_first_ms: list[float] = field(default_factory=list)
@@ -82,10 +84,9 @@ def race(
     front: neither the relay's completion cache nor llama-server's slots hold any of it), and a
     warm-up of `users` at once fills every slot with the chat template's opening, so the first
     round's first side does not meet empty slots that the second side then finds filled."""
-    result = RelayRace(RelaySide(relay), RelaySide(direct), users, rounds)
+    result = RelayRace(RelaySide(relay, "r"), RelaySide(direct, "d"), users, rounds)
     for side in (result.relay, result.direct):  # warm-up: connections, slots, first allocations
-        tag = "r" if side is result.relay else "d"  # one letter each: the same prompt length
-        warm, _ = together(side.target, [f"[{tag} warm-up {k}] Hi" for k in range(users)], 4)
+        warm, _ = together(side.target, [f"[{side.tag} warm-up {k}] Hi" for k in range(users)], 4)
         failed = [s.error for s in warm if not s.ok]
         if failed:
             raise RuntimeError(f"{side.target.label}: warm-up failed: {failed[0]}")
@@ -93,8 +94,7 @@ def race(
         sides = [result.relay, result.direct]
         for side in sides if round_no % 2 == 0 else sides[::-1]:
             note(f"  round {round_no + 1}/{rounds}: {side.target.label}, {users} users")
-            tag = "r" if side is result.relay else "d"
-            prompts = [f"[{tag} {round_no}.{k}] {prompt}" for k in range(users)]
+            prompts = [f"[{side.tag} {round_no}.{k}] {prompt}" for k in range(users)]
             before = process_cpu_s(web_pid) if side is result.relay else 0.0
             streams, wall = together(side.target, prompts, tokens)
             if side is result.relay:

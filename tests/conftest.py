@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import json
@@ -400,6 +401,16 @@ async def make_client(application):
     yield factory
     for chat in made:
         await chat.close()
+
+
+async def wait_for(condition, timeout: float = 30) -> None:
+    """Poll `condition` every 50 ms on the event loop until it holds; AssertionError after
+    `timeout` seconds."""
+    for _ in range(int(timeout * 20)):
+        if condition():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not reached")
 
 
 def chunks_text(events: list[dict]) -> str:

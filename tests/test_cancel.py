@@ -13,6 +13,7 @@ from chat import turns
 from chat.models import Conversation, Message
 from chat.stores.selectors import Owner
 from chat.turns.cancel_bus import GROUP, CancelAnswer, CancelBus
+from tests.conftest import wait_for
 from tests.test_cache import RedisServer
 from tests.test_consumer import LONG, SHORT, new_session_key, wait_stored
 
@@ -26,14 +27,6 @@ async def started(chat, text: str) -> tuple[str, dict]:
     assert accepted["type"] == "accepted"
     await chat.receive_until("chunk", request_id)
     return request_id, accepted
-
-
-async def wait_for(condition, timeout: float = 30) -> None:
-    for _ in range(int(timeout * 20)):
-        if condition():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not reached")
 
 
 @pytest.mark.integration

@@ -11,9 +11,8 @@ from asgiref.sync import sync_to_async
 from chat.models import Conversation, Message
 from chat.stores.recovery import INTERRUPTED
 from harness.liveserver import LiveServer
-from tests.conftest import LIVE_CACHE_URL
+from tests.conftest import LIVE_CACHE_URL, wait_for
 from tests.test_cache import RedisServer
-from tests.test_cancel import wait_for
 
 LONG = "Write a very long story about a dragon who learns to bake bread."
 SHORT = "Count from 1 to 5, separated by commas."

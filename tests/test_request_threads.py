@@ -25,10 +25,11 @@ from chat.stores import apikeys
 from chat.stores.selectors import Owner
 from harness.scripted import Answer
 from project.request_threads import RequestThreads
+from tests.conftest import wait_for
 from tests.test_async_middleware import hops  # noqa: F401 (the fixture)
 from tests.test_database_connections import key_checks, open_connections  # noqa: F401 (fixtures)
 from tests.test_openai_views import _user_with_key, ask, post, request
-from tests.test_revocation import streamed, wait_for
+from tests.test_revocation import streamed
 
 pytestmark = [pytest.mark.unit, pytest.mark.django_db(transaction=True)]
 

@@ -24,6 +24,7 @@ from chat.stores import erasure
 from chat.stores.apikeys import apikey_create, apikey_revoke
 from chat.turns.cancel_bus import GROUP, CancelKeys
 from harness.scripted import Answer
+from tests.conftest import wait_for
 from tests.test_consumer import LONG
 from tests.test_openai_views import ask, post
 
@@ -45,14 +46,6 @@ async def running_on(key_id: int, timeout: float = 60):
             return found[0]
         await asyncio.sleep(0.02)
     raise AssertionError(f"no turn running on key {key_id}")
-
-
-async def wait_for(condition, timeout: float = 30) -> None:
-    for _ in range(int(timeout * 20)):
-        if condition():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not reached")
 
 
 @pytest.fixture
